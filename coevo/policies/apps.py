@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PoliciesConfig(AppConfig):
+    name = "coevo.policies"
+    label = "policies"

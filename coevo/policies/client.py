@@ -1,0 +1,181 @@
+"""The one client for policy servers: the OpenAI-compatible HTTP API.
+
+Nothing else in coevo speaks HTTP to a model. Sampling parameters are always sent explicitly:
+servers' defaults differ (llama.cpp: max_tokens 16, repeat_penalty 1.1).
+Transient failures (connection errors, timeouts, 408/429/5xx) are retried with exponential
+backoff; after the last try they raise PolicyUnavailable, which the worker records as an
+``infra_error`` — never as a score.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from coevo.errors import PolicyRequestRejected, PolicyUnavailable
+
+logger = logging.getLogger(__name__)
+
+_RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def as_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            # Explicit: llama.cpp's server defaults to 1.1 and OpenAI's API has no such knob.
+            "repeat_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+        }
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.seed is not None:
+            params["seed"] = self.seed
+        return params
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: int
+    model: str
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+class PolicyClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        timeout_s: float = 300.0,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = normalize_base_url(base_url)
+        self.model = model
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def models(self) -> list[str]:
+        body = self._request("GET", "/models")
+        return [m.get("id", "") for m in body.get("data", [])]
+
+    def complete(self, prompt: str, sampling: Sampling) -> Completion:
+        payload = {"model": self.model, "prompt": prompt, **sampling.as_params()}
+        started = time.monotonic()
+        body = self._request("POST", "/completions", json=payload)
+        latency_ms = int((time.monotonic() - started) * 1000)
+        choice = _first_choice(body)
+        return Completion(
+            text=choice.get("text") or "",
+            finish_reason=choice.get("finish_reason"),
+            latency_ms=latency_ms,
+            model=body.get("model", self.model),
+            raw=body,
+            **_usage(body),
+        )
+
+    def chat(self, messages: list[dict[str, Any]], sampling: Sampling) -> Completion:
+        payload = {"model": self.model, "messages": messages, **sampling.as_params()}
+        started = time.monotonic()
+        body = self._request("POST", "/chat/completions", json=payload)
+        latency_ms = int((time.monotonic() - started) * 1000)
+        choice = _first_choice(body)
+        message = choice.get("message") or {}
+        return Completion(
+            text=message.get("content") or "",
+            finish_reason=choice.get("finish_reason"),
+            latency_ms=latency_ms,
+            model=body.get("model", self.model),
+            raw=body,
+            **_usage(body),
+        )
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        last_error = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
+                logger.warning(
+                    "policy request %s %s failed (%s); retry %d/%d in %.1fs",
+                    method, path, last_error, attempt, self.retries, delay,
+                )
+                time.sleep(delay)
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code in _RETRY_STATUSES:
+                last_error = f"HTTP {response.status_code}: {response.text[:200]}"
+                continue
+            if response.status_code >= 400:
+                raise PolicyRequestRejected(
+                    f"The policy server at {self.base_url} rejected {method} {path} with "
+                    f"HTTP {response.status_code}: {response.text[:500]}"
+                )
+            try:
+                return response.json()
+            except ValueError:
+                last_error = f"response is not JSON: {response.text[:200]!r}"
+                continue
+        raise PolicyUnavailable(
+            f"The policy server at {self.base_url} did not answer {method} {path} after "
+            f"{self.retries + 1} tries (last error: {last_error}). Check that it is running "
+            "(COEVO_POLICY_URL)."
+        )
+
+
+def normalize_base_url(url: str) -> str:
+    """Accept ``http://host:port`` or ``http://host:port/v1``; return the ``/v1`` form."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
+    choices = body.get("choices") or []
+    if not choices:
+        raise PolicyUnavailable(f"The policy server answered without choices: {str(body)[:300]}")
+    return choices[0]
+
+
+def _usage(body: dict[str, Any]) -> dict[str, int]:
+    usage = body.get("usage") or {}
+    return {
+        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+        "completion_tokens": int(usage.get("completion_tokens") or 0),
+    }

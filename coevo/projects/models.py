@@ -1,0 +1,44 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from coevo.db import TimeStampedModel
+
+
+class Project(TimeStampedModel):
+    """An agent being improved: owns one harness repository, suites and members."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    RESEARCHER = "researcher"
+    REVIEWER = "reviewer"
+    ADMIN = "admin"
+
+
+class Membership(TimeStampedModel):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="membership_one_per_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.project} ({self.role})"

@@ -1,0 +1,5 @@
+from django.apps import AppConfig
+
+
+class HarnessStoreConfig(AppConfig):
+    name = "harness_store"

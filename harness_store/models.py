@@ -1,0 +1,60 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from coevo.db import TimeStampedModel
+from coevo.projects.models import Project
+
+
+class CandidateOrigin(models.TextChoices):
+    IMPORT = "import", "imported directory"
+    CI = "ci", "CI"
+    PROPOSER = "proposer", "proposer"
+    MANUAL = "manual", "manual"
+
+
+class Candidate(TimeStampedModel):
+    """One commit of a project's harness repository. Git holds the content; this row indexes it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="candidates")
+    sha = models.CharField(max_length=40)
+    tree_sha = models.CharField(max_length=40)
+    # Lineage: first parent first, as git orders them; merges have two.
+    parent_shas = models.JSONField(default=list, blank=True)
+    message = models.TextField()
+    author_name = models.CharField(max_length=200)
+    author_email = models.CharField(max_length=200, blank=True)
+    authored_at = models.DateTimeField()
+    origin = models.CharField(
+        max_length=16, choices=CandidateOrigin.choices, default=CandidateOrigin.IMPORT
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+
+    class Meta:
+        ordering = ["-authored_at", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "sha"], name="candidate_unique_sha"),
+        ]
+        indexes = [
+            # candidate_find_by_tree: "is this directory already a candidate?"
+            models.Index(fields=["project", "tree_sha"], name="candidate_tree_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project.slug}@{self.short_sha}"
+
+    @property
+    def short_sha(self) -> str:
+        return self.sha[:12]
+
+    @property
+    def parent_sha(self) -> str | None:
+        return self.parent_shas[0] if self.parent_shas else None
+
+    @property
+    def subject(self) -> str:
+        return self.message.strip().splitlines()[0] if self.message.strip() else ""

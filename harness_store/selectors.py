@@ -1,0 +1,51 @@
+"""Reads from the harness store: candidate rows plus their content from git."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from coevo.errors import NotFound
+from coevo.projects.models import Project
+from harness_store.models import Candidate
+from harness_store.repo import CommitInfo, TreeEntry
+from harness_store.services import project_repo
+
+
+def candidate_list(*, project: Project) -> QuerySet[Candidate]:
+    return Candidate.objects.filter(project=project)
+
+
+def candidate_get(*, project: Project, sha: str) -> Candidate:
+    """A candidate by full SHA or an unambiguous prefix (at least 4 characters)."""
+    sha = sha.lower()
+    if len(sha) < 4:
+        raise NotFound("Give at least 4 characters of the SHA.")
+    matches = list(Candidate.objects.filter(project=project, sha__startswith=sha)[:2])
+    if not matches:
+        raise NotFound(f"No candidate {sha} in project {project.slug}.")
+    if len(matches) > 1:
+        raise NotFound(f"{sha} is ambiguous in project {project.slug}: give more of the SHA.")
+    return matches[0]
+
+
+def candidate_files(*, candidate: Candidate) -> list[TreeEntry]:
+    return project_repo(project=candidate.project).list_tree(candidate.sha)
+
+
+def candidate_read_file(*, candidate: Candidate, path: str) -> bytes:
+    return project_repo(project=candidate.project).read_file(candidate.sha, path)
+
+
+def candidate_diff(*, candidate: Candidate, base: Candidate | None) -> str:
+    """Unified diff from ``base`` (None: the empty tree) to ``candidate``."""
+    return project_repo(project=candidate.project).diff(base.sha if base else None, candidate.sha)
+
+
+def candidate_parent(*, candidate: Candidate) -> Candidate | None:
+    if not candidate.parent_sha:
+        return None
+    return Candidate.objects.filter(project=candidate.project_id, sha=candidate.parent_sha).first()
+
+
+def candidate_lineage(*, candidate: Candidate, max_count: int = 50) -> list[CommitInfo]:
+    return project_repo(project=candidate.project).log(candidate.sha, max_count=max_count)

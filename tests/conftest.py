@@ -1,0 +1,87 @@
+"""Shared fixtures: real PostgreSQL (via DATABASE_URL), a real git repository per test,
+users with roles (an owner, a reviewer and an outsider), the seed harness and HumanEval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from coevo.projects.models import Project, Role
+from coevo.projects.services import membership_set, project_get_or_create
+from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SEED_HARNESS = REPO_ROOT / "examples" / "humaneval-basic"
+PASSWORD = "correct-horse-battery"
+
+
+@pytest.fixture(autouse=True)
+def _harness_store_dir(settings, tmp_path):
+    """Each test gets its own harness store (a real git repository on disk)."""
+    settings.COEVO_HARNESS_STORE_DIR = str(tmp_path / "harness-store")
+
+
+@pytest.fixture
+def owner(db):
+    return get_user_model().objects.create_user("owner", "owner@example.com", PASSWORD)
+
+
+@pytest.fixture
+def reviewer(db):
+    return get_user_model().objects.create_user("reviewer", "reviewer@example.com", PASSWORD)
+
+
+@pytest.fixture
+def outsider(db):
+    return get_user_model().objects.create_user("outsider", "outsider@example.com", PASSWORD)
+
+
+@pytest.fixture
+def project(owner, reviewer) -> Project:
+    project = project_get_or_create(slug="demo", name="Demo agent")
+    membership_set(project=project, user=owner, role=Role.ADMIN)
+    membership_set(project=project, user=reviewer, role=Role.REVIEWER)
+    return project
+
+
+@pytest.fixture
+def seed_candidate(project, owner):
+    from harness_store.services import candidate_import_directory
+
+    candidate, _ = candidate_import_directory(
+        project=project,
+        directory=SEED_HARNESS,
+        message="Seed harness: plain completion",
+        author_name="Owner",
+        author_email="owner@example.com",
+        created_by=owner,
+    )
+    return candidate
+
+
+@pytest.fixture
+def humaneval_suite(project):
+    from coevo.suites.services import suite_import_humaneval
+
+    suite, _ = suite_import_humaneval(project=project)
+    return suite
+
+
+@pytest.fixture
+def scripted_policy():
+    """A scripted OpenAI-compatible server; yields its ScriptedPolicy (``.url`` is set)."""
+    policy = ScriptedPolicy()
+    with ScriptedOpenAIServer(policy) as server:
+        policy.url = server.url
+        yield policy
+
+
+@pytest.fixture
+def policy_version(db, settings, scripted_policy):
+    from coevo.policies.services import policy_version_get_default
+
+    settings.COEVO_POLICY_URL = scripted_policy.url
+    settings.COEVO_POLICY_MODEL = "scripted"
+    return policy_version_get_default()

@@ -1,0 +1,101 @@
+"""A tiny OpenAI-compatible server with scripted replies, for tests that need exact output.
+
+Replies are chosen by the first rule whose ``contains`` substring occurs in the prompt (or
+the last user message); each request is recorded. ``fail_next`` makes the next N requests
+answer HTTP 503, to exercise retries.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class ScriptedPolicy:
+    rules: list[tuple[str, str]] = field(default_factory=list)
+    default: str = "    pass\n"
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    fail_next: int = 0
+    model: str = "scripted"
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reply_for(self, text: str) -> str:
+        for needle, reply in self.rules:
+            if needle in text:
+                return reply
+        return self.default
+
+
+class _Handler(BaseHTTPRequestHandler):
+    policy: ScriptedPolicy
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": self.policy.model}]})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        with self.policy._lock:
+            self.policy.requests.append({"path": self.path, **body})
+            if self.policy.fail_next > 0:
+                self.policy.fail_next -= 1
+                self._json(503, {"error": "overloaded"})
+                return
+        if self.path == "/v1/completions":
+            text = self.policy.reply_for(body.get("prompt", ""))
+            choice = {"index": 0, "text": text, "finish_reason": "stop"}
+        elif self.path == "/v1/chat/completions":
+            last = (body.get("messages") or [{}])[-1].get("content", "")
+            text = self.policy.reply_for(last)
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": "stop"}
+        else:
+            self._json(404, {"error": "not found"})
+            return
+        prompt_text = body.get("prompt") or json.dumps(body.get("messages"))
+        self._json(200, {
+            "id": "cmpl-test", "object": "text_completion", "model": self.policy.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt_text.split()),
+                      "completion_tokens": len(text.split()),
+                      "total_tokens": len(prompt_text.split()) + len(text.split())},
+        })
+
+
+class ScriptedOpenAIServer:
+    def __init__(self, policy: ScriptedPolicy | None = None) -> None:
+        self.policy = policy or ScriptedPolicy()
+        handler = type("Handler", (_Handler,), {"policy": self.policy})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def __enter__(self) -> ScriptedOpenAIServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

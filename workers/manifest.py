@@ -1,0 +1,179 @@
+"""``harness.toml``: the harness manifest, validated with errors that name the file and key."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coevo.errors import InvalidManifest
+
+MANIFEST_NAME = "harness.toml"
+POLICY_APIS = ("completions", "chat")
+KNOB_TYPES = ("int", "float", "bool", "choice")
+_ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    type: str
+    default: Any
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[Any, ...] = ()
+
+    def validate(self, value: Any, *, where: str) -> Any:
+        if self.type == "bool":
+            if not isinstance(value, bool):
+                raise InvalidManifest(f"{where}: knob {self.name!r} must be true or false, got {value!r}.")
+            return value
+        if self.type == "choice":
+            if value not in self.choices:
+                raise InvalidManifest(
+                    f"{where}: knob {self.name!r} must be one of {list(self.choices)!r}, got {value!r}."
+                )
+            return value
+        numeric_ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if self.type == "int" and not (numeric_ok and float(value).is_integer()):
+            raise InvalidManifest(f"{where}: knob {self.name!r} must be an integer, got {value!r}.")
+        if self.type == "float" and not numeric_ok:
+            raise InvalidManifest(f"{where}: knob {self.name!r} must be a number, got {value!r}.")
+        if self.min is not None and value < self.min or self.max is not None and value > self.max:
+            raise InvalidManifest(
+                f"{where}: knob {self.name!r} = {value!r} is outside [{self.min}, {self.max}]."
+            )
+        return int(value) if self.type == "int" else float(value)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_model_calls: int = 16
+    max_tokens: int = 16384
+    wall_time_s: int = 600
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    entrypoint: str
+    policy_api: str
+    components: tuple[str, ...]
+    knobs: dict[str, Knob] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+
+    def knob_values(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The manifest's defaults overridden by an evaluation's settings, each validated."""
+        values = {name: knob.default for name, knob in self.knobs.items()}
+        for name, value in (overrides or {}).items():
+            if name not in self.knobs:
+                raise InvalidManifest(
+                    f"Knob {name!r} is not declared in {MANIFEST_NAME} "
+                    f"(declared: {', '.join(sorted(self.knobs)) or 'none'})."
+                )
+            values[name] = self.knobs[name].validate(value, where="evaluation settings")
+        return values
+
+
+def load_manifest(harness_dir: Path) -> Manifest:
+    path = Path(harness_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise InvalidManifest(f"{MANIFEST_NAME} is missing: every harness needs one at its root.")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidManifest(f"{MANIFEST_NAME} is not valid TOML: {exc}") from None
+    return parse_manifest(data, harness_dir=Path(harness_dir))
+
+
+def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> Manifest:
+    where = MANIFEST_NAME
+    section = _table(data, "harness", where)
+    name = _required_str(section, "name", f"{where} [harness]")
+    entrypoint = _required_str(section, "entrypoint", f"{where} [harness]")
+    if not _ENTRYPOINT.match(entrypoint):
+        raise InvalidManifest(
+            f"{where} [harness] entrypoint = {entrypoint!r}: expected 'module:function', e.g. 'agent:run'."
+        )
+    policy_api = section.get("policy_api", "completions")
+    if policy_api not in POLICY_APIS:
+        raise InvalidManifest(
+            f"{where} [harness] policy_api = {policy_api!r}: expected one of {', '.join(POLICY_APIS)}."
+        )
+    components = section.get("components", [])
+    if not isinstance(components, list) or not all(isinstance(c, str) for c in components):
+        raise InvalidManifest(f"{where} [harness] components: expected a list of paths.")
+    if harness_dir is not None:
+        module_path = entrypoint.split(":")[0].replace(".", "/")
+        if not any((harness_dir / candidate).is_file() for candidate in
+                   (f"{module_path}.py", f"{module_path}/__init__.py")):
+            raise InvalidManifest(
+                f"{where} [harness] entrypoint = {entrypoint!r}: there is no {module_path}.py in the harness."
+            )
+    knobs = {
+        knob_name: _knob(knob_name, spec, f"{where} [knobs.{knob_name}]")
+        for knob_name, spec in data.get("knobs", {}).items()
+    }
+    limits_data = data.get("limits", {})
+    if not isinstance(limits_data, dict):
+        raise InvalidManifest(f"{where} [limits]: expected a table.")
+    limits = Limits(
+        **{
+            key: _positive_int(limits_data, key, f"{where} [limits]")
+            for key in ("max_model_calls", "max_tokens", "wall_time_s")
+            if key in limits_data
+        }
+    )
+    unknown = set(limits_data) - {"max_model_calls", "max_tokens", "wall_time_s"}
+    if unknown:
+        raise InvalidManifest(f"{where} [limits]: unknown keys {sorted(unknown)}.")
+    return Manifest(
+        name=name,
+        entrypoint=entrypoint,
+        policy_api=policy_api,
+        components=tuple(components),
+        knobs=knobs,
+        limits=limits,
+    )
+
+
+def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = data.get(key)
+    if not isinstance(value, dict):
+        raise InvalidManifest(f"{where}: the [{key}] table is missing.")
+    return value
+
+
+def _required_str(table: dict[str, Any], key: str, where: str) -> str:
+    value = table.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidManifest(f"{where} {key}: expected a non-empty string.")
+    return value
+
+
+def _positive_int(table: dict[str, Any], key: str, where: str) -> int:
+    value = table[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidManifest(f"{where} {key} = {value!r}: expected a positive integer.")
+    return value
+
+
+def _knob(name: str, spec: Any, where: str) -> Knob:
+    if not isinstance(spec, dict):
+        raise InvalidManifest(f"{where}: expected a table with type and default.")
+    kind = spec.get("type")
+    if kind not in KNOB_TYPES:
+        raise InvalidManifest(f"{where} type = {kind!r}: expected one of {', '.join(KNOB_TYPES)}.")
+    if "default" not in spec:
+        raise InvalidManifest(f"{where}: default is missing.")
+    choices = tuple(spec.get("choices", ()))
+    if kind == "choice" and not choices:
+        raise InvalidManifest(f"{where}: a choice knob needs a non-empty choices list.")
+    knob = Knob(
+        name=name, type=kind, default=spec["default"],
+        min=spec.get("min"), max=spec.get("max"), choices=choices,
+    )
+    knob.validate(knob.default, where=where)
+    return knob

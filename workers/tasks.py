@@ -1,0 +1,32 @@
+"""Celery tasks: take ids, call a service. Heavy work runs on the ``rollouts`` queue."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from coevo.evaluations.services import RolloutRetry, rollout_execute
+
+logger = logging.getLogger(__name__)
+
+# Soft limit above the longest rollout wall time; the hard limit about 1.2x the soft one.
+_SOFT_LIMIT_S = settings.COEVO_ROLLOUT_WALL_S + 120
+_HARD_LIMIT_S = int(_SOFT_LIMIT_S * 1.2)
+
+
+@shared_task(
+    bind=True,
+    name="workers.tasks.rollout_run",
+    acks_late=True,
+    soft_time_limit=_SOFT_LIMIT_S,
+    time_limit=_HARD_LIMIT_S,
+    max_retries=None,  # the rollout row counts attempts (COEVO_ROLLOUT_MAX_ATTEMPTS)
+)
+def rollout_run(self, rollout_id: str) -> None:
+    try:
+        rollout_execute(rollout_id=rollout_id, worker=self.request.hostname or "worker")
+    except RolloutRetry as exc:
+        logger.warning("rollout %s: infra error, retrying in %ss: %s", rollout_id, exc.countdown, exc)
+        raise self.retry(countdown=exc.countdown, queue="rollouts") from exc
