@@ -30,7 +30,9 @@ def env_bool(name: str, default: bool = False) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off.")
+    raise ImproperlyConfigured(
+        f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off."
+    )
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:

@@ -72,7 +72,9 @@ TEMPLATES = [
 ]
 
 _default_db = f"sqlite:///{COEVO_HOME / 'coevo.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", _default_db), conn_max_age=60)}
+DATABASES = {
+    "default": dj_database_url.parse(env_str("DATABASE_URL", _default_db), conn_max_age=60)
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web server and the worker write to the same file: WAL lets readers go on while one
     # writes, and IMMEDIATE transactions take the write lock up front instead of failing with

@@ -107,7 +107,9 @@ class HarnessRepo:
                 # info/exclude (byte-code, .git).
                 g.execute(["git", f"--work-tree={directory}", "add", "--all", "--", "."], env=env)
             except git.GitCommandError as exc:
-                raise HarnessStoreError(f"Could not read {directory}: {exc.stderr.strip()}") from exc
+                raise HarnessStoreError(
+                    f"Could not read {directory}: {exc.stderr.strip()}"
+                ) from exc
             tree_sha = g.execute(["git", "write-tree"], env=env).strip()
         if tree_sha == _EMPTY_TREE:
             raise HarnessStoreError(f"{directory} holds no files to import.")
@@ -201,7 +203,9 @@ class HarnessRepo:
         if blob.type != "blob":
             raise NotFound(f"{path!r} is a folder in candidate {sha[:12]}, not a file.")
         if blob.size > _MAX_FILE_BYTES:
-            raise HarnessStoreError(f"{path!r} is {blob.size} bytes, above the {_MAX_FILE_BYTES} limit.")
+            raise HarnessStoreError(
+                f"{path!r} is {blob.size} bytes, above the {_MAX_FILE_BYTES} limit."
+            )
         return blob.data_stream.read()
 
     def diff(self, base_sha: str | None, head_sha: str, *, context: int = 3) -> str:

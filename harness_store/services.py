@@ -45,7 +45,9 @@ def candidate_import_directory(
     # Check-then-commit under the repository lock, so two imports of the same content at the
     # same time end with one candidate, not two commits of one tree.
     with repo.write_lock():
-        existing = Candidate.objects.filter(project=project, tree_sha=tree_sha).order_by("created_at")
+        existing = Candidate.objects.filter(project=project, tree_sha=tree_sha).order_by(
+            "created_at"
+        )
         if existing.exists():
             return existing.first(), False
         sha = repo.commit_tree(

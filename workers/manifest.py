@@ -28,7 +28,9 @@ class Knob:
     def validate(self, value: Any, *, where: str) -> Any:
         if self.type == "bool":
             if not isinstance(value, bool):
-                raise InvalidManifest(f"{where}: knob {self.name!r} must be true or false, got {value!r}.")
+                raise InvalidManifest(
+                    f"{where}: knob {self.name!r} must be true or false, got {value!r}."
+                )
             return value
         if self.type == "choice":
             if value not in self.choices:
@@ -107,8 +109,10 @@ def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> 
         raise InvalidManifest(f"{where} [harness] components: expected a list of paths.")
     if harness_dir is not None:
         module_path = entrypoint.split(":")[0].replace(".", "/")
-        if not any((harness_dir / candidate).is_file() for candidate in
-                   (f"{module_path}.py", f"{module_path}/__init__.py")):
+        if not any(
+            (harness_dir / candidate).is_file()
+            for candidate in (f"{module_path}.py", f"{module_path}/__init__.py")
+        ):
             raise InvalidManifest(
                 f"{where} [harness] entrypoint = {entrypoint!r}: there is no {module_path}.py in the harness."
             )
@@ -172,8 +176,12 @@ def _knob(name: str, spec: Any, where: str) -> Knob:
     if kind == "choice" and not choices:
         raise InvalidManifest(f"{where}: a choice knob needs a non-empty choices list.")
     knob = Knob(
-        name=name, type=kind, default=spec["default"],
-        min=spec.get("min"), max=spec.get("max"), choices=choices,
+        name=name,
+        type=kind,
+        default=spec["default"],
+        min=spec.get("min"),
+        max=spec.get("max"),
+        choices=choices,
     )
     knob.validate(knob.default, where=where)
     return knob

@@ -116,8 +116,17 @@ class _Runner:
             knobs = manifest.knob_values(self.inputs.knob_overrides)
         except InvalidManifest as exc:
             return self._end(Outcome.HARNESS_ERROR, f"invalid harness: {exc}")
-        self.record(Step("start", {"task": self.inputs.task_key, "knobs": knobs,
-                                   "entrypoint": manifest.entrypoint, "seed": self.inputs.seed}))
+        self.record(
+            Step(
+                "start",
+                {
+                    "task": self.inputs.task_key,
+                    "knobs": knobs,
+                    "entrypoint": manifest.entrypoint,
+                    "seed": self.inputs.seed,
+                },
+            )
+        )
         try:
             answer = self._converse(manifest, knobs)
         except _HarnessError as exc:
@@ -134,13 +143,23 @@ class _Runner:
             verdict = verify(answer)
         except SandboxUnavailable as exc:
             return self._end(Outcome.INFRA_ERROR, str(exc), score=None)
-        self.record(Step("verdict", {"passed": verdict.passed, "score": verdict.score,
-                                     "detail": verdict.detail, "output": verdict.output[-4000:]}))
+        self.record(
+            Step(
+                "verdict",
+                {
+                    "passed": verdict.passed,
+                    "score": verdict.score,
+                    "detail": verdict.detail,
+                    "output": verdict.output[-4000:],
+                },
+            )
+        )
         outcome = Outcome.PASSED if verdict.passed else Outcome.TASK_FAILURE
         return self._end(outcome, verdict.detail, score=verdict.score, record=False)
 
-    def _end(self, outcome: str, detail: str, *, score: float | None = 0.0,
-             record: bool = True) -> RolloutResult:
+    def _end(
+        self, outcome: str, detail: str, *, score: float | None = 0.0, record: bool = True
+    ) -> RolloutResult:
         self.result.outcome = outcome
         self.result.detail = detail
         self.result.score = score
@@ -169,8 +188,15 @@ class _Runner:
         stderr_thread.start()
         self._stderr_thread = stderr_thread
         try:
-            self._send(proc, {"type": "start", "entrypoint": manifest.entrypoint,
-                              "task": self.inputs.task_view, "knobs": knobs})
+            self._send(
+                proc,
+                {
+                    "type": "start",
+                    "entrypoint": manifest.entrypoint,
+                    "task": self.inputs.task_view,
+                    "knobs": knobs,
+                },
+            )
             calls = 0
             tokens = 0
             while True:
@@ -185,8 +211,12 @@ class _Runner:
                 elif kind == "error":
                     stderr_thread.join(timeout=1)
                     detail = message.get("traceback") or ""
-                    self.record(Step("harness_exception", {"error": message.get("error"),
-                                                           "traceback": detail[-8000:]}))
+                    self.record(
+                        Step(
+                            "harness_exception",
+                            {"error": message.get("error"), "traceback": detail[-8000:]},
+                        )
+                    )
                     raise _HarnessError(f"the harness raised {message.get('error')}")
                 elif kind == "call":
                     reply, calls, tokens = self._handle_call(message, manifest, calls, tokens)
@@ -197,22 +227,26 @@ class _Runner:
             sandbox.terminate(proc)
             stderr_thread.join(timeout=2)
 
-    def _handle_call(self, message: dict[str, Any], manifest: Manifest, calls: int,
-                     tokens: int) -> tuple[dict[str, Any], int, int]:
+    def _handle_call(
+        self, message: dict[str, Any], manifest: Manifest, calls: int, tokens: int
+    ) -> tuple[dict[str, Any], int, int]:
         method = message.get("method")
         params = message.get("params") or {}
         if method != "llm.complete":
             raise _HarnessError(f"protocol violation: unknown call {method!r}")
         if manifest.policy_api != "completions":
-            raise _HarnessError("the manifest declares policy_api = 'chat' but the harness "
-                                "called ctx.llm.complete")
+            raise _HarnessError(
+                "the manifest declares policy_api = 'chat' but the harness called ctx.llm.complete"
+            )
         sampling, n, prompt = _parse_completion_params(params, self.inputs.seed + calls)
         texts: list[str] = []
         reasons: list[str | None] = []
         prompt_tokens = completion_tokens = 0
         for i in range(n):
             if calls >= manifest.limits.max_model_calls:
-                raise _HarnessError(f"limit exceeded: max_model_calls = {manifest.limits.max_model_calls}")
+                raise _HarnessError(
+                    f"limit exceeded: max_model_calls = {manifest.limits.max_model_calls}"
+                )
             if tokens >= manifest.limits.max_tokens:
                 raise _HarnessError(f"limit exceeded: max_tokens = {manifest.limits.max_tokens}")
             sample = Sampling(**{**sampling.__dict__, "seed": sampling.seed + i})
@@ -222,21 +256,32 @@ class _Runner:
             self.result.model_calls += 1
             self.result.prompt_tokens += completion.prompt_tokens
             self.result.completion_tokens += completion.completion_tokens
-            self.record(Step(
-                "model_call",
-                {"api": "completions", "model": completion.model, "prompt": prompt,
-                 "sampling": sample.as_params(), "completion": completion.text,
-                 "finish_reason": completion.finish_reason},
-                prompt_tokens=completion.prompt_tokens,
-                completion_tokens=completion.completion_tokens,
-                latency_ms=completion.latency_ms,
-            ))
+            self.record(
+                Step(
+                    "model_call",
+                    {
+                        "api": "completions",
+                        "model": completion.model,
+                        "prompt": prompt,
+                        "sampling": sample.as_params(),
+                        "completion": completion.text,
+                        "finish_reason": completion.finish_reason,
+                    },
+                    prompt_tokens=completion.prompt_tokens,
+                    completion_tokens=completion.completion_tokens,
+                    latency_ms=completion.latency_ms,
+                )
+            )
             texts.append(completion.text)
             reasons.append(completion.finish_reason)
             prompt_tokens += completion.prompt_tokens
             completion_tokens += completion.completion_tokens
-        result = {"texts": texts, "finish_reasons": reasons, "prompt_tokens": prompt_tokens,
-                  "completion_tokens": completion_tokens}
+        result = {
+            "texts": texts,
+            "finish_reasons": reasons,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+        }
         return {"type": "reply", "id": message.get("id"), "result": result}, calls, tokens
 
     def _send(self, proc: Any, message: dict[str, Any]) -> None:
@@ -247,8 +292,9 @@ class _Runner:
             # The harness is gone; _next_message reports how it ended.
             pass
 
-    def _next_message(self, proc: Any, lines: queue.Queue[bytes | None], deadline: float,
-                      wall_s: int) -> dict[str, Any]:
+    def _next_message(
+        self, proc: Any, lines: queue.Queue[bytes | None], deadline: float, wall_s: int
+    ) -> dict[str, Any]:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _HarnessError(f"limit exceeded: wall time of {wall_s}s")
@@ -269,7 +315,9 @@ class _Runner:
                 how = f"exited with code {code}"
             raise _HarnessError(f"the harness process {how} before answering")
         if len(line) > MAX_MESSAGE_BYTES:
-            raise _HarnessError(f"protocol violation: a message on stdout exceeds {MAX_MESSAGE_BYTES} bytes")
+            raise _HarnessError(
+                f"protocol violation: a message on stdout exceeds {MAX_MESSAGE_BYTES} bytes"
+            )
         try:
             message = json.loads(line)
         except ValueError:
@@ -301,7 +349,9 @@ class _Runner:
             del self.stderr_tail[:-STDERR_TAIL_BYTES]
 
 
-def _parse_completion_params(params: dict[str, Any], default_seed: int) -> tuple[Sampling, int, str]:
+def _parse_completion_params(
+    params: dict[str, Any], default_seed: int
+) -> tuple[Sampling, int, str]:
     prompt = params.get("prompt")
     if not isinstance(prompt, str):
         raise _HarnessError("ctx.llm.complete: prompt must be a string")

@@ -76,10 +76,15 @@ def sandbox_argv(
         "--die-with-parent",
         "--new-session",
         "--clearenv",
-        "--ro-bind", "/usr", "/usr",
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--tmpfs", "/tmp",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
     ]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
@@ -111,8 +116,13 @@ def spawn(
     """Start ``argv`` in the sandbox with pipes on stdin, stdout and stderr."""
     mode = sandbox_mode()
     limits = limits or SandboxLimits()
-    base_env = {"HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONUNBUFFERED": "1", "PATH": "/usr/local/bin:/usr/bin:/bin"}
+    base_env = {
+        "HOME": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+    }
     full_env = {**base_env, **(env or {})}
     binds = dict(ro_binds or {})
     if mode == "unsandboxed":
@@ -127,7 +137,9 @@ def spawn(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=full_env if mode == "unsandboxed" else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        env=full_env
+        if mode == "unsandboxed"
+        else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
         cwd=cwd if mode == "unsandboxed" else None,
         start_new_session=True,
         preexec_fn=lambda: _apply_limits(limits),
@@ -182,5 +194,5 @@ def _apply_limits(limits: SandboxLimits) -> None:
 def _remap(value: str, remap: Mapping[str, str]) -> str:
     for target, source in remap.items():
         if value == target or value.startswith(target + "/"):
-            return source + value[len(target):]
+            return source + value[len(target) :]
     return value

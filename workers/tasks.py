@@ -28,5 +28,7 @@ def rollout_run(self, rollout_id: str) -> None:
     try:
         rollout_execute(rollout_id=rollout_id, worker=self.request.hostname or "worker")
     except RolloutRetry as exc:
-        logger.warning("rollout %s: infra error, retrying in %ss: %s", rollout_id, exc.countdown, exc)
+        logger.warning(
+            "rollout %s: infra error, retrying in %ss: %s", rollout_id, exc.countdown, exc
+        )
         raise self.retry(countdown=exc.countdown, queue="rollouts") from exc

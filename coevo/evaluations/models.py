@@ -53,7 +53,9 @@ class Evaluation(TimeStampedModel):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(epochs__gte=1), name="evaluation_epochs_positive"),
+            models.CheckConstraint(
+                condition=models.Q(epochs__gte=1), name="evaluation_epochs_positive"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -87,7 +89,9 @@ class Rollout(TimeStampedModel):
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="rollouts")
     epoch = models.PositiveSmallIntegerField(default=0)
     seed = models.BigIntegerField()
-    state = models.CharField(max_length=16, choices=RolloutState.choices, default=RolloutState.PENDING)
+    state = models.CharField(
+        max_length=16, choices=RolloutState.choices, default=RolloutState.PENDING
+    )
     outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
     score = models.FloatField(null=True, blank=True)
     detail = models.TextField(blank=True)

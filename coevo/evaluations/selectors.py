@@ -35,7 +35,9 @@ class EvaluationProgress:
         return self.prompt_tokens + self.completion_tokens
 
 
-def evaluation_list(*, project: Project, candidate: Candidate | None = None) -> QuerySet[Evaluation]:
+def evaluation_list(
+    *, project: Project, candidate: Candidate | None = None
+) -> QuerySet[Evaluation]:
     qs = Evaluation.objects.filter(project=project).select_related("candidate", "suite")
     if candidate is not None:
         qs = qs.filter(candidate=candidate)
@@ -44,9 +46,9 @@ def evaluation_list(*, project: Project, candidate: Candidate | None = None) -> 
 
 def evaluation_get(*, project: Project, evaluation_id: Any) -> Evaluation:
     try:
-        return Evaluation.objects.select_related(
-            "candidate", "suite", "policy_version"
-        ).get(project=project, id=evaluation_id)
+        return Evaluation.objects.select_related("candidate", "suite", "policy_version").get(
+            project=project, id=evaluation_id
+        )
     except (Evaluation.DoesNotExist, ValueError, TypeError):
         raise NotFound(f"No evaluation {evaluation_id} in project {project.slug}.") from None
 
@@ -98,9 +100,11 @@ def rollout_list(*, evaluation: Evaluation) -> QuerySet[Rollout]:
 
 def rollout_get(*, project: Project, rollout_id: Any) -> Rollout:
     try:
-        return Rollout.objects.select_related(
-            "evaluation__candidate", "evaluation__suite", "task"
-        ).defer("task__verifier").get(evaluation__project=project, id=rollout_id)
+        return (
+            Rollout.objects.select_related("evaluation__candidate", "evaluation__suite", "task")
+            .defer("task__verifier")
+            .get(evaluation__project=project, id=rollout_id)
+        )
     except (Rollout.DoesNotExist, ValueError, TypeError):
         raise NotFound(f"No rollout {rollout_id} in project {project.slug}.") from None
 

@@ -88,8 +88,12 @@ def evaluation_create(
             for epoch in range(epochs)
         )
         transaction.on_commit(lambda: evaluation_enqueue(evaluation_id=evaluation.id))
-    logger.info("evaluation %s created: candidate %s, %d rollouts",
-                evaluation.id, candidate.short_sha, len(tasks) * epochs)
+    logger.info(
+        "evaluation %s created: candidate %s, %d rollouts",
+        evaluation.id,
+        candidate.short_sha,
+        len(tasks) * epochs,
+    )
     return evaluation
 
 
@@ -120,8 +124,10 @@ def rollout_claim(*, rollout_id: Any, worker: str) -> Rollout | None:
     if claimed != 1:
         return None
     rollout = Rollout.objects.select_related(
-        "evaluation__candidate__project", "evaluation__policy_version__endpoint",
-        "evaluation__suite", "task",
+        "evaluation__candidate__project",
+        "evaluation__policy_version__endpoint",
+        "evaluation__suite",
+        "task",
     ).get(id=rollout_id)
     Evaluation.objects.filter(id=rollout.evaluation_id, state=EvaluationState.PENDING).update(
         state=EvaluationState.RUNNING, started_at=now
@@ -145,9 +151,14 @@ def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     def on_step(step: Step) -> None:
         nonlocal step_index
         TraceStep.objects.create(
-            rollout_id=rollout.id, attempt=rollout.attempts, index=step_index, kind=step.kind,
-            payload=step.payload, prompt_tokens=step.prompt_tokens,
-            completion_tokens=step.completion_tokens, latency_ms=step.latency_ms,
+            rollout_id=rollout.id,
+            attempt=rollout.attempts,
+            index=step_index,
+            kind=step.kind,
+            payload=step.payload,
+            prompt_tokens=step.prompt_tokens,
+            completion_tokens=step.completion_tokens,
+            latency_ms=step.latency_ms,
         )
         step_index += 1
         Rollout.objects.filter(id=rollout.id).update(heartbeat_at=timezone.now())
@@ -157,10 +168,16 @@ def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
         result = _rollout_run_in_sandbox(rollout=rollout, adapter=adapter, on_step=on_step)
     except Exception as exc:  # a fault of this worker, not of the candidate: retry it
         logger.exception("rollout %s: worker error", rollout.id)
-        result = RolloutResult(outcome=Outcome.INFRA_ERROR, score=None,
-                               detail=f"worker error: {type(exc).__name__}: {exc}")
+        result = RolloutResult(
+            outcome=Outcome.INFRA_ERROR,
+            score=None,
+            detail=f"worker error: {type(exc).__name__}: {exc}",
+        )
     latency_ms = int((timezone.now() - started).total_seconds() * 1000)
-    if result.outcome == Outcome.INFRA_ERROR and rollout.attempts < settings.COEVO_ROLLOUT_MAX_ATTEMPTS:
+    if (
+        result.outcome == Outcome.INFRA_ERROR
+        and rollout.attempts < settings.COEVO_ROLLOUT_MAX_ATTEMPTS
+    ):
         Rollout.objects.filter(id=rollout.id, state=RolloutState.RUNNING).update(
             state=RolloutState.PENDING, detail=f"attempt {rollout.attempts}: {result.detail}"
         )
@@ -205,8 +222,14 @@ def rollout_finish(
         latency_ms=latency_ms,
         finished_at=timezone.now(),
     )
-    logger.info("rollout %s (evaluation %s, task %s): %s %s", rollout.id, rollout.evaluation_id,
-                rollout.task.key, outcome, detail[:200])
+    logger.info(
+        "rollout %s (evaluation %s, task %s): %s %s",
+        rollout.id,
+        rollout.evaluation_id,
+        rollout.task.key,
+        outcome,
+        detail[:200],
+    )
     evaluation_finish_if_done(evaluation_id=rollout.evaluation_id)
     return finished == 1
 

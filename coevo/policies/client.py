@@ -132,7 +132,12 @@ class PolicyClient:
                 delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
                 logger.warning(
                     "policy request %s %s failed (%s); retry %d/%d in %.1fs",
-                    method, path, last_error, attempt, self.retries, delay,
+                    method,
+                    path,
+                    last_error,
+                    attempt,
+                    self.retries,
+                    delay,
                 )
                 time.sleep(delay)
             try:

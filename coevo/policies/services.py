@@ -18,7 +18,9 @@ def policy_version_get_default() -> PolicyVersion:
         endpoint=endpoint,
         served_name=settings.COEVO_POLICY_MODEL,
         defaults={
-            "name": f"{settings.COEVO_POLICY_MODEL}-{str(endpoint.id)[:8]}".lower().replace(".", "-"),
+            "name": f"{settings.COEVO_POLICY_MODEL}-{str(endpoint.id)[:8]}".lower().replace(
+                ".", "-"
+            ),
             "base_model": settings.COEVO_POLICY_MODEL,
         },
     )

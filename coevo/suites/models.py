@@ -32,7 +32,8 @@ class Suite(TimeStampedModel):
         ordering = ["name", "-created_at"]
         constraints = [
             models.UniqueConstraint(
-                fields=["project", "name", "content_hash", "split_seed"], name="suite_unique_content"
+                fields=["project", "name", "content_hash", "split_seed"],
+                name="suite_unique_content",
             ),
         ]
 

@@ -14,7 +14,9 @@ STOPS = {
     "function": ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert "],
     "none": [],
 }
-EXAMPLE = re.compile(r"^\s*>>>\s*(?P<expr>.+?)\s*\n\s*(?P<expected>[^\n>][^\n]*?)\s*$", re.MULTILINE)
+EXAMPLE = re.compile(
+    r"^\s*>>>\s*(?P<expr>.+?)\s*\n\s*(?P<expected>[^\n>][^\n]*?)\s*$", re.MULTILINE
+)
 
 
 CHECK = """
@@ -47,7 +49,9 @@ def run(task, ctx):
     if not examples:
         ctx.log("no >>> examples in the prompt; keeping the first sample")
         return completions[0]
-    scored = [(passed_examples(task["prompt"], c, examples), -i, c) for i, c in enumerate(completions)]
+    scored = [
+        (passed_examples(task["prompt"], c, examples), -i, c) for i, c in enumerate(completions)
+    ]
     best = max(scored)
     ctx.log(f"examples passed per sample: {[s[0] for s in scored]} of {len(examples)}")
     return best[2]

@@ -65,19 +65,29 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/chat/completions":
             last = (body.get("messages") or [{}])[-1].get("content", "")
             text = self.policy.reply_for(last)
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": "stop"}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
         else:
             self._json(404, {"error": "not found"})
             return
         prompt_text = body.get("prompt") or json.dumps(body.get("messages"))
-        self._json(200, {
-            "id": "cmpl-test", "object": "text_completion", "model": self.policy.model,
-            "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt_text.split()),
-                      "completion_tokens": len(text.split()),
-                      "total_tokens": len(prompt_text.split()) + len(text.split())},
-        })
+        self._json(
+            200,
+            {
+                "id": "cmpl-test",
+                "object": "text_completion",
+                "model": self.policy.model,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": len(prompt_text.split()),
+                    "completion_tokens": len(text.split()),
+                    "total_tokens": len(prompt_text.split()) + len(text.split()),
+                },
+            },
+        )
 
 
 class ScriptedOpenAIServer:

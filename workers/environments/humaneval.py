@@ -24,9 +24,13 @@ def program_for(*, prompt: str, completion: str, test: str, entry_point: str) ->
 
 def verify(*, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any) -> Verdict:
     if not isinstance(answer, str):
-        return Verdict(False, 0.0, f"the answer must be a string completion, got {type(answer).__name__}")
+        return Verdict(
+            False, 0.0, f"the answer must be a string completion, got {type(answer).__name__}"
+        )
     program = program_for(
-        prompt=inputs["prompt"], completion=answer, test=verifier["test"],
+        prompt=inputs["prompt"],
+        completion=answer,
+        test=verifier["test"],
         entry_point=verifier["entry_point"],
     )
     timeout_s = settings.COEVO_VERIFIER_TIMEOUT_S
@@ -42,5 +46,7 @@ def verify(*, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any) -> 
         return Verdict(False, 0.0, f"the hidden tests timed out after {timeout_s}s", output)
     if result.returncode == 0:
         return Verdict(True, 1.0, "all hidden tests passed", output)
-    last_line = output.strip().splitlines()[-1] if output.strip() else f"exit code {result.returncode}"
+    last_line = (
+        output.strip().splitlines()[-1] if output.strip() else f"exit code {result.returncode}"
+    )
     return Verdict(False, 0.0, f"hidden tests failed: {last_line[:300]}", output)

@@ -8,7 +8,6 @@ made by the worker (which records it and enforces the limits); this side only as
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
