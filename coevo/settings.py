@@ -110,12 +110,13 @@ LOGOUT_REDIRECT_URL = "login"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = COEVO_HOME / "broker"
-    for _sub in ("queue", "processed"):
+    for _sub in ("queue", "processed", "control"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 else:
@@ -132,6 +133,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "rollouts-watchdog": {"task": "workers.tasks.rollouts_watchdog", "schedule": 60.0},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(COEVO_HOME / "celerybeat-schedule")
 
 # --- coevo ---------------------------------------------------------------------------------
 COEVO_HARNESS_STORE_DIR = env_str("COEVO_HARNESS_STORE_DIR", str(COEVO_HOME / "harness-store"))

@@ -7,7 +7,7 @@ import logging
 from celery import shared_task
 from django.conf import settings
 
-from coevo.evaluations.services import RolloutRetry, rollout_execute
+from coevo.evaluations.services import RolloutRetry, rollout_execute, rollout_requeue_stale
 
 logger = logging.getLogger(__name__)
 
@@ -32,3 +32,9 @@ def rollout_run(self, rollout_id: str) -> None:
             "rollout %s: infra error, retrying in %ss: %s", rollout_id, exc.countdown, exc
         )
         raise self.retry(countdown=exc.countdown, queue="rollouts") from exc
+
+
+@shared_task(name="workers.tasks.rollouts_watchdog", soft_time_limit=120, time_limit=150)
+def rollouts_watchdog() -> None:
+    """Run by beat: re-run or give up rollouts whose worker stopped heartbeating."""
+    rollout_requeue_stale(stale_after_s=settings.COEVO_ROLLOUT_WALL_S + 300)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +277,34 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
                 ),
                 on_step=on_step,
             )
+
+
+def rollout_requeue_stale(*, stale_after_s: int) -> tuple[int, int]:
+    """The watchdog: rollouts whose worker stopped heartbeating are re-run or given up.
+
+    A running rollout whose heartbeat is older than ``stale_after_s`` lost its worker (killed,
+    machine gone). With attempts left it goes back to pending and is enqueued again; otherwise
+    it ends as an infra_error. Returns (requeued, failed).
+    """
+    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
+    requeued = failed = 0
+    stale = Rollout.objects.filter(state=RolloutState.RUNNING, heartbeat_at__lt=cutoff)
+    for rollout in stale.select_related("task"):
+        detail = f"worker {rollout.worker or '?'} stopped heartbeating (attempt {rollout.attempts})"
+        if rollout.attempts < settings.COEVO_ROLLOUT_MAX_ATTEMPTS:
+            moved = Rollout.objects.filter(
+                id=rollout.id, state=RolloutState.RUNNING, heartbeat_at__lt=cutoff
+            ).update(state=RolloutState.PENDING, detail=detail)
+            if moved:
+                from workers.tasks import rollout_run
+
+                result = rollout_run.apply_async(args=[str(rollout.id)], queue="rollouts")
+                Rollout.objects.filter(id=rollout.id).update(celery_task_id=result.id)
+                requeued += 1
+        elif rollout_finish(
+            rollout=rollout, outcome=Outcome.INFRA_ERROR, score=None, detail=detail
+        ):
+            failed += 1
+    if requeued or failed:
+        logger.warning("watchdog: %d stale rollouts requeued, %d given up", requeued, failed)
+    return requeued, failed

@@ -138,3 +138,65 @@ def test_it_keeps_going_after_a_crashing_harness(
     assert outcomes == [(Outcome.HARNESS_ERROR, "the harness raised RuntimeError: nope")] * 3
     progress = evaluation_progress(evaluation=evaluation)
     assert progress.harness_errors == 3 and progress.score.mean == 0.0
+
+
+def test_it_requeues_a_rollout_whose_worker_died_and_finishes_it(
+    celery_worker_thread, seed_candidate, humaneval_suite, policy_version
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from coevo.evaluations.services import rollout_requeue_stale
+
+    evaluation = evaluation_create(
+        candidate=seed_candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=1,
+    )
+    wait_until_final(evaluation)
+    # Simulate a worker that claimed the rollout and died: running, stale heartbeat.
+    rollout = Rollout.objects.get(evaluation=evaluation)
+    Rollout.objects.filter(id=rollout.id).update(
+        state="running", outcome="", heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    evaluation.__class__.objects.filter(id=evaluation.id).update(state=EvaluationState.RUNNING)
+
+    assert rollout_requeue_stale(stale_after_s=600) == (1, 0)
+    wait_until_final(evaluation)
+
+    rollout.refresh_from_db()
+    assert rollout.state == "done" and rollout.attempts == 2
+    assert rollout.outcome == Outcome.TASK_FAILURE
+
+
+def test_it_gives_up_a_stale_rollout_with_no_attempts_left(
+    transactional_db, seed_candidate, humaneval_suite, policy_version, settings
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from coevo.evaluations.services import rollout_requeue_stale
+
+    settings.COEVO_ROLLOUT_MAX_ATTEMPTS = 1
+    evaluation = evaluation_create(
+        candidate=seed_candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=1,
+    )
+    Rollout.objects.filter(evaluation=evaluation).update(
+        state="running", attempts=1, heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+
+    assert rollout_requeue_stale(stale_after_s=600) == (0, 1)
+
+    rollout = Rollout.objects.get(evaluation=evaluation)
+    assert rollout.outcome == Outcome.INFRA_ERROR
+    assert "stopped heartbeating" in rollout.detail
+    evaluation.refresh_from_db()
+    assert evaluation.state == EvaluationState.FINISHED
