@@ -314,3 +314,27 @@ def test_it_times_out_hidden_tests_that_never_finish(settings, answer):
 
     assert verdict.passed is False
     assert "timed out after 2s" in verdict.detail
+
+
+def test_it_refuses_to_run_harness_code_without_bwrap(monkeypatch, settings, scripted_policy):
+    monkeypatch.setattr("workers.sandbox.shutil.which", lambda name: None)
+    settings.COEVO_ALLOW_UNSANDBOXED = False
+
+    result = run(SEED_HARNESS, scripted_policy.url)
+
+    assert result.outcome == Outcome.INFRA_ERROR
+    assert "bubblewrap (bwrap) is not installed" in result.detail
+    assert "COEVO_ALLOW_UNSANDBOXED=1" in result.detail
+    assert scripted_policy.requests == []
+
+
+def test_it_runs_unsandboxed_only_when_the_operator_allows_it(
+    monkeypatch, settings, scripted_policy
+):
+    monkeypatch.setattr("workers.sandbox.shutil.which", lambda name: None)
+    settings.COEVO_ALLOW_UNSANDBOXED = True
+    scripted_policy.rules.append(("def truncate_number", CORRECT))
+
+    result = run(SEED_HARNESS, scripted_policy.url)
+
+    assert result.outcome == Outcome.PASSED, result.detail
