@@ -100,6 +100,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = COEVO_HOME / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns about a missing STATIC_ROOT
 WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "login"

@@ -1,9 +1,34 @@
-from django.urls import path
+from django.urls import path, register_converter
 
 from coevo.web import views
+
+
+class ShaConverter:
+    """A full commit SHA or a prefix of at least 4 hex digits."""
+
+    regex = "[0-9a-fA-F]{4,40}"
+
+    def to_python(self, value: str) -> str:
+        return value.lower()
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(ShaConverter, "sha")
 
 app_name = "web"
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("p/<slug:slug>/", views.project_detail, name="project"),
+    path("p/<slug:slug>/c/<sha:sha>/", views.candidate_detail, name="candidate"),
+    path(
+        "p/<slug:slug>/c/<sha:sha>/files/<path:path>",
+        views.candidate_file,
+        name="candidate_file",
+    ),
+    path("p/<slug:slug>/c/<sha:sha>/diff/", views.candidate_diff_page, name="candidate_diff"),
+    path("p/<slug:slug>/e/<uuid:evaluation_id>/", views.evaluation_detail, name="evaluation"),
+    path("p/<slug:slug>/r/<uuid:rollout_id>/", views.rollout_detail, name="rollout"),
 ]

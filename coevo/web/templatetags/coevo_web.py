@@ -1,0 +1,93 @@
+"""Formatting helpers for the dashboard templates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from coevo.evaluations.models import Outcome, Rollout, RolloutState
+from coevo.evaluations.stats import ScoreSummary
+
+register = template.Library()
+
+_BADGES = {
+    Outcome.PASSED: ("pass", "pass", ""),
+    Outcome.TASK_FAILURE: ("fail", "fail", "task failure"),
+    Outcome.HARNESS_ERROR: ("fail", "fail", "harness error"),
+    Outcome.INFRA_ERROR: ("infra", "infra error", "not scored"),
+}
+
+
+@register.filter
+def percent(value: float | None, digits: int = 1) -> str:
+    """0.15 → "15.0%"; None (nothing scored yet) → "—"."""
+    if value is None:
+        return "—"
+    return f"{value * 100:.{digits}f}%"
+
+
+@register.filter
+def thousands(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+@register.filter
+def short_sha(sha: str | None) -> str:
+    return (sha or "")[:12]
+
+
+@register.filter
+def as_text(value: Any) -> str:
+    """Strings as they are; anything else as indented JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@register.filter
+def as_json(value: Any) -> str:
+    """One-line JSON, e.g. sampling parameters as they were sent."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+@register.simple_tag
+def score_line(score: ScoreSummary, epochs: int = 1) -> SafeString:
+    """ "15.0% [5.2%, 36.0%] over 20 tasks", with the interval's kind in a tooltip."""
+    if score.mean is None or score.interval is None:
+        return format_html('<span class="muted">no scored rollouts yet</span>')
+    unit = "task" if epochs == 1 else "rollout"
+    return format_html(
+        '<strong class="score">{}</strong> '
+        '<span class="interval" title="{}% Wilson score interval">[{}, {}]</span> '
+        "over {} {}{}",
+        percent(score.mean),
+        f"{score.confidence * 100:g}",
+        percent(score.interval.low),
+        percent(score.interval.high),
+        score.n,
+        unit,
+        "" if score.n == 1 else "s",
+    )
+
+
+@register.simple_tag
+def outcome_badge(rollout: Rollout) -> SafeString:
+    """pass/fail badge plus the error kind; the state while the rollout is not done."""
+    if rollout.state != RolloutState.DONE:
+        return format_html('<span class="badge state-{}">{}</span>', rollout.state, rollout.state)
+    css, label, kind = _BADGES.get(rollout.outcome, ("infra", rollout.outcome, ""))
+    if not kind:
+        return format_html('<span class="badge {}">{}</span>', css, label)
+    return format_html(
+        '<span class="badge {}">{}</span> <span class="kind">{}</span>', css, label, kind
+    )
+
+
+@register.filter
+def spaces(value: str) -> str:
+    """ "model_call" → "model call"."""
+    return str(value).replace("_", " ")
