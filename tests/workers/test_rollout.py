@@ -44,7 +44,9 @@ def run(harness: Path, url: str, *, knobs: dict | None = None):
     inputs = RolloutInputs(
         harness_dir=harness,
         task_key=PROBLEM.task_id,
-        task_view=humaneval.harness_view({"prompt": PROBLEM.prompt, "entry_point": PROBLEM.entry_point}),
+        task_view=humaneval.harness_view(
+            {"prompt": PROBLEM.prompt, "entry_point": PROBLEM.entry_point}
+        ),
         knob_overrides=knobs or {},
         seed=7,
         wall_time_s=60,
