@@ -58,8 +58,18 @@ class HarnessRepo:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._repo = git.Repo(self.path)
         self._held = threading.local()
+        self._local = threading.local()
+        git.Repo(self.path)  # fail early on a path that is not a repository
+
+    @property
+    def _repo(self) -> git.Repo:
+        # One git.Repo per thread: GitPython talks to long-running `git cat-file` helpers
+        # without locking, so a Repo shared by threads mixes up their answers.
+        repo = getattr(self._local, "repo", None)
+        if repo is None:
+            repo = self._local.repo = git.Repo(self.path)
+        return repo
 
     @classmethod
     def open_or_init(cls, path: Path) -> HarnessRepo:
@@ -96,7 +106,8 @@ class HarnessRepo:
 
     def tree_of_directory(self, directory: Path) -> str:
         """Write the directory's content as git objects and return its tree SHA."""
-        directory = Path(directory)
+        # Absolute: git resolves --work-tree against its own directory (the bare repository).
+        directory = Path(directory).resolve()
         if not directory.is_dir():
             raise HarnessStoreError(f"{directory} is not a directory.")
         with tempfile.TemporaryDirectory(prefix="coevo-index-") as tmp:
@@ -166,7 +177,13 @@ class HarnessRepo:
     def tag(self, name: str, sha: str, *, force: bool = False) -> None:
         self.commit_info(sha)
         with self.write_lock():
-            self._repo.create_tag(name, ref=sha, force=force)
+            try:
+                self._repo.create_tag(name, ref=sha, force=force)
+            except git.GitCommandError as exc:
+                raise HarnessStoreError(
+                    f"Could not tag {sha[:12]} as {name!r}: {exc.stderr.strip()} "
+                    "(pass force=True to move an existing tag)."
+                ) from exc
 
     def _keep(self, sha: str) -> None:
         self._repo.git.update_ref(f"{CANDIDATE_REF_PREFIX}{sha}", sha)
@@ -236,6 +253,7 @@ class HarnessRepo:
             raise NotFound(f"{sha!r} is not a commit SHA.")
         try:
             obj = self._repo.commit(sha)
+            obj.tree  # noqa: B018 - GitPython makes placeholder commits (e.g. 000…0) lazily
         except (ValueError, git.BadName, git.BadObject):
             raise NotFound(f"No commit {sha} in this harness repository.") from None
         return obj

@@ -95,7 +95,7 @@ def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> 
     section = _table(data, "harness", where)
     name = _required_str(section, "name", f"{where} [harness]")
     entrypoint = _required_str(section, "entrypoint", f"{where} [harness]")
-    if not _ENTRYPOINT.match(entrypoint):
+    if not _ENTRYPOINT.fullmatch(entrypoint):
         raise InvalidManifest(
             f"{where} [harness] entrypoint = {entrypoint!r}: expected 'module:function', e.g. 'agent:run'."
         )
@@ -116,9 +116,12 @@ def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> 
             raise InvalidManifest(
                 f"{where} [harness] entrypoint = {entrypoint!r}: there is no {module_path}.py in the harness."
             )
+    knobs_data = data.get("knobs", {})
+    if not isinstance(knobs_data, dict):
+        raise InvalidManifest(f"{where} [knobs]: expected a table of knob tables.")
     knobs = {
         knob_name: _knob(knob_name, spec, f"{where} [knobs.{knob_name}]")
-        for knob_name, spec in data.get("knobs", {}).items()
+        for knob_name, spec in knobs_data.items()
     }
     limits_data = data.get("limits", {})
     if not isinstance(limits_data, dict):
@@ -172,7 +175,14 @@ def _knob(name: str, spec: Any, where: str) -> Knob:
         raise InvalidManifest(f"{where} type = {kind!r}: expected one of {', '.join(KNOB_TYPES)}.")
     if "default" not in spec:
         raise InvalidManifest(f"{where}: default is missing.")
-    choices = tuple(spec.get("choices", ()))
+    raw_choices = spec.get("choices", [])
+    if not isinstance(raw_choices, list):
+        raise InvalidManifest(f"{where} choices: expected a list.")
+    choices = tuple(raw_choices)
+    for bound in ("min", "max"):
+        value = spec.get(bound)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise InvalidManifest(f"{where} {bound} = {value!r}: expected a number.")
     if kind == "choice" and not choices:
         raise InvalidManifest(f"{where}: a choice knob needs a non-empty choices list.")
     knob = Knob(

@@ -31,11 +31,16 @@ def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> Inte
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return Interval(max(0.0, centre - half), min(1.0, centre + half))
+    # Exact at the extremes: rounding would otherwise leave 1.0 outside the interval of n/n.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return Interval(low, high)
 
 
 def pass_rate_summary(passed: int, n: int, *, confidence: float = 0.95) -> ScoreSummary:
     if n == 0:
+        if passed:
+            raise ValueError("passed must lie in [0, n]")
         return ScoreSummary(mean=None, interval=None, n=0, confidence=confidence)
     return ScoreSummary(
         mean=passed / n,
