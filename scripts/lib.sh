@@ -54,13 +54,19 @@ ensure_python_packages() {
         CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
             "$VENV/bin/python" -m pip install -v "llama-cpp-python[server]==0.3.36" >"$log" 2>&1 &
         local pid=$!
+        local tick=0
         while kill -0 "$pid" 2>/dev/null; do
             local progress
             progress="$(grep -oE '\[[0-9]+/[0-9]+\]' "$log" 2>/dev/null | tail -n 1 || true)"
-            printf '\r  compiling llama.cpp %-12s %4ds elapsed' "${progress:-(preparing)}" "$((SECONDS - started))"
+            if [ -t 1 ]; then
+                printf '\r  compiling llama.cpp %-12s %4ds elapsed' "${progress:-(preparing)}" "$((SECONDS - started))"
+            elif [ $((tick % 15)) -eq 0 ]; then  # logs get a line every 30 s, not a carriage return
+                printf '  compiling llama.cpp %-12s %4ds elapsed\n' "${progress:-(preparing)}" "$((SECONDS - started))"
+            fi
+            tick=$((tick + 1))
             sleep 2
         done
-        printf '\n'
+        if [ -t 1 ]; then printf '\n'; fi
         if ! wait "$pid"; then
             tail -n 40 "$log" >&2
             echo "The llama-cpp-python build failed; full log: $log" >&2
