@@ -179,9 +179,9 @@ def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
         result.outcome == Outcome.INFRA_ERROR
         and rollout.attempts < settings.COEVO_ROLLOUT_MAX_ATTEMPTS
     ):
-        Rollout.objects.filter(id=rollout.id, state=RolloutState.RUNNING).update(
-            state=RolloutState.PENDING, detail=f"attempt {rollout.attempts}: {result.detail}"
-        )
+        Rollout.objects.filter(
+            id=rollout.id, state=RolloutState.RUNNING, attempts=rollout.attempts
+        ).update(state=RolloutState.PENDING, detail=f"attempt {rollout.attempts}: {result.detail}")
         raise RolloutRetry(
             result.detail,
             countdown=min(300, settings.COEVO_ROLLOUT_RETRY_BASE_S * 2 ** (rollout.attempts - 1)),
@@ -213,8 +213,14 @@ def rollout_finish(
     model_calls: int = 0,
     latency_ms: int = 0,
 ) -> bool:
-    """Running → done with the outcome; then finish the evaluation if it was the last one."""
-    finished = Rollout.objects.filter(id=rollout.id, state=RolloutState.RUNNING).update(
+    """Running → done with the outcome; then finish the evaluation if it was the last one.
+
+    The swap also matches the attempt: a worker the watchdog gave up on (its rollout was
+    requeued and claimed again) cannot overwrite the result of the newer attempt.
+    """
+    finished = Rollout.objects.filter(
+        id=rollout.id, state=RolloutState.RUNNING, attempts=rollout.attempts
+    ).update(
         state=RolloutState.DONE,
         outcome=outcome,
         score=score,

@@ -200,3 +200,26 @@ def test_it_gives_up_a_stale_rollout_with_no_attempts_left(
     assert "stopped heartbeating" in rollout.detail
     evaluation.refresh_from_db()
     assert evaluation.state == EvaluationState.FINISHED
+
+
+def test_it_ignores_the_late_result_of_an_attempt_the_watchdog_gave_up_on(
+    transactional_db, seed_candidate, humaneval_suite, policy_version
+):
+    from coevo.evaluations.services import rollout_finish
+
+    evaluation = evaluation_create(
+        candidate=seed_candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=1,
+    )
+    stale = Rollout.objects.get(evaluation=evaluation)
+    stale.attempts = 1
+    # Attempt 2 (after a requeue) is now the one running.
+    Rollout.objects.filter(id=stale.id).update(state="running", attempts=2)
+
+    assert rollout_finish(rollout=stale, outcome=Outcome.PASSED, score=1.0, detail="late") is False
+
+    stale.refresh_from_db()
+    assert stale.state == "running" and stale.outcome == ""
