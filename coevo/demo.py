@@ -50,6 +50,7 @@ class Services:
         process = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=BASE_DIR,
             start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
+            preexec_fn=_die_with_parent,
         )  # fmt: skip
         self.children.append((name, process))
         say(f"started {name} (pid {process.pid}, log {log_path})")
@@ -68,12 +69,21 @@ class Services:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 try:
-                    process.wait(timeout=20)
+                    process.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
             say(f"stopped {name}")
         self.children.clear()
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the demo process dies without stopping it."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 @contextlib.contextmanager
