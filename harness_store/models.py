@@ -58,3 +58,26 @@ class Candidate(TimeStampedModel):
     @property
     def subject(self) -> str:
         return self.message.strip().splitlines()[0] if self.message.strip() else ""
+
+
+class TreeSnapshot(models.Model):
+    """A candidate's tree as a gzipped tar, addressed by its git tree SHA.
+
+    Workers read candidate content from here, by SHA, through the database they already talk
+    to: no worker needs the harness store's disk. Git stays the source of truth; a snapshot is
+    written when a commit is indexed and never changes.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tree_snapshots")
+    tree_sha = models.CharField(max_length=40)
+    archive = models.BinaryField()
+    size_bytes = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "tree_sha"], name="tree_snapshot_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project_id}:{self.tree_sha[:12]}"

@@ -237,13 +237,15 @@ class HarnessRepo:
             for commit in self._repo.iter_commits(self._commit(sha).hexsha, max_count=max_count)
         ]
 
+    def archive(self, sha: str) -> bytes:
+        """The candidate's files as a gzipped tar (what workers receive)."""
+        data = io.BytesIO()
+        self._repo.archive(data, treeish=self._commit(sha).hexsha, format="tar.gz")
+        return data.getvalue()
+
     def export_tree(self, sha: str, destination: Path) -> None:
         """Write the candidate's files into ``destination`` (which must exist and be empty)."""
-        data = io.BytesIO()
-        self._repo.archive(data, treeish=self._commit(sha).hexsha, format="tar")
-        data.seek(0)
-        with tarfile.open(fileobj=data) as archive:
-            archive.extractall(destination, filter="data")
+        extract_archive(self.archive(sha), destination)
 
     def fsck(self) -> str:
         return self._repo.git.fsck("--full", "--strict")
@@ -260,6 +262,12 @@ class HarnessRepo:
 
 
 _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+
+def extract_archive(data: bytes, destination: Path) -> None:
+    """Unpack an :meth:`HarnessRepo.archive` (refusing links and paths out of ``destination``)."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+        archive.extractall(destination, filter="data")
 
 
 def _looks_like_sha(value: str) -> bool:

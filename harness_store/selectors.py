@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.db.models import QuerySet
 
 from coevo.errors import NotFound
 from coevo.projects.models import Project
-from harness_store.models import Candidate
-from harness_store.repo import CommitInfo, TreeEntry
-from harness_store.services import project_repo
+from harness_store.models import Candidate, TreeSnapshot
+from harness_store.repo import CommitInfo, TreeEntry, extract_archive
+from harness_store.services import project_repo, tree_snapshot_ensure
 
 
 def candidate_list(*, project: Project) -> QuerySet[Candidate]:
@@ -49,3 +51,24 @@ def candidate_parent(*, candidate: Candidate) -> Candidate | None:
 
 def candidate_lineage(*, candidate: Candidate, max_count: int = 50) -> list[CommitInfo]:
     return project_repo(project=candidate.project).log(candidate.sha, max_count=max_count)
+
+
+def candidate_export(*, candidate: Candidate, destination: Path) -> None:
+    """Write the candidate's files into ``destination``, from its snapshot in the database.
+
+    This is how workers get candidate content: by SHA, with no access to the harness store's
+    disk. (A candidate indexed before snapshots existed gets one from git, where git is here.)
+    """
+    snapshot = (
+        TreeSnapshot.objects.filter(project_id=candidate.project_id, tree_sha=candidate.tree_sha)
+        .only("archive")
+        .first()
+    )
+    if snapshot is None:
+        snapshot = tree_snapshot_ensure(
+            project=candidate.project,
+            repo=project_repo(project=candidate.project),
+            sha=candidate.sha,
+            tree_sha=candidate.tree_sha,
+        )
+    extract_archive(bytes(snapshot.archive), destination)

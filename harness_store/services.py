@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 
 from coevo.errors import InvalidInput
 from coevo.projects.models import Project
-from harness_store.models import Candidate, CandidateOrigin
+from harness_store.models import Candidate, CandidateOrigin, TreeSnapshot
 from harness_store.repo import HarnessRepo
 
 
@@ -71,6 +71,7 @@ def _candidate_index(
     created_by: AbstractBaseUser | None,
 ) -> tuple[Candidate, bool]:
     info = repo.commit_info(sha)
+    tree_snapshot_ensure(project=project, repo=repo, sha=sha, tree_sha=info.tree_sha)
     try:
         with transaction.atomic():
             candidate = Candidate.objects.create(
@@ -89,3 +90,20 @@ def _candidate_index(
         # Two imports of the same content raced; the other one indexed it first.
         return Candidate.objects.get(project=project, sha=info.sha), False
     return candidate, True
+
+
+def tree_snapshot_ensure(
+    *, project: Project, repo: HarnessRepo, sha: str, tree_sha: str
+) -> TreeSnapshot:
+    """Store the tree of ``sha`` for workers, once per distinct tree."""
+    existing = TreeSnapshot.objects.filter(project=project, tree_sha=tree_sha).first()
+    if existing:
+        return existing
+    archive = repo.archive(sha)
+    try:
+        with transaction.atomic():
+            return TreeSnapshot.objects.create(
+                project=project, tree_sha=tree_sha, archive=archive, size_bytes=len(archive)
+            )
+    except IntegrityError:
+        return TreeSnapshot.objects.get(project=project, tree_sha=tree_sha)

@@ -31,7 +31,7 @@ from coevo.policies.models import PolicyVersion
 from coevo.policies.services import policy_client_for
 from coevo.suites.models import Split, Suite, Task
 from harness_store.models import Candidate
-from harness_store.services import project_repo
+from harness_store.selectors import candidate_export
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
     with tempfile.TemporaryDirectory(prefix="coevo-harness-") as tmp:
         harness_dir = Path(tmp) / "harness"
         harness_dir.mkdir()
-        project_repo(project=evaluation.project).export_tree(evaluation.candidate.sha, harness_dir)
+        candidate_export(candidate=evaluation.candidate, destination=harness_dir)
         inputs = RolloutInputs(
             harness_dir=harness_dir,
             task_key=rollout.task.key,

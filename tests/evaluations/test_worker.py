@@ -223,3 +223,25 @@ def test_it_ignores_the_late_result_of_an_attempt_the_watchdog_gave_up_on(
 
     stale.refresh_from_db()
     assert stale.state == "running" and stale.outcome == ""
+
+
+def test_it_runs_rollouts_without_access_to_the_harness_store_disk(
+    celery_worker_thread, seed_candidate, humaneval_suite, policy_version, scripted_policy, settings
+):
+    import shutil
+
+    scripted_policy.rules.extend(CORRECT_BODIES.items())
+    # A worker on another machine has the database but not the store's repositories.
+    shutil.rmtree(settings.COEVO_HARNESS_STORE_DIR)
+
+    evaluation = evaluation_create(
+        candidate=seed_candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=4,
+    )
+    wait_until_final(evaluation)
+
+    outcomes = Rollout.objects.filter(evaluation=evaluation).values_list("outcome", flat=True)
+    assert sorted(outcomes) == ["passed", "passed", "task_failure", "task_failure"]

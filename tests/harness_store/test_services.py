@@ -401,3 +401,22 @@ def test_it_makes_one_candidate_when_threads_import_the_same_content(
     assert Candidate.objects.filter(project=project).count() == 1
     assert _commit_count(project) == 1
     _assert_fsck_clean(project)
+
+
+def test_it_exports_a_candidate_from_its_database_snapshot_alone(
+    project, seed_candidate, settings, tmp_path
+):
+    import shutil
+
+    from harness_store.models import TreeSnapshot
+    from harness_store.selectors import candidate_export
+
+    assert TreeSnapshot.objects.filter(project=project, tree_sha=seed_candidate.tree_sha).exists()
+    shutil.rmtree(settings.COEVO_HARNESS_STORE_DIR)
+    destination = tmp_path / "out"
+    destination.mkdir()
+
+    candidate_export(candidate=seed_candidate, destination=destination)
+
+    assert sorted(p.name for p in destination.iterdir()) == ["agent.py", "harness.toml"]
+    assert (destination / "agent.py").read_text() == (SEED_HARNESS / "agent.py").read_text()
