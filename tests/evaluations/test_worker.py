@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, Rollout, TraceStep
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.evaluations.services import evaluation_create
 from coevo.suites.models import Split, Task
@@ -21,6 +21,17 @@ CORRECT_BODIES = {
 }
 
 
+def evaluate(candidate, suite, policy_version, *, tasks: int) -> Evaluation:
+    """An evaluation of the first ``tasks`` search-split tasks (enqueued on commit)."""
+    return evaluation_create(
+        candidate=candidate,
+        suite=suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=tasks,
+    )
+
+
 def search_tasks(suite, n: int) -> list[Task]:
     return list(Task.objects.filter(suite=suite, split=Split.SEARCH).order_by("position")[:n])
 
@@ -31,13 +42,7 @@ def test_it_runs_an_evaluation_end_to_end_on_a_real_worker(
     scripted_policy.rules.extend(CORRECT_BODIES.items())
     tasks = search_tasks(humaneval_suite, 4)
 
-    evaluation = evaluation_create(
-        candidate=seed_candidate,
-        suite=humaneval_suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=4,
-    )
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=4)
     wait_until_final(evaluation)
 
     assert evaluation.state == EvaluationState.FINISHED
@@ -63,13 +68,7 @@ def test_it_runs_an_evaluation_end_to_end_on_a_real_worker(
 def test_it_does_a_redelivered_rollout_only_once(
     celery_worker_thread, seed_candidate, humaneval_suite, policy_version
 ):
-    evaluation = evaluation_create(
-        candidate=seed_candidate,
-        suite=humaneval_suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=1,
-    )
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=1)
     rollout = Rollout.objects.get(evaluation=evaluation)
     # The broker delivers the same message again (acks_late after a lost ack, say).
     rollout_run.apply_async(args=[str(rollout.id)], queue="rollouts")
@@ -91,13 +90,7 @@ def test_it_retries_an_infra_error_and_never_scores_it(
     settings.COEVO_POLICY_RETRIES = 0
     settings.COEVO_ROLLOUT_MAX_ATTEMPTS = 2
     settings.COEVO_ROLLOUT_RETRY_BASE_S = 0
-    evaluation = evaluation_create(
-        candidate=seed_candidate,
-        suite=humaneval_suite,
-        split=Split.SEARCH,
-        policy_version=policy_version_get_default(),
-        task_limit=1,
-    )
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version_get_default(), tasks=1)
     wait_until_final(evaluation)
 
     rollout = Rollout.objects.get(evaluation=evaluation)
@@ -125,13 +118,7 @@ def test_it_keeps_going_after_a_crashing_harness(
     candidate, _ = candidate_import_directory(
         project=project, directory=harness, message="crashes", author_name="t"
     )
-    evaluation = evaluation_create(
-        candidate=candidate,
-        suite=humaneval_suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=3,
-    )
+    evaluation = evaluate(candidate, humaneval_suite, policy_version, tasks=3)
     wait_until_final(evaluation)
 
     outcomes = list(Rollout.objects.filter(evaluation=evaluation).values_list("outcome", "detail"))
@@ -149,20 +136,14 @@ def test_it_requeues_a_rollout_whose_worker_died_and_finishes_it(
 
     from coevo.evaluations.services import rollout_requeue_stale
 
-    evaluation = evaluation_create(
-        candidate=seed_candidate,
-        suite=humaneval_suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=1,
-    )
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=1)
     wait_until_final(evaluation)
     # Simulate a worker that claimed the rollout and died: running, stale heartbeat.
     rollout = Rollout.objects.get(evaluation=evaluation)
     Rollout.objects.filter(id=rollout.id).update(
         state="running", outcome="", heartbeat_at=timezone.now() - timedelta(hours=1)
     )
-    evaluation.__class__.objects.filter(id=evaluation.id).update(state=EvaluationState.RUNNING)
+    Evaluation.objects.filter(id=evaluation.id).update(state=EvaluationState.RUNNING)
 
     assert rollout_requeue_stale(stale_after_s=600) == (1, 0)
     wait_until_final(evaluation)
@@ -182,13 +163,7 @@ def test_it_gives_up_a_stale_rollout_with_no_attempts_left(
     from coevo.evaluations.services import rollout_requeue_stale
 
     settings.COEVO_ROLLOUT_MAX_ATTEMPTS = 1
-    evaluation = evaluation_create(
-        candidate=seed_candidate,
-        suite=humaneval_suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=1,
-    )
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=1)
     Rollout.objects.filter(evaluation=evaluation).update(
         state="running", attempts=1, heartbeat_at=timezone.now() - timedelta(hours=1)
     )
@@ -207,13 +182,7 @@ def test_it_ignores_the_late_result_of_an_attempt_the_watchdog_gave_up_on(
 ):
     from coevo.evaluations.services import rollout_finish
 
-    evaluation = evaluation_create(
-        candidate=seed_candidate,
-        suite=humaneval_suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=1,
-    )
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=1)
     stale = Rollout.objects.get(evaluation=evaluation)
     stale.attempts = 1
     # Attempt 2 (after a requeue) is now the one running.
@@ -234,13 +203,7 @@ def test_it_runs_rollouts_without_access_to_the_harness_store_disk(
     # A worker on another machine has the database but not the store's repositories.
     shutil.rmtree(settings.COEVO_HARNESS_STORE_DIR)
 
-    evaluation = evaluation_create(
-        candidate=seed_candidate,
-        suite=humaneval_suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=4,
-    )
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=4)
     wait_until_final(evaluation)
 
     outcomes = Rollout.objects.filter(evaluation=evaluation).values_list("outcome", flat=True)
