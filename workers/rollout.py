@@ -11,6 +11,7 @@ server or the sandbox failed: retried by the caller, never a score).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import threading
@@ -182,6 +183,12 @@ class _Runner:
             cwd="/harness",
             limits=sandbox.SandboxLimits(cpu_s=wall_s + 5),
         )
+        # Enforced from a timer too, so that nothing this thread blocks on (a reply the harness
+        # never reads, say) can hold the rollout past its wall time.
+        self._wall_expired = False
+        killer = threading.Timer(wall_s, self._expire, args=(proc,))
+        killer.daemon = True
+        killer.start()
         lines: queue.Queue[bytes | None] = queue.Queue()
         threading.Thread(target=self._pump_stdout, args=(proc, lines), daemon=True).start()
         stderr_thread = threading.Thread(target=self._pump_stderr, args=(proc,), daemon=True)
@@ -224,8 +231,13 @@ class _Runner:
                 else:
                     raise _HarnessError(f"protocol violation: unknown message type {kind!r}")
         finally:
+            killer.cancel()
             sandbox.terminate(proc)
             stderr_thread.join(timeout=2)
+
+    def _expire(self, proc: Any) -> None:
+        self._wall_expired = True
+        sandbox.terminate(proc)
 
     def _handle_call(
         self, message: dict[str, Any], manifest: Manifest, calls: int, tokens: int
@@ -249,7 +261,7 @@ class _Runner:
                 )
             if tokens >= manifest.limits.max_tokens:
                 raise _HarnessError(f"limit exceeded: max_tokens = {manifest.limits.max_tokens}")
-            sample = Sampling(**{**sampling.__dict__, "seed": sampling.seed + i})
+            sample = dataclasses.replace(sampling, seed=sampling.seed + i)
             completion = self.policy.complete(prompt, sample)
             calls += 1
             tokens += completion.prompt_tokens + completion.completion_tokens
@@ -304,6 +316,8 @@ class _Runner:
             raise _HarnessError(f"limit exceeded: wall time of {wall_s}s") from None
         if line is None:
             code = proc.wait()
+            if self._wall_expired:
+                raise _HarnessError(f"limit exceeded: wall time of {wall_s}s")
             self._stderr_thread.join(timeout=2)
             if self.stderr_tail.startswith(b"bwrap:"):
                 raise SandboxUnavailable(

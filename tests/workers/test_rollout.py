@@ -340,3 +340,29 @@ def test_it_runs_unsandboxed_only_when_the_operator_allows_it(
     result = run(SEED_HARNESS, scripted_policy.url)
 
     assert result.outcome == Outcome.PASSED, result.detail
+
+
+def test_it_ends_a_harness_that_never_reads_its_replies_at_its_wall_time(scripted_policy, tmp_path):
+    # Floods the worker with calls and never reads a reply: the worker's writes to the
+    # harness's stdin block once the pipe is full, and the wall time must still hold.
+    scripted_policy.default = "x" * 60_000
+    harness = make_harness(
+        tmp_path,
+        """
+        import json, sys, time
+
+        def run(task, ctx):
+            for i in range(3):
+                message = {"type": "call", "id": i, "method": "llm.complete",
+                           "params": {"prompt": "p", "max_tokens": 8}}
+                sys.stdout.write(json.dumps(message) + "\\n")
+                sys.stdout.flush()
+            time.sleep(60)
+        """,
+        wall=3,
+    )
+
+    result = run(harness, scripted_policy.url)
+
+    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.detail == "limit exceeded: wall time of 3s"
