@@ -9,6 +9,7 @@ dashboard URL, and keeps serving until Ctrl-C (or exits at once with ``--once``)
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import signal
@@ -79,9 +80,8 @@ class Services:
 
 def _die_with_parent() -> None:
     """Linux: the child gets SIGTERM if the demo process dies without stopping it."""
+    # Runs between fork and exec: no imports here (the import lock may be held by a thread).
     with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
