@@ -3,7 +3,6 @@ executed by a real Celery worker: the whole path with nothing scripted."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 
@@ -21,20 +20,15 @@ from coevo.policies.embedded import (
 )
 from coevo.suites.models import Split
 from tests.conftest import wait_until_final
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.llm
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory):
     model = assemble_default_model(Path(settings.COEVO_HOME) / "models")
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path_factory.mktemp("llama") / "server.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(llama_server_command(model, port=port), stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}/v1"
