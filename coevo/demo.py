@@ -13,6 +13,7 @@ import ctypes
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevo.config import BASE_DIR
+from coevo.errors import CoevoError
 
 SEED_HARNESS = BASE_DIR / "examples" / "humaneval-basic"
 
@@ -116,6 +118,12 @@ def run_demo(options: DemoOptions) -> int:
     sandbox = sandbox_mode()  # refuses clearly when bwrap is missing and not overridden
     say(f"harness sandbox: {sandbox}")
 
+    ports = [("--port", options.port)]
+    if "COEVO_POLICY_URL" not in os.environ:
+        ports.append(("--policy-port", options.policy_port))
+    for flag, port in ports:
+        _require_free_port(options.host if flag == "--port" else "127.0.0.1", port, flag)
+
     say("preparing the database")
     call_command("migrate", interactive=False, verbosity=0)
 
@@ -157,6 +165,17 @@ def run_demo(options: DemoOptions) -> int:
         except KeyboardInterrupt:
             say("stopping")
     return 0
+
+
+def _require_free_port(host: str, port: int, flag: str) -> None:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CoevoError(
+                f"Port {port} on {host} is not free ({exc.strerror}): is another coevo demo "
+                f"running? Stop it, or choose another port with {flag}."
+            ) from None
 
 
 def _start_policy(services, settings, options, env, home: Path) -> str:
