@@ -59,16 +59,8 @@ def evaluation_progress(*, evaluation: Evaluation) -> EvaluationProgress:
     infra_error rollouts are not scores: they are left out of the pass rate's denominator.
     harness_error rollouts count as failures (they are the candidate's fault).
     """
-    done = Q(state=RolloutState.DONE)
     agg = Rollout.objects.filter(evaluation=evaluation).aggregate(
-        total=Count("id"),
-        done=Count("id", filter=done),
-        running=Count("id", filter=Q(state=RolloutState.RUNNING)),
-        pending=Count("id", filter=Q(state=RolloutState.PENDING)),
-        passed=Count("id", filter=done & Q(outcome=Outcome.PASSED)),
-        task_failures=Count("id", filter=done & Q(outcome=Outcome.TASK_FAILURE)),
-        harness_errors=Count("id", filter=done & Q(outcome=Outcome.HARNESS_ERROR)),
-        infra_errors=Count("id", filter=done & Q(outcome=Outcome.INFRA_ERROR)),
+        **_rollout_counts(),
         prompt_tokens=Sum("prompt_tokens"),
         completion_tokens=Sum("completion_tokens"),
     )
@@ -86,6 +78,55 @@ def evaluation_progress(*, evaluation: Evaluation) -> EvaluationProgress:
         completion_tokens=agg["completion_tokens"] or 0,
         score=pass_rate_summary(agg["passed"], scored),
     )
+
+
+@dataclass(frozen=True)
+class EvaluationSummary:
+    evaluation: Evaluation
+    total: int
+    done: int
+    score: ScoreSummary
+
+
+def evaluation_summaries(
+    *, project: Project, candidate: Candidate | None = None, limit: int = 20
+) -> list[EvaluationSummary]:
+    """The latest evaluations with their pass rate (counted as evaluation_progress counts),
+    in one query."""
+    rows = (
+        evaluation_list(project=project, candidate=candidate)
+        .select_related("policy_version")
+        .annotate(**_rollout_counts("rollouts__"))[:limit]
+    )
+    return [
+        EvaluationSummary(
+            evaluation=row,
+            total=row.total,
+            done=row.done,
+            score=pass_rate_summary(row.passed, row.done - row.infra_errors),
+        )
+        for row in rows
+    ]
+
+
+def _rollout_counts(prefix: str = "") -> dict[str, Count]:
+    """Rollout counts by state and outcome; ``prefix`` reaches rollouts through a relation."""
+
+    def count(**conditions: str) -> Count:
+        condition = Q(**{f"{prefix}{key}": value for key, value in conditions.items()})
+        return Count(f"{prefix}id" if prefix else "id", filter=condition)
+
+    done = {"state": RolloutState.DONE}
+    return {
+        "total": Count(f"{prefix}id" if prefix else "id"),
+        "done": count(**done),
+        "running": count(state=RolloutState.RUNNING),
+        "pending": count(state=RolloutState.PENDING),
+        "passed": count(**done, outcome=Outcome.PASSED),
+        "task_failures": count(**done, outcome=Outcome.TASK_FAILURE),
+        "harness_errors": count(**done, outcome=Outcome.HARNESS_ERROR),
+        "infra_errors": count(**done, outcome=Outcome.INFRA_ERROR),
+    }
 
 
 def rollout_list(*, evaluation: Evaluation) -> QuerySet[Rollout]:

@@ -18,6 +18,7 @@ from coevo.errors import HarnessStoreError
 from coevo.evaluations.selectors import (
     evaluation_get,
     evaluation_progress,
+    evaluation_summaries,
     rollout_get,
     rollout_list,
 )
@@ -26,7 +27,6 @@ from coevo.suites.selectors import suite_list
 from coevo.web.access import project_view
 from coevo.web.highlight import diff_files, file_view
 from coevo.web.presenters import (
-    evaluation_summaries,
     membership_role,
     project_summaries_for_user,
     task_prompt,
