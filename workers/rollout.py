@@ -27,6 +27,7 @@ from coevo.errors import (
     PolicyUnavailable,
     SandboxUnavailable,
 )
+from coevo.evaluations.models import Outcome
 from coevo.policies.client import PolicyClient, Sampling
 from workers import sandbox
 from workers.manifest import Manifest, load_manifest
@@ -36,13 +37,6 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_STDOUT_BYTES = 32 * 1024 * 1024
 STDERR_TAIL_BYTES = 16 * 1024
 MAX_SAMPLES = 16
-
-
-class Outcome:
-    PASSED = "passed"
-    TASK_FAILURE = "task_failure"
-    HARNESS_ERROR = "harness_error"
-    INFRA_ERROR = "infra_error"
 
 
 @dataclass
