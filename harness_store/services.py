@@ -42,6 +42,11 @@ def candidate_import_directory(
         raise InvalidInput("The parent candidate belongs to another project.")
     repo = project_repo(project=project)
     tree_sha = repo.tree_of_directory(Path(directory))
+    # A directory handed to coevo must be a harness that can run (a commit imported with its
+    # history may not be: it keeps its SHA and fails at run time with the manifest's error).
+    from workers.manifest import load_manifest
+
+    load_manifest(Path(directory))
     # Check-then-commit under the repository lock, so two imports of the same content at the
     # same time end with one candidate, not two commits of one tree.
     with repo.write_lock():

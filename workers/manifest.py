@@ -14,6 +14,10 @@ MANIFEST_NAME = "harness.toml"
 POLICY_APIS = ("completions", "chat")
 KNOB_TYPES = ("int", "float", "bool", "choice")
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+TABLES = ("harness", "knobs", "limits")
+HARNESS_KEYS = ("name", "entrypoint", "policy_api", "components", "description")
+KNOB_KEYS = ("type", "default", "min", "max", "choices", "description")
+LIMIT_KEYS = ("max_model_calls", "max_tokens", "max_steps", "wall_time_s")
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class Knob:
     min: float | None = None
     max: float | None = None
     choices: tuple[Any, ...] = ()
+    description: str = ""
 
     def validate(self, value: Any, *, where: str) -> Any:
         if self.type == "bool":
@@ -52,9 +57,19 @@ class Knob:
 
 @dataclass(frozen=True)
 class Limits:
+    """Enforced by the worker: exceeding one ends the rollout as a harness_error naming it.
+
+    ``max_tokens`` counts prompt and completion tokens of all model calls together;
+    ``max_steps`` counts ``ctx.env.step`` calls (multi-step suites only).
+    """
+
     max_model_calls: int = 16
     max_tokens: int = 16384
+    max_steps: int = 100
     wall_time_s: int = 600
+
+    def as_dict(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in LIMIT_KEYS}
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,7 @@ class Manifest:
     components: tuple[str, ...]
     knobs: dict[str, Knob] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
+    description: str = ""
 
     def knob_values(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """The manifest's defaults overridden by an evaluation's settings, each validated."""
@@ -93,6 +109,8 @@ def load_manifest(harness_dir: Path) -> Manifest:
 def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> Manifest:
     where = MANIFEST_NAME
     section = _table(data, "harness", where)
+    _refuse_unknown(data, TABLES, where, what="tables")
+    _refuse_unknown(section, HARNESS_KEYS, f"{where} [harness]")
     name = _required_str(section, "name", f"{where} [harness]")
     entrypoint = _required_str(section, "entrypoint", f"{where} [harness]")
     if not _ENTRYPOINT.fullmatch(entrypoint):
@@ -107,6 +125,13 @@ def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> 
     components = section.get("components", [])
     if not isinstance(components, list) or not all(isinstance(c, str) for c in components):
         raise InvalidManifest(f"{where} [harness] components: expected a list of paths.")
+    for component in components:
+        parts = component.replace("\\", "/").split("/")
+        if not component.strip() or component.startswith("/") or ".." in parts:
+            raise InvalidManifest(
+                f"{where} [harness] components: {component!r} is not a path inside the harness "
+                "(expected a relative path such as 'agent.py' or 'prompts/')."
+            )
     if harness_dir is not None:
         module_path = entrypoint.split(":")[0].replace(".", "/")
         if not any(
@@ -126,16 +151,14 @@ def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> 
     limits_data = data.get("limits", {})
     if not isinstance(limits_data, dict):
         raise InvalidManifest(f"{where} [limits]: expected a table.")
+    _refuse_unknown(limits_data, LIMIT_KEYS, f"{where} [limits]")
     limits = Limits(
         **{
             key: _positive_int(limits_data, key, f"{where} [limits]")
-            for key in ("max_model_calls", "max_tokens", "wall_time_s")
+            for key in LIMIT_KEYS
             if key in limits_data
         }
     )
-    unknown = set(limits_data) - {"max_model_calls", "max_tokens", "wall_time_s"}
-    if unknown:
-        raise InvalidManifest(f"{where} [limits]: unknown keys {sorted(unknown)}.")
     return Manifest(
         name=name,
         entrypoint=entrypoint,
@@ -143,7 +166,18 @@ def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> 
         components=tuple(components),
         knobs=knobs,
         limits=limits,
+        description=_optional_str(section, "description", f"{where} [harness]"),
     )
+
+
+def _refuse_unknown(
+    table: dict[str, Any], allowed: tuple[str, ...], where: str, *, what: str = "keys"
+) -> None:
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise InvalidManifest(
+            f"{where}: unknown {what} {unknown} (expected some of {', '.join(allowed)})."
+        )
 
 
 def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -160,6 +194,13 @@ def _required_str(table: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
+def _optional_str(table: dict[str, Any], key: str, where: str) -> str:
+    value = table.get(key, "")
+    if not isinstance(value, str):
+        raise InvalidManifest(f"{where} {key}: expected a string.")
+    return value
+
+
 def _positive_int(table: dict[str, Any], key: str, where: str) -> int:
     value = table[key]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -170,6 +211,7 @@ def _positive_int(table: dict[str, Any], key: str, where: str) -> int:
 def _knob(name: str, spec: Any, where: str) -> Knob:
     if not isinstance(spec, dict):
         raise InvalidManifest(f"{where}: expected a table with type and default.")
+    _refuse_unknown(spec, KNOB_KEYS, where)
     kind = spec.get("type")
     if kind not in KNOB_TYPES:
         raise InvalidManifest(f"{where} type = {kind!r}: expected one of {', '.join(KNOB_TYPES)}.")
@@ -185,6 +227,12 @@ def _knob(name: str, spec: Any, where: str) -> Knob:
             raise InvalidManifest(f"{where} {bound} = {value!r}: expected a number.")
     if kind == "choice" and not choices:
         raise InvalidManifest(f"{where}: a choice knob needs a non-empty choices list.")
+    if kind != "choice" and choices:
+        raise InvalidManifest(f"{where} choices: only a knob of type 'choice' has choices.")
+    if kind in ("bool", "choice") and ("min" in spec or "max" in spec):
+        raise InvalidManifest(f"{where}: a {kind} knob has no min or max.")
+    if spec.get("min") is not None and spec.get("max") is not None and spec["min"] > spec["max"]:
+        raise InvalidManifest(f"{where}: min = {spec['min']!r} is above max = {spec['max']!r}.")
     knob = Knob(
         name=name,
         type=kind,
@@ -192,6 +240,7 @@ def _knob(name: str, spec: Any, where: str) -> Knob:
         min=spec.get("min"),
         max=spec.get("max"),
         choices=choices,
+        description=_optional_str(spec, "description", where),
     )
     knob.validate(knob.default, where=where)
     return knob

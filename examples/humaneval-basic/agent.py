@@ -3,7 +3,8 @@
 run(task, ctx) receives the task's prompt (a function signature and docstring) and returns
 the function body the model writes. With samples > 1 it draws several completions and keeps
 the one that passes most of the examples shown in the docstring (never the hidden tests,
-which this code cannot see).
+which this code cannot see), evaluated here or, with the knob check_with_worker, by the
+worker's ctx.check helper.
 """
 
 import re
@@ -45,6 +46,8 @@ def run(task, ctx):
     completions = [trim(text) for text in result.texts]
     if len(completions) == 1:
         return completions[0]
+    if knobs["check_with_worker"] and "check" in ctx.helpers:
+        return best_by_worker_check(completions, ctx)
     examples = visible_examples(task["prompt"])
     if not examples:
         ctx.log("no >>> examples in the prompt; keeping the first sample")
@@ -55,6 +58,19 @@ def run(task, ctx):
     best = max(scored)
     ctx.log(f"examples passed per sample: {[s[0] for s in scored]} of {len(examples)}")
     return best[2]
+
+
+def best_by_worker_check(completions, ctx):
+    """The first sample that passes the prompt's examples by ctx.check, else the one that
+    fails the fewest of them."""
+    results = [ctx.check(c) for c in completions]
+    ctx.log(f"ctx.check per sample: {[(r['passed'], r['failed']) for r in results]}")
+
+    def rank(i):
+        failed = results[i]["failed"]
+        return (results[i]["passed"], -(failed if failed is not None else 10**6), -i)
+
+    return completions[max(range(len(completions)), key=rank)]
 
 
 def trim(text):

@@ -204,6 +204,20 @@ def test_it_refuses_an_empty_directory(project, tmp_path):
     assert not Candidate.objects.filter(project=project).exists()
 
 
+def test_it_refuses_a_directory_whose_manifest_is_invalid(project, tmp_path):
+    from coevo.errors import InvalidManifest
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "agent.py").write_text("def run(task, ctx):\n    return ''\n")
+    (broken / "harness.toml").write_text('[harness]\nname = "broken"\n')
+
+    with pytest.raises(InvalidManifest, match="entrypoint"):
+        _import(project, broken)
+
+    assert not Candidate.objects.filter(project=project).exists()
+
+
 def test_it_refuses_a_directory_that_does_not_exist(project, tmp_path):
     with pytest.raises(HarnessStoreError):
         _import(project, tmp_path / "missing")

@@ -42,6 +42,7 @@ choices = ["short", "long"]
 [limits]
 max_model_calls = 4
 max_tokens = 2048
+max_steps = 30
 wall_time_s = 60
 """
 
@@ -88,6 +89,7 @@ def test_it_loads_the_seed_harness_manifest():
         "max_tokens",
         "samples",
         "sample_temperature",
+        "check_with_worker",
         "stop_style",
     }
     assert manifest.knobs["max_tokens"] == Knob(
@@ -103,6 +105,7 @@ def test_it_gives_the_seed_harness_defaults_as_knob_values():
         "max_tokens": 192,
         "samples": 1,
         "sample_temperature": 0.6,
+        "check_with_worker": False,
         "stop_style": "function",
     }
 
@@ -112,7 +115,15 @@ def test_it_loads_every_field_of_a_full_manifest(manifest):
     assert manifest.policy_api == "chat"
     assert manifest.components == ("agent.py",)
     assert manifest.knobs["verbose"] == Knob(name="verbose", type="bool", default=False)
-    assert manifest.limits == Limits(max_model_calls=4, max_tokens=2048, wall_time_s=60)
+    assert manifest.limits == Limits(
+        max_model_calls=4, max_tokens=2048, max_steps=30, wall_time_s=60
+    )
+    assert manifest.limits.as_dict() == {
+        "max_model_calls": 4,
+        "max_tokens": 2048,
+        "max_steps": 30,
+        "wall_time_s": 60,
+    }
 
 
 def test_it_fills_in_defaults_for_optional_keys(tmp_path):
@@ -324,7 +335,7 @@ def test_it_refuses_components_that_are_not_a_list_of_paths(tmp_path, value):
         _load(tmp_path, _with_harness(components=value))
 
 
-@pytest.mark.parametrize("key", ["max_model_calls", "max_tokens", "wall_time_s"])
+@pytest.mark.parametrize("key", ["max_model_calls", "max_tokens", "max_steps", "wall_time_s"])
 @pytest.mark.parametrize("value", ["0", "-5", "1.5", '"ten"', "true"])
 def test_it_refuses_a_limit_that_is_not_a_positive_integer(tmp_path, key, value):
     with pytest.raises(InvalidManifest, match=rf"\[limits\] {key} = .*positive integer"):
@@ -390,3 +401,77 @@ def test_it_refuses_choices_that_are_not_a_list(tmp_path):
         _load(
             tmp_path, _with_harness() + '[knobs.depth]\ntype = "choice"\ndefault = 1\nchoices = 3\n'
         )
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        (
+            '[harness]\nname = "t"\nentrypoint = "agent:run"\nentry = "x"\n',
+            r"\[harness\]: unknown keys \['entry'\]",
+        ),
+        (
+            '[harness]\nname = "t"\nentrypoint = "agent:run"\n[limit]\nmax_steps = 3\n',
+            r"unknown tables \['limit'\]",
+        ),
+        (
+            '[harness]\nname = "t"\nentrypoint = "agent:run"\n'
+            '[knobs.depth]\ntype = "int"\ndefault = 1\nmaximum = 3\n',
+            r"\[knobs\.depth\]: unknown keys \['maximum'\]",
+        ),
+    ],
+)
+def test_it_refuses_unknown_keys_and_tables_naming_them(tmp_path, toml, expected):
+    with pytest.raises(InvalidManifest, match=expected) as caught:
+        _load(tmp_path, toml)
+
+    assert str(caught.value).startswith("harness.toml")
+
+
+def test_it_accepts_descriptions_of_the_harness_and_its_knobs(tmp_path):
+    toml = (
+        _with_harness(description='"a tiny harness"')
+        + '[knobs.depth]\ntype = "int"\ndefault = 1\ndescription = "how deep"\n'
+    )
+
+    manifest = _load(tmp_path, toml)
+
+    assert manifest.description == "a tiny harness"
+    assert manifest.knobs["depth"].description == "how deep"
+
+
+def test_it_refuses_a_description_that_is_not_a_string(tmp_path):
+    with pytest.raises(InvalidManifest, match=r"\[harness\] description: expected a string"):
+        _load(tmp_path, _with_harness(description="3"))
+
+
+@pytest.mark.parametrize("component", ['"/etc/passwd"', '"../other"', '"prompts/../../x"', '""'])
+def test_it_refuses_a_component_outside_the_harness(tmp_path, component):
+    with pytest.raises(InvalidManifest, match=r"\[harness\] components: .*not a path inside"):
+        _load(tmp_path, _with_harness(components=f"[{component}]"))
+
+
+def test_it_accepts_component_folders(tmp_path):
+    manifest = _load(tmp_path, _with_harness(components='["agent.py", "prompts/", "tools"]'))
+
+    assert manifest.components == ("agent.py", "prompts/", "tools")
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ('type = "int"\ndefault = 3\nmin = 5\nmax = 1', "min = 5 is above max = 1"),
+        ('type = "int"\ndefault = 3\nchoices = [1, 3]', "only a knob of type 'choice'"),
+        ('type = "bool"\ndefault = true\nmax = 1', "a bool knob has no min or max"),
+        ('type = "choice"\ndefault = "a"\nchoices = ["a"]\nmin = 0', "a choice knob has no min"),
+    ],
+)
+def test_it_refuses_inconsistent_knob_bounds(tmp_path, spec, expected):
+    with pytest.raises(InvalidManifest, match=r"\[knobs\.depth\]") as caught:
+        _load(tmp_path, _with_harness() + f"[knobs.depth]\n{spec}\n")
+
+    assert expected in str(caught.value)
+
+
+def test_it_defaults_max_steps_for_harnesses_that_do_not_declare_it(tmp_path):
+    assert _load(tmp_path, _with_harness()).limits.max_steps == 100

@@ -15,7 +15,7 @@ from coevo.policies.client import PolicyClient
 from coevo.suites.humaneval import humaneval_problems
 from tests.conftest import SEED_HARNESS
 from workers.environments import humaneval
-from workers.rollout import Outcome, RolloutInputs, execute_rollout
+from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
 
 PROBLEM = humaneval_problems()[0][2]  # HumanEval/2: truncate_number
 CORRECT = "    return number % 1.0\n"
@@ -117,6 +117,33 @@ def test_it_keeps_the_sample_that_passes_the_prompts_own_examples(scripted_polic
 
     assert result.outcome == Outcome.PASSED, result.detail
     assert result.answer == CORRECT
+
+
+def test_it_picks_samples_with_the_workers_check_helper_when_the_knob_asks(
+    scripted_policy, tmp_path
+):
+    answers = iter(["    return 1.0\n", CORRECT, "    return number\n"])
+    scripted_policy.reply_for = lambda text: next(answers)
+    environment = TaskEnvironment(
+        adapter=humaneval,
+        inputs={"prompt": PROBLEM.prompt, "entry_point": PROBLEM.entry_point},
+        verifier={"test": PROBLEM.test, "entry_point": PROBLEM.entry_point},
+    )
+    inputs = RolloutInputs(
+        harness_dir=SEED_HARNESS,
+        task_key=PROBLEM.task_id,
+        task_view=humaneval.harness_view(environment.inputs),
+        knob_overrides={"samples": 3, "check_with_worker": True},
+        seed=7,
+        wall_time_s=60,
+    )
+    with PolicyClient(scripted_policy.url, model="scripted") as client:
+        result = execute_rollout(inputs, policy=client, environment=environment)
+
+    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.answer == CORRECT
+    checks = [s for s in result.steps if s.kind == "helper_call"]
+    assert [c.payload["result"]["passed"] for c in checks] == [False, True, False]
 
 
 def test_it_ends_a_harness_without_a_manifest_as_a_harness_error(scripted_policy, tmp_path):

@@ -1,8 +1,24 @@
 """The coevo harness runtime: what harness code sees as ``ctx``.
 
 It runs inside the sandbox, so it has no third-party dependencies and no access to anything
-but its stdin and stdout, over which it speaks JSON lines with the worker. Every model call is
-made by the worker (which records it and enforces the limits); this side only asks.
+but its stdin and stdout, over which it speaks JSON lines with the worker. Every model call,
+environment step and helper runs on the worker (which records it and enforces the manifest's
+limits); this side only asks. A request the worker refuses (a limit, a malformed parameter, a
+call the suite does not offer) ends the rollout as a ``harness_error``: the worker stops this
+process, so harness code never sees such a refusal as an exception it could swallow.
+
+``ctx`` offers:
+
+- ``ctx.llm.complete(prompt, **sampling)`` (manifest ``policy_api = "completions"``) and
+  ``ctx.llm.chat(messages, **sampling)`` (``policy_api = "chat"``); sampling is ``max_tokens``,
+  ``temperature``, ``top_p``, ``stop``, ``n`` (samples: each one is a recorded model call) and
+  ``seed``. Both return a ``Completion`` (``.text``, ``.texts``, ``.finish_reasons``, tokens).
+- ``ctx.env.reset()`` / ``ctx.env.step(action)`` on multi-step suites (``bool(ctx.env)`` is
+  False elsewhere); ``step`` returns ``{"observation": {...}, "reward": float, "done": bool}``.
+- ``ctx.knobs`` (the manifest's defaults overridden by the evaluation), ``ctx.limits``.
+- ``ctx.log(*parts, **fields)``: a line (and JSON-able fields) in the trace.
+- ``ctx.helpers`` (names the suite offers), ``ctx.helper(name, **params)``, and shorthands such as
+  ``ctx.check(completion)`` on HumanEval (the prompt's own visible examples, never the hidden tests).
 """
 
 from __future__ import annotations
@@ -11,21 +27,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class HarnessRuntimeError(Exception):
-    """The worker refused a request (for example a limit was reached)."""
+    """The worker answered a request with an error."""
 
 
 @dataclass(frozen=True)
 class Completion:
-    """The answer to ``ctx.llm.complete``: ``texts`` holds one string per sample."""
+    """The answer to ``ctx.llm.complete`` / ``ctx.llm.chat``: one text per sample."""
 
     texts: list[str]
     finish_reasons: list[str | None] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    model: str = ""
 
     @property
     def text(self) -> str:
@@ -72,34 +89,98 @@ class LLM:
         max_tokens: int = 256,
         temperature: float = 0.0,
         top_p: float = 1.0,
-        stop: list[str] | None = None,
+        stop: list[str] | str | None = None,
         n: int = 1,
         seed: int | None = None,
     ) -> Completion:
         """Ask the policy to continue ``prompt``; ``n`` samples are ``n`` recorded calls."""
-        result = self._channel.call(
-            "llm.complete",
-            {
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": temperature,
-                "top_p": top_p,
-                "stop": list(stop or []),
-                "n": n,
-                "seed": seed,
-            },
-        )
-        return Completion(**result)
+        params = _sampling(max_tokens, temperature, top_p, stop, n, seed)
+        return Completion(**self._channel.call("llm.complete", {"prompt": prompt, **params}))
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: list[str] | str | None = None,
+        n: int = 1,
+        seed: int | None = None,
+    ) -> Completion:
+        """Ask the policy for the next assistant message after ``messages``
+        (``[{"role": "system"|"user"|"assistant", "content": str}, ...]``)."""
+        params = _sampling(max_tokens, temperature, top_p, stop, n, seed)
+        return Completion(**self._channel.call("llm.chat", {"messages": messages, **params}))
+
+
+class Env:
+    """The environment of a multi-step suite; falsy (and refused by the worker) elsewhere."""
+
+    def __init__(self, channel: Channel, *, available: bool) -> None:
+        self._channel = channel
+        self.available = available
+
+    def __bool__(self) -> bool:
+        return self.available
+
+    def reset(self) -> dict[str, Any]:
+        """Start the episode; returns the first observation payload."""
+        return self._channel.call("env.reset", {})
+
+    def step(self, action: str) -> dict[str, Any]:
+        """Act; returns ``{"observation": {...}, "reward": float, "done": bool}``."""
+        return self._channel.call("env.step", {"action": action})
 
 
 class Context:
     """What ``run(task, ctx)`` receives."""
 
-    def __init__(self, channel: Channel, knobs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        knobs: dict[str, Any],
+        *,
+        limits: dict[str, Any] | None = None,
+        multi_step: bool = False,
+        helpers: list[str] | tuple[str, ...] = (),
+    ) -> None:
         self._channel = channel
         self.llm = LLM(channel)
+        self.env = Env(channel, available=multi_step)
         self.knobs = dict(knobs)
+        self.limits = dict(limits or {})
+        self.helpers = tuple(helpers)
 
-    def log(self, *parts: Any) -> None:
+    def log(self, *parts: Any, **fields: Any) -> None:
         """Record a line in the trace (stdout is the protocol channel: do not print to it)."""
-        self._channel.send({"type": "log", "message": " ".join(str(p) for p in parts)})
+        message: dict[str, Any] = {"type": "log", "message": " ".join(str(p) for p in parts)}
+        if fields:
+            message["fields"] = json.loads(json.dumps(fields, default=repr))
+        self._channel.send(message)
+
+    def helper(self, name: str, **params: Any) -> dict[str, Any]:
+        """Call a helper the suite offers (see ``ctx.helpers``); it runs on the worker side."""
+        return self._channel.call(f"helper.{name}", params)
+
+    def check(self, completion: str) -> dict[str, Any]:
+        """HumanEval: run ``prompt + completion`` against the prompt's visible ``>>>`` examples.
+
+        Returns ``{"passed", "examples", "failed", "output", "timed_out"}``.
+        """
+        return self.helper("check", completion=completion)
+
+
+def _sampling(
+    max_tokens: Any, temperature: Any, top_p: Any, stop: Any, n: Any, seed: Any
+) -> dict[str, Any]:
+    if isinstance(stop, str):
+        stop = [stop]
+    return {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "stop": list(stop) if isinstance(stop, list | tuple) else stop or [],
+        "n": n,
+        "seed": seed,
+    }

@@ -1,7 +1,8 @@
 """Entry point inside the sandbox: ``python -m coevo_runtime``.
 
 Waits for the worker's ``start`` message, imports the harness entrypoint from the current
-directory, calls ``run(task, ctx)`` and sends back the answer (or the error).
+directory, calls ``run(task, ctx)`` and sends back the answer (or the error, with structured
+traceback frames so that a trace viewer can link to the harness file and line).
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ import importlib
 import os
 import sys
 import traceback
+from typing import Any
 
 from coevo_runtime import PROTOCOL_VERSION, Channel, Context
+
+MAX_FRAMES = 50
 
 
 def main() -> int:
@@ -27,25 +31,23 @@ def main() -> int:
         module = importlib.import_module(module_name)
         run = getattr(module, function_name or "run")
     except Exception as exc:  # the harness's own import-time error
-        channel.send(
-            {
-                "type": "error",
-                "error": f"could not load entrypoint {start['entrypoint']!r}: "
-                f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(),
-            }
+        _send_error(
+            channel,
+            exc,
+            f"could not load entrypoint {start['entrypoint']!r}: {type(exc).__name__}: {exc}",
         )
         return 1
+    ctx = Context(
+        channel,
+        start.get("knobs", {}),
+        limits=start.get("limits"),
+        multi_step=bool(start.get("multi_step")),
+        helpers=start.get("helpers", ()),
+    )
     try:
-        answer = run(start["task"], Context(channel, start.get("knobs", {})))
+        answer = run(start["task"], ctx)
     except Exception as exc:
-        channel.send(
-            {
-                "type": "error",
-                "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(),
-            }
-        )
+        _send_error(channel, exc, f"{type(exc).__name__}: {exc}")
         return 1
     try:
         channel.send({"type": "answer", "answer": answer})
@@ -53,6 +55,44 @@ def main() -> int:
         channel.send({"type": "error", "error": f"run() returned a value that is not JSON: {exc}"})
         return 1
     return 0
+
+
+def _send_error(channel: Channel, exc: BaseException, error: str) -> None:
+    channel.send(
+        {
+            "type": "error",
+            "error": error,
+            "traceback": traceback.format_exc(),
+            "frames": traceback_frames(exc, root=os.getcwd()),
+        }
+    )
+
+
+def traceback_frames(exc: BaseException, *, root: str) -> list[dict[str, Any]]:
+    """The frames of ``exc``, innermost last; ``file`` is relative to ``root`` when inside it."""
+    root = os.path.abspath(root)
+    frames = [
+        _frame(summary.filename, summary.lineno, summary.name, summary.line, root)
+        for summary in traceback.extract_tb(exc.__traceback__)
+    ]
+    # A syntax error's location is not a frame of the traceback: it is on the exception.
+    if isinstance(exc, SyntaxError) and exc.filename:
+        frames.append(_frame(exc.filename, exc.lineno, "<module>", exc.text, root))
+    return frames[-MAX_FRAMES:]
+
+
+def _frame(
+    filename: str, line: int | None, function: str, code: str | None, root: str
+) -> dict[str, Any]:
+    path = os.path.abspath(filename) if not filename.startswith("<") else filename
+    in_harness = path.startswith(root + os.sep)
+    return {
+        "file": os.path.relpath(path, root) if in_harness else filename,
+        "line": line,
+        "function": function,
+        "code": (code or "").strip()[:500],
+        "in_harness": in_harness,
+    }
 
 
 if __name__ == "__main__":
