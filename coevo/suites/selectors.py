@@ -1,4 +1,7 @@
-from django.db.models import Count, QuerySet
+from uuid import UUID
+
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
 
 from coevo.errors import NotFound
 from coevo.projects.models import Project
@@ -9,6 +12,28 @@ def suite_list(*, project: Project) -> QuerySet[Suite]:
     return Suite.objects.filter(project=project).annotate(task_count=Count("tasks"))
 
 
+def suite_summaries(*, project: Project) -> QuerySet[Suite]:
+    """The project's suites with task counts per split and how many evaluations used each."""
+    from coevo.evaluations.models import Evaluation
+
+    # Evaluations are counted in a subquery: joining them next to the tasks would multiply
+    # the rows (tasks × evaluations) before counting.
+    evaluations = (
+        Evaluation.objects.filter(suite=OuterRef("pk"))
+        .order_by()
+        .values("suite")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    return Suite.objects.filter(project=project).annotate(
+        task_count=Count("tasks"),
+        search_count=Count("tasks", filter=Q(tasks__split=Split.SEARCH)),
+        validation_count=Count("tasks", filter=Q(tasks__split=Split.VALIDATION)),
+        heldout_count=Count("tasks", filter=Q(tasks__split=Split.HELDOUT)),
+        evaluation_count=Coalesce(Subquery(evaluations, output_field=IntegerField()), Value(0)),
+    )
+
+
 def suite_get(*, project: Project, name: str) -> Suite:
     suite = Suite.objects.filter(project=project, name=name).order_by("-created_at").first()
     if suite is None:
@@ -16,6 +41,34 @@ def suite_get(*, project: Project, name: str) -> Suite:
     return suite
 
 
+def suite_get_by_id(*, project: Project, suite_id: UUID) -> Suite:
+    suite = suite_summaries(project=project).filter(id=suite_id).first()
+    if suite is None:
+        raise NotFound(f"No such suite in project {project.slug}.")
+    return suite
+
+
+def suite_split_counts(*, suite: Suite) -> dict[str, int]:
+    """Tasks per split, every split present (zero when empty), in search → held-out order."""
+    rows = dict(
+        Task.objects.filter(suite=suite).values_list("split").annotate(n=Count("id")).order_by()
+    )
+    return {split.value: rows.get(split.value, 0) for split in Split}
+
+
 def task_list(*, suite: Suite, split: Split) -> QuerySet[Task]:
     # The verifier payload (hidden tests) is never needed to list tasks.
     return Task.objects.filter(suite=suite, split=split).defer("verifier").order_by("position")
+
+
+def task_catalogue(*, suite: Suite, split: Split | None = None) -> QuerySet[Task]:
+    """A suite's tasks for listing: key, split, position and inputs, never the verifier."""
+    tasks = Task.objects.filter(suite=suite).only("id", "key", "split", "position", "inputs")
+    if split is not None:
+        tasks = tasks.filter(split=split)
+    return tasks.order_by("position")
+
+
+def task_is_sealed(*, task: Task) -> bool:
+    """Held-out tasks are sealed (DESIGN.md §8): no page or proposer may see their inputs."""
+    return task.split == Split.HELDOUT

@@ -1,11 +1,23 @@
 from __future__ import annotations
 
+import re
+
 from django.db import transaction
 
 from coevo.projects.models import Project
 from coevo.suites.humaneval import VERSION, humaneval_problems
-from coevo.suites.models import Suite, SuiteKind, Task
+from coevo.suites.jsonl import (
+    ScorerSpec,
+    SuiteImportError,
+    jsonl_content_hash,
+    jsonl_tasks_parse,
+)
+from coevo.suites.models import Suite, SuiteInUse, SuiteKind, Task
 from coevo.suites.splits import split_for
+
+# The Python verifier's source is copied into every task's verifier payload.
+MAX_VERIFIER_COPIES_BYTES = 512 * 1024**2
+SUITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
 
 def suite_import_humaneval(*, project: Project, split_seed: str = "0") -> tuple[Suite, bool]:
@@ -39,3 +51,96 @@ def suite_import_humaneval(*, project: Project, split_seed: str = "0") -> tuple[
             for position, problem in enumerate(problems)
         )
     return suite, True
+
+
+def suite_import_jsonl(
+    *,
+    project: Project,
+    name: str,
+    data: bytes,
+    scorer: ScorerSpec,
+    description: str = "",
+    split_seed: str = "0",
+) -> tuple[Suite, bool]:
+    """Import a custom suite from JSONL bytes; returns (suite, created).
+
+    The same content, scorer and seed under the same name returns the existing suite; changed
+    content becomes a new version (v1, v2, … per name) and the older versions stay as they were.
+    Raises SuiteImportError listing every problem (each naming its line and field).
+    """
+    if not SUITE_NAME.match(name):
+        raise SuiteImportError(
+            [
+                f"name: {name!r} is not a valid suite name; use 1 to 64 lowercase letters, digits, "
+                "'-' or '_', starting with a letter or digit"
+            ]
+        )
+    if not split_seed or len(split_seed) > 64:
+        raise SuiteImportError(["split seed: it must be 1 to 64 characters"])
+    tasks = jsonl_tasks_parse(data=data, scorer=scorer)
+    copies = len(tasks) * len(scorer.verifier_source.encode())
+    if copies > MAX_VERIFIER_COPIES_BYTES:
+        raise SuiteImportError(
+            [
+                f"verifier: its source is stored with each of the {len(tasks)} tasks (workers "
+                f"share no disk), {copies // 1024**2} MiB in all, over the "
+                f"{MAX_VERIFIER_COPIES_BYTES // 1024**2} MiB limit; make the verifier smaller"
+            ]
+        )
+    content_hash = jsonl_content_hash(tasks=tasks, scorer=scorer)
+    with transaction.atomic():
+        # Imports into one project take turns, so two uploads cannot both become "v3".
+        Project.objects.select_for_update().filter(pk=project.pk).first()
+        existing = Suite.objects.filter(
+            project=project, name=name, content_hash=content_hash, split_seed=split_seed
+        ).first()
+        if existing:
+            return existing, False
+        same_name = Suite.objects.filter(project=project, name=name)
+        other_kind = same_name.exclude(kind=SuiteKind.JSONL).first()
+        if other_kind:
+            raise SuiteImportError(
+                [
+                    f"name: the project already has a {other_kind.get_kind_display()} suite named "
+                    f"{name!r}; choose another name for this custom suite"
+                ]
+            )
+        suite = Suite.objects.create(
+            project=project,
+            name=name,
+            kind=SuiteKind.JSONL,
+            version=f"v{same_name.count() + 1}",
+            content_hash=content_hash,
+            split_seed=split_seed,
+            description=description.strip(),
+            scorer=scorer.public(),
+        )
+        worker_scorer = scorer.for_worker()
+        Task.objects.bulk_create(
+            (
+                Task(
+                    suite=suite,
+                    key=task.key,
+                    split=task.split or split_for(task.key, seed=split_seed),
+                    position=position,
+                    inputs={"input": task.input, "metadata": task.metadata},
+                    # The verifier's source travels with each task: workers share no disk.
+                    verifier={"scorer": worker_scorer, "expected": task.expected},
+                )
+                for position, task in enumerate(tasks)
+            ),
+            batch_size=1000,
+        )
+    return suite, True
+
+
+def suite_delete(*, suite: Suite) -> None:
+    """Delete a suite no evaluation has used (raises SuiteInUse otherwise)."""
+    with transaction.atomic():
+        locked = Suite.objects.select_for_update().get(pk=suite.pk)
+        if locked.is_used:
+            raise SuiteInUse(
+                f"Suite {locked} has been used by an evaluation and cannot be deleted: its "
+                "evaluations' scores refer to its tasks."
+            )
+        locked.delete()

@@ -1,16 +1,23 @@
 """Environment adapters: what a harness sees of a task, and the trusted verifier.
 
-Both run on the worker side; only ``harness_view`` output ever enters the sandbox.
+Both run on the worker side; only ``harness_view`` output ever enters the sandbox. The
+contract (single-answer and multi-step adapters, helpers) is described in ``base.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from coevo.errors import InvalidInput
-from workers.environments import humaneval
+from workers.environments import humaneval, jsonl, textworld
 
-_ADAPTERS: dict[str, ModuleType] = {"humaneval": humaneval}
+_ADAPTERS: dict[str, ModuleType] = {
+    "humaneval": humaneval,
+    "jsonl": jsonl,
+    "textworld": textworld,
+}
 
 
 def adapter_for(kind: str) -> ModuleType:
@@ -18,3 +25,11 @@ def adapter_for(kind: str) -> ModuleType:
         return _ADAPTERS[kind]
     except KeyError:
         raise InvalidInput(f"No environment adapter for suites of kind {kind!r}.") from None
+
+
+def adapter_is_multi_step(adapter: ModuleType) -> bool:
+    return bool(getattr(adapter, "MULTI_STEP", False))
+
+
+def adapter_helpers(adapter: ModuleType) -> dict[str, Callable[..., dict[str, Any]]]:
+    return dict(getattr(adapter, "HELPERS", {}))

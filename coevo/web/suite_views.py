@@ -1,0 +1,213 @@
+"""Dashboard pages for task suites: the list, one suite's tasks, and the import form.
+
+Held-out tasks are sealed (DESIGN.md §8): their pages show key and split only, never inputs.
+No page shows a task's ``verifier`` payload (expected answers, hidden tests, verifier source).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+
+from coevo.errors import CoevoError
+from coevo.projects.models import Project, Role
+from coevo.projects.selectors import project_user_has_role
+from coevo.suites.jsonl import MAX_FILE_BYTES, SCORERS, SuiteImportError, scorer_spec_build
+from coevo.suites.models import Split, Suite, Task
+from coevo.suites.selectors import (
+    suite_get_by_id,
+    suite_summaries,
+    task_catalogue,
+    task_is_sealed,
+)
+from coevo.web.access import project_view
+
+TASKS_PER_PAGE = 100
+MAX_ERRORS_SHOWN = 20
+PREVIEW_CHARS = 240
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    key: str
+    split: str
+    position: int
+    preview: str | None  # None: sealed (held-out), never rendered
+
+
+class JsonlImportForm(forms.Form):
+    name = forms.SlugField(max_length=64, help_text="lowercase letters, digits, - and _")
+    file = forms.FileField(help_text="one JSON object per line: id, input, expected, …")
+    scorer = forms.ChoiceField(choices=[(s, s) for s in SCORERS])
+    tolerance = forms.FloatField(required=False, help_text="numeric: absolute tolerance")
+    rel_tolerance = forms.FloatField(required=False, help_text="numeric: relative tolerance")
+    verifier = forms.FileField(
+        required=False, help_text="python: a .py module with score(answer, expected, metadata)"
+    )
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    split_seed = forms.CharField(max_length=64, initial="0", required=False)
+
+
+def can_import_suites(*, project: Project, user: Any) -> bool:
+    return project_user_has_role(project=project, user=user, role=Role.RESEARCHER)
+
+
+@project_view
+def suite_list_page(request: HttpRequest, project: Project) -> HttpResponse:
+    return render(
+        request,
+        "web/suite_list.html",
+        {
+            "project": project,
+            "suites": suite_summaries(project=project),
+            "can_import": can_import_suites(project=project, user=request.user),
+        },
+    )
+
+
+@project_view
+def suite_detail(request: HttpRequest, project: Project, suite_id: UUID) -> HttpResponse:
+    suite = suite_get_by_id(project=project, suite_id=suite_id)
+    split = request.GET.get("split", "")
+    chosen = Split(split) if split in Split.values else None
+    page = Paginator(task_catalogue(suite=suite, split=chosen), TASKS_PER_PAGE).get_page(
+        request.GET.get("page")
+    )
+    return render(
+        request,
+        "web/suite_detail.html",
+        {
+            "project": project,
+            "suite": suite,
+            "split": chosen.value if chosen else "",
+            "splits": Split.choices,
+            "page": page,
+            "tasks": [task_row(task) for task in page],
+        },
+    )
+
+
+def task_row(task: Task) -> TaskRow:
+    if task_is_sealed(task=task):
+        return TaskRow(task.key, task.split, task.position, None)
+    return TaskRow(task.key, task.split, task.position, input_preview(task.inputs))
+
+
+def input_preview(inputs: Any) -> str:
+    """A short text of what the harness sees (``inputs`` only; never the verifier)."""
+    if isinstance(inputs, dict):
+        # JSONL suites keep the task's input under "input"; HumanEval its "prompt".
+        for name in ("input", "prompt", "objective"):
+            if name in inputs:
+                inputs = inputs[name]
+                break
+    text = inputs if isinstance(inputs, str) else json.dumps(inputs, ensure_ascii=False)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+@project_view
+def suite_import_page(request: HttpRequest, project: Project) -> HttpResponse:
+    if not can_import_suites(project=project, user=request.user):
+        raise PermissionDenied("Importing suites needs the researcher role or above.")
+    form = JsonlImportForm()
+    errors: list[str] = []
+    total_errors = 0
+    if request.method == "POST":
+        kind = request.POST.get("kind", "jsonl")
+        try:
+            if kind == "jsonl":
+                form = JsonlImportForm(request.POST, request.FILES)
+                suite, created = _import_jsonl(project=project, form=form)
+            else:
+                suite, created = _import_bundled(project=project, kind=kind)
+        except SuiteImportError as exc:
+            errors, total_errors = exc.errors[:MAX_ERRORS_SHOWN], exc.total
+        except CoevoError as exc:
+            errors, total_errors = [str(exc)], 1
+        else:
+            _announce(request, suite=suite, created=created)
+            return redirect(reverse("web:suite", args=[project.slug, suite.id]))
+    return render(
+        request,
+        "web/suite_import.html",
+        {
+            "project": project,
+            "form": form,
+            "errors": errors,
+            "more_errors": total_errors - len(errors),
+            "max_megabytes": MAX_FILE_BYTES // 1024**2,
+        },
+        status=400 if errors else 200,
+    )
+
+
+def _import_jsonl(*, project: Project, form: JsonlImportForm) -> tuple[Suite, bool]:
+    from coevo.suites.services import suite_import_jsonl
+
+    if not form.is_valid():
+        raise SuiteImportError(
+            [f"{name}: {' '.join(problems)}" for name, problems in form.errors.items()]
+        )
+    data = form.cleaned_data
+    upload = data["file"]
+    if upload.size > MAX_FILE_BYTES:
+        raise SuiteImportError(
+            [
+                f"file: {upload.size / 1024**2:.1f} MiB is over the {MAX_FILE_BYTES // 1024**2} MiB "
+                "limit; split it into several suites"
+            ]
+        )
+    verifier = data["verifier"]
+    scorer = scorer_spec_build(
+        kind=data["scorer"],
+        abs_tol=data["tolerance"],
+        rel_tol=data["rel_tolerance"],
+        verifier_name=verifier.name if verifier else "",
+        verifier_source=verifier.read() if verifier else None,
+    )
+    return suite_import_jsonl(
+        project=project,
+        name=data["name"],
+        data=upload.read(),
+        scorer=scorer,
+        description=data["description"],
+        split_seed=data["split_seed"] or "0",
+    )
+
+
+def _import_bundled(*, project: Project, kind: str) -> tuple[Suite, bool]:
+    if kind == "humaneval":
+        from coevo.suites.services import suite_import_humaneval
+
+        return suite_import_humaneval(project=project)
+    if kind == "textworld":
+        try:
+            from coevo.suites.textworld import suite_import_textworld
+        except ImportError as exc:
+            raise CoevoError(
+                "TextWorld suites are not available on this server: install coevo's "
+                f"textworld dependencies ({exc})."
+            ) from exc
+        return suite_import_textworld(project=project)
+    raise SuiteImportError([f"kind: unknown suite kind {kind!r}"])
+
+
+def _announce(request: HttpRequest, *, suite: Suite, created: bool) -> None:
+    if created:
+        messages.success(request, f"Imported {suite.name} {suite.version}.")
+    else:
+        messages.info(
+            request,
+            f"{suite.name} {suite.version} already has exactly this content; nothing new "
+            "was imported.",
+        )
