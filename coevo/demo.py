@@ -102,6 +102,9 @@ def run_demo(options: DemoOptions) -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coevo.settings")
     child_env = dict(os.environ)
+    # llama.cpp answers one request at a time: two rollouts in flight overlap one's sandbox
+    # start-up and scoring with the other's model call, and no more would help.
+    child_env.setdefault("COEVO_WORKER_CONCURRENCY", "2")
     # This process prints its own progress; the children's logs keep the detail.
     os.environ.setdefault("COEVO_LOG_LEVEL", "WARNING")
     django.setup()
@@ -134,7 +137,7 @@ def run_demo(options: DemoOptions) -> int:
         services.start(
             "worker",
             [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", "rollouts,default",
-             "--concurrency", "1", "--prefetch-multiplier", "1", "-n", "demo@%h",
+             "--prefetch-multiplier", "1", "-n", "demo@%h",
              "--loglevel", "INFO"],
             child_env,
         )  # fmt: skip

@@ -37,3 +37,15 @@ class PolicyRequestRejected(CoevoError):
 
 class SandboxUnavailable(CoevoError):
     code = "sandbox_unavailable"
+
+
+class BudgetExceeded(CoevoError):
+    """Reserving the work would overrun a budget: refused before anything is enqueued."""
+
+    code = "budget_exceeded"
+
+
+class InvalidState(CoevoError):
+    """The action does not apply to the object's current state (e.g. resuming a finished run)."""
+
+    code = "invalid_state"

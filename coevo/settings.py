@@ -7,6 +7,7 @@ Tests, CI and production: DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL (Redis
 from __future__ import annotations
 
 import dj_database_url
+from kombu import Queue
 
 from coevo.config import (
     BASE_DIR,
@@ -129,13 +130,19 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
+# Declared, so that workers, purges and queue-depth checks all know both.
+CELERY_TASK_QUEUES = (Queue("default"), Queue("rollouts"))
 CELERY_TASK_ROUTES = {"workers.tasks.rollout_run": {"queue": "rollouts"}}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+COEVO_WATCHDOG_INTERVAL_S = env_int("COEVO_WATCHDOG_INTERVAL_S", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
-    "rollouts-watchdog": {"task": "workers.tasks.rollouts_watchdog", "schedule": 60.0},
+    "rollouts-watchdog": {
+        "task": "workers.tasks.rollouts_watchdog",
+        "schedule": float(COEVO_WATCHDOG_INTERVAL_S),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(COEVO_HOME / "celerybeat-schedule")
 
@@ -150,6 +157,24 @@ COEVO_ROLLOUT_WALL_S = env_int("COEVO_ROLLOUT_WALL_S", 900, minimum=1)
 COEVO_ROLLOUT_MAX_ATTEMPTS = env_int("COEVO_ROLLOUT_MAX_ATTEMPTS", 3, minimum=1)
 COEVO_ROLLOUT_RETRY_BASE_S = env_int("COEVO_ROLLOUT_RETRY_BASE_S", 10, minimum=0)
 COEVO_VERIFIER_TIMEOUT_S = env_int("COEVO_VERIFIER_TIMEOUT_S", 20, minimum=1)
+# A running rollout beats every COEVO_HEARTBEAT_S; the watchdog re-runs it once its heartbeat is
+# older than COEVO_ROLLOUT_STALE_S (its worker is gone), and sends again pending rollouts that
+# waited COEVO_ROLLOUT_RESEND_S with an empty queue (their message was lost).
+COEVO_HEARTBEAT_S = env_int("COEVO_HEARTBEAT_S", 15, minimum=1)
+COEVO_ROLLOUT_STALE_S = env_int("COEVO_ROLLOUT_STALE_S", 120, minimum=2)
+COEVO_ROLLOUT_RESEND_S = env_int("COEVO_ROLLOUT_RESEND_S", 120, minimum=1)
+# Policy outages (the server does not answer) an evaluation takes before it pauses itself.
+COEVO_INFRA_PAUSE_THRESHOLD = env_int("COEVO_INFRA_PAUSE_THRESHOLD", 3, minimum=1)
+# Rollouts one worker process runs at once (threads: rollouts mostly wait on the policy).
+COEVO_WORKER_CONCURRENCY = env_int("COEVO_WORKER_CONCURRENCY", 8, minimum=1)
+# Threads, not processes: a rollout is a sandboxed child process plus waiting on the policy.
+CELERY_WORKER_POOL = "threads"
+CELERY_WORKER_CONCURRENCY = COEVO_WORKER_CONCURRENCY
+# Redis for coordination across workers (the global per-endpoint concurrency bound). Defaults to
+# the broker when that is Redis; without Redis the bound holds per worker process.
+COEVO_REDIS_URL = env_str(
+    "COEVO_REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
+)
 
 LOGGING = {
     "version": 1,

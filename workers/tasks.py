@@ -7,7 +7,13 @@ import logging
 from celery import shared_task
 from django.conf import settings
 
-from coevo.evaluations.services import RolloutRetry, rollout_execute, rollout_requeue_stale
+from coevo.evaluations.services import (
+    RolloutRetry,
+    evaluations_resume_paused,
+    rollout_execute,
+    rollout_requeue_stale,
+    rollout_resend_lost,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,5 +42,19 @@ def rollout_run(self, rollout_id: str) -> None:
 
 @shared_task(name="workers.tasks.rollouts_watchdog", soft_time_limit=120, time_limit=150)
 def rollouts_watchdog() -> None:
-    """Run by beat: re-run or give up rollouts whose worker stopped heartbeating."""
-    rollout_requeue_stale(stale_after_s=settings.COEVO_ROLLOUT_WALL_S + 300)
+    """Run by beat: re-run rollouts whose worker died, send again lost messages, and resume
+    evaluations paused for a policy outage once the server answers."""
+    rollout_requeue_stale(stale_after_s=settings.COEVO_ROLLOUT_STALE_S)
+    rollout_resend_lost(unsent_after_s=settings.COEVO_ROLLOUT_RESEND_S)
+    evaluations_resume_paused()
+
+
+def rollouts_queue_depth() -> int | None:
+    """Messages waiting in the broker's ``rollouts`` queue (None when the broker can't say)."""
+    from coevo.celery import app
+
+    try:
+        with app.connection_for_read() as conn:
+            return conn.default_channel.queue_declare(queue="rollouts", passive=True).message_count
+    except Exception:  # an undeclared queue, or a transport without counts
+        return None

@@ -6,8 +6,26 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet, Sum
 
 from coevo.errors import NotFound
-from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState, TraceStep
-from coevo.evaluations.stats import ScoreSummary, pass_rate_summary
+from coevo.evaluations.models import (
+    Budget,
+    Evaluation,
+    EvaluationStage,
+    Outcome,
+    Rollout,
+    RolloutState,
+)
+from coevo.evaluations.stats import (
+    PairedComparison,
+    ScoreSummary,
+    mean_score_summary,
+    paired_comparison,
+    pass_at_k_summary,
+    pass_rate_summary,
+    per_task_means,
+    per_task_pass_counts,
+)
+from coevo.evaluations.traces import PAGE_SIZE as TRACE_PAGE_SIZE
+from coevo.evaluations.traces import Cursor, TracePage, trace_page
 from coevo.projects.models import Project
 from harness_store.models import Candidate
 
@@ -22,6 +40,8 @@ class EvaluationProgress:
     task_failures: int
     harness_errors: int
     infra_errors: int
+    cancelled: int
+    reused: int
     prompt_tokens: int
     completion_tokens: int
     score: ScoreSummary
@@ -74,6 +94,8 @@ def evaluation_progress(*, evaluation: Evaluation) -> EvaluationProgress:
         task_failures=agg["task_failures"],
         harness_errors=agg["harness_errors"],
         infra_errors=agg["infra_errors"],
+        cancelled=agg["cancelled"],
+        reused=agg["reused"],
         prompt_tokens=agg["prompt_tokens"] or 0,
         completion_tokens=agg["completion_tokens"] or 0,
         score=pass_rate_summary(agg["passed"], scored),
@@ -126,6 +148,11 @@ def _rollout_counts(prefix: str = "") -> dict[str, Count]:
         "task_failures": count(**done, outcome=Outcome.TASK_FAILURE),
         "harness_errors": count(**done, outcome=Outcome.HARNESS_ERROR),
         "infra_errors": count(**done, outcome=Outcome.INFRA_ERROR),
+        "cancelled": count(state=RolloutState.CANCELLED),
+        "reused": Count(
+            f"{prefix}id" if prefix else "id",
+            filter=Q(**{f"{prefix}reused_from__isnull": False}),
+        ),
     }
 
 
@@ -150,5 +177,164 @@ def rollout_get(*, project: Project, rollout_id: Any) -> Rollout:
         raise NotFound(f"No rollout {rollout_id} in project {project.slug}.") from None
 
 
-def rollout_trace(*, rollout: Rollout) -> QuerySet[TraceStep]:
-    return TraceStep.objects.filter(rollout=rollout).order_by("attempt", "index")
+def rollout_trace(
+    *,
+    rollout: Rollout,
+    cursor: Cursor | None = None,
+    query: str = "",
+    page_size: int = TRACE_PAGE_SIZE,
+) -> TracePage:
+    """One page of the rollout's trace from ``cursor`` (page 1 when None), optionally only
+    the steps matching ``query``. Never the whole trace: see coevo.evaluations.traces."""
+    return trace_page(rollout=rollout, cursor=cursor, query=query, page_size=page_size)
+
+
+_SCORED = (Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR)
+
+
+def evaluation_task_scores(*, evaluation_id: Any) -> dict[str, list[float]]:
+    """Per-task scores of finished, scored rollouts (infra errors are not scores; harness
+    errors score 0: they are the candidate's fault)."""
+    scores: dict[str, list[float]] = {}
+    rows = (
+        Rollout.objects.filter(evaluation_id=evaluation_id, state=RolloutState.DONE)
+        .filter(outcome__in=_SCORED)
+        .order_by("task__position", "epoch")
+        .values_list("task__key", "score", "outcome")
+    )
+    for key, score, outcome in rows:
+        if score is None:
+            score = 1.0 if outcome == Outcome.PASSED else 0.0
+        scores.setdefault(key, []).append(float(score))
+    return scores
+
+
+@dataclass(frozen=True)
+class EvaluationStatistics:
+    """The figures of the evaluation page: mean per-task score with its interval, pass@k."""
+
+    mean: ScoreSummary
+    pass_at_k: dict[int, float]
+    tasks: int
+    complete_tasks: int
+
+
+def evaluation_statistics(*, evaluation: Evaluation) -> EvaluationStatistics:
+    scores = evaluation_task_scores(evaluation_id=evaluation.id)
+    means = per_task_means(scores)
+    counts = per_task_pass_counts(scores)
+    complete = {task: nc for task, nc in counts.items() if nc[0] >= evaluation.epochs}
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= evaluation.epochs]
+    if evaluation.epochs not in ks:
+        ks.append(evaluation.epochs)
+    pass_at_k = pass_at_k_summary(complete, ks) if complete else {}
+    return EvaluationStatistics(
+        mean=mean_score_summary(list(means.values()), seed=evaluation.seed),
+        pass_at_k=pass_at_k,
+        tasks=len(scores),
+        complete_tasks=len(complete),
+    )
+
+
+def evaluation_stages(*, evaluation: Evaluation) -> list[EvaluationStage]:
+    return list(EvaluationStage.objects.filter(evaluation=evaluation).order_by("index"))
+
+
+def evaluation_budget(*, evaluation: Evaluation) -> Budget | None:
+    return Budget.objects.filter(evaluation=evaluation).first()
+
+
+@dataclass(frozen=True)
+class ErrorCount:
+    outcome: str
+    kind: str
+    count: int
+    example: str
+
+
+def evaluation_errors(*, evaluation: Evaluation) -> list[ErrorCount]:
+    """harness_error and infra_error rollouts by kind, with one example reason each."""
+    rows = (
+        Rollout.objects.filter(
+            evaluation=evaluation,
+            state=RolloutState.DONE,
+            outcome__in=[Outcome.HARNESS_ERROR, Outcome.INFRA_ERROR],
+        )
+        .values("outcome", "error_kind")
+        .annotate(n=Count("id"))
+        .order_by("outcome", "-n")
+    )
+    errors = []
+    for row in rows:
+        example = (
+            Rollout.objects.filter(
+                evaluation=evaluation, outcome=row["outcome"], error_kind=row["error_kind"]
+            )
+            .values_list("detail", flat=True)
+            .first()
+        )
+        errors.append(
+            ErrorCount(row["outcome"], row["error_kind"] or "other", row["n"], example or "")
+        )
+    return errors
+
+
+@dataclass(frozen=True)
+class FlipRow:
+    task_key: str
+    flip: str
+    reference_score: float
+    candidate_score: float
+    reference_rollout: Any
+    candidate_rollout: Any
+
+
+@dataclass(frozen=True)
+class EvaluationComparison:
+    reference: Evaluation
+    candidate: Evaluation
+    statistics: PairedComparison
+    flips: list[FlipRow]
+
+
+def evaluation_compare(*, reference: Evaluation, candidate: Evaluation) -> EvaluationComparison:
+    """The paired comparison of two evaluations on the same suite split, with the flipped
+    tasks (and a rollout of each side to open)."""
+    from coevo.errors import InvalidInput
+
+    if reference.suite_id != candidate.suite_id or reference.split != candidate.split:
+        raise InvalidInput(
+            "Only evaluations on the same suite and split can be compared task by task."
+        )
+    ref_scores = evaluation_task_scores(evaluation_id=reference.id)
+    cand_scores = evaluation_task_scores(evaluation_id=candidate.id)
+    statistics = paired_comparison(ref_scores, cand_scores, seed=candidate.seed)
+    flipped = {
+        key: name
+        for name, keys in statistics.flips.items()
+        if name in ("fixed", "broken", "improved", "regressed")
+        for key in keys
+    }
+    first_rollouts: dict[tuple[Any, str], Any] = {}
+    for evaluation_id, key, rollout_id in (
+        Rollout.objects.filter(
+            evaluation_id__in=[reference.id, candidate.id], task__key__in=list(flipped)
+        )
+        .order_by("epoch")
+        .values_list("evaluation_id", "task__key", "id")
+    ):
+        first_rollouts.setdefault((evaluation_id, key), rollout_id)
+    ref_means = per_task_means(ref_scores)
+    cand_means = per_task_means(cand_scores)
+    rows = [
+        FlipRow(
+            task_key=key,
+            flip=name,
+            reference_score=ref_means[key],
+            candidate_score=cand_means[key],
+            reference_rollout=first_rollouts.get((reference.id, key)),
+            candidate_rollout=first_rollouts.get((candidate.id, key)),
+        )
+        for key, name in sorted(flipped.items(), key=lambda item: (item[1], item[0]))
+    ]
+    return EvaluationComparison(reference, candidate, statistics, rows)

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from coevo.errors import PolicyRequestRejected, PolicyUnavailable
+from coevo.policies.concurrency import EndpointLimiter, limiter_slot
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,10 @@ class PolicyClient:
         retries: int = 4,
         backoff_s: float = 0.5,
         transport: httpx.BaseTransport | None = None,
+        limiter: EndpointLimiter | None = None,
     ) -> None:
         self.base_url = normalize_base_url(base_url)
+        self.limiter = limiter
         self.model = model
         self.retries = retries
         self.backoff_s = backoff_s
@@ -96,8 +99,9 @@ class PolicyClient:
 
     def complete(self, prompt: str, sampling: Sampling) -> Completion:
         payload = {"model": self.model, "prompt": prompt, **sampling.as_params()}
-        started = time.monotonic()
-        body = self._request("POST", "/completions", json=payload)
+        with limiter_slot(self.limiter):
+            started = time.monotonic()
+            body = self._request("POST", "/completions", json=payload)
         latency_ms = int((time.monotonic() - started) * 1000)
         choice = _first_choice(body)
         return Completion(
@@ -111,8 +115,9 @@ class PolicyClient:
 
     def chat(self, messages: list[dict[str, Any]], sampling: Sampling) -> Completion:
         payload = {"model": self.model, "messages": messages, **sampling.as_params()}
-        started = time.monotonic()
-        body = self._request("POST", "/chat/completions", json=payload)
+        with limiter_slot(self.limiter):
+            started = time.monotonic()
+            body = self._request("POST", "/chat/completions", json=payload)
         latency_ms = int((time.monotonic() - started) * 1000)
         choice = _first_choice(body)
         message = choice.get("message") or {}

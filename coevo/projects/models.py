@@ -28,6 +28,10 @@ class Role(models.TextChoices):
     ADMIN = "admin"
 
 
+# Each role can do everything the roles before it can.
+ROLE_ORDER = (Role.VIEWER, Role.RESEARCHER, Role.REVIEWER, Role.ADMIN)
+
+
 class Membership(TimeStampedModel):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(

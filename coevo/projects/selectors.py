@@ -2,7 +2,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
 from coevo.errors import NotFound
-from coevo.projects.models import Project
+from coevo.projects.models import ROLE_ORDER, Membership, Project, Role
 
 
 def project_list_for_user(*, user: AbstractBaseUser) -> QuerySet[Project]:
@@ -20,3 +20,15 @@ def project_get_for_user(*, user: AbstractBaseUser, slug: str) -> Project:
         # Same answer for "does not exist" and "not yours": no project names leak.
         raise NotFound(f"No project {slug!r} that you are a member of.")
     return project
+
+
+def project_user_has_role(*, project: Project, user: AbstractBaseUser, role: Role) -> bool:
+    """Whether the user's role on the project is ``role`` or above (staff: always)."""
+    if not user.is_authenticated:
+        return False
+    if user.is_staff:
+        return True
+    actual = (
+        Membership.objects.filter(project=project, user=user).values_list("role", flat=True).first()
+    )
+    return actual is not None and ROLE_ORDER.index(Role(actual)) >= ROLE_ORDER.index(role)

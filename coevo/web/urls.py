@@ -1,6 +1,6 @@
 from django.urls import path, register_converter
 
-from coevo.web import views
+from coevo.web import suite_views, views
 
 
 class ShaConverter:
@@ -30,5 +30,14 @@ urlpatterns = [
     ),
     path("p/<slug:slug>/c/<sha:sha>/diff/", views.candidate_diff_page, name="candidate_diff"),
     path("p/<slug:slug>/e/<uuid:evaluation_id>/", views.evaluation_detail, name="evaluation"),
+    path(
+        "p/<slug:slug>/e/<uuid:evaluation_id>/<str:action>/",
+        views.evaluation_action,
+        name="evaluation_action",
+    ),
+    path("p/<slug:slug>/compare/", views.evaluation_comparison, name="comparison"),
     path("p/<slug:slug>/r/<uuid:rollout_id>/", views.rollout_detail, name="rollout"),
+    path("p/<slug:slug>/suites/", suite_views.suite_list_page, name="suites"),
+    path("p/<slug:slug>/suites/import/", suite_views.suite_import_page, name="suite_import"),
+    path("p/<slug:slug>/suites/<uuid:suite_id>/", suite_views.suite_detail, name="suite"),
 ]

@@ -8,29 +8,40 @@ from __future__ import annotations
 
 from uuid import UUID
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_POST
 
-from coevo.errors import HarnessStoreError
+from coevo.errors import CoevoError, HarnessStoreError
+from coevo.evaluations.lifecycle import evaluation_cancel, evaluation_resume
 from coevo.evaluations.selectors import (
+    evaluation_budget,
+    evaluation_compare,
+    evaluation_errors,
     evaluation_get,
+    evaluation_list,
     evaluation_progress,
+    evaluation_stages,
+    evaluation_statistics,
     evaluation_summaries,
     rollout_get,
     rollout_list,
 )
-from coevo.projects.models import Project
-from coevo.suites.selectors import suite_list
+from coevo.projects.models import Project, Role
+from coevo.projects.selectors import project_user_has_role
+from coevo.suites.selectors import suite_list, task_is_sealed
 from coevo.web.access import project_view
 from coevo.web.highlight import diff_files, file_view
 from coevo.web.presenters import (
     membership_role,
     project_summaries_for_user,
     task_prompt,
-    trace_attempts,
+    trace_viewer,
 )
 from harness_store.selectors import (
     candidate_diff,
@@ -128,7 +139,15 @@ def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUI
         "project": project,
         "evaluation": evaluation,
         "progress": evaluation_progress(evaluation=evaluation),
+        "statistics": evaluation_statistics(evaluation=evaluation),
+        "stages": evaluation_stages(evaluation=evaluation),
+        "budget": evaluation_budget(evaluation=evaluation),
+        "errors": evaluation_errors(evaluation=evaluation),
         "rollouts": rollout_list(evaluation=evaluation),
+        "can_run": project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER),
+        "comparable": evaluation_list(project=project)
+        .filter(suite=evaluation.suite, split=evaluation.split)
+        .exclude(id=evaluation.id)[:20],
     }
     # The polling request (htmx) gets only the live part; its final render stops the polling.
     partial = request.htmx and not request.htmx.history_restore_request
@@ -140,15 +159,70 @@ def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUI
 
 @project_view
 def rollout_detail(request: HttpRequest, project: Project, rollout_id: UUID) -> HttpResponse:
+    """A rollout and its trace, a page of steps at a time (``?from=attempt.index``), searched
+    with ``?q=``; htmx's "load more" gets only the next page's steps."""
     rollout = rollout_get(project=project, rollout_id=rollout_id)
-    return render(
-        request,
-        "web/rollout.html",
-        {
-            "project": project,
-            "evaluation": rollout.evaluation,
-            "rollout": rollout,
-            "prompt": task_prompt(rollout=rollout),
-            "attempts": trace_attempts(rollout=rollout),
-        },
-    )
+    # Held-out inputs are sealed (DESIGN.md §8): the prompt is in the task and in every model
+    # call of the trace, so neither is shown.
+    sealed = task_is_sealed(task=rollout.task)
+    trace = None
+    if not sealed:
+        trace = trace_viewer(
+            rollout=rollout, cursor=request.GET.get("from"), query=request.GET.get("q", "")
+        )
+    context = {
+        "project": project,
+        "evaluation": rollout.evaluation,
+        "rollout": rollout,
+        "sealed": sealed,
+        "prompt": "" if sealed else task_prompt(rollout=rollout),
+        "trace": trace,
+    }
+    partial = request.htmx and not request.htmx.history_restore_request
+    template = "web/_trace_page.html" if partial else "web/rollout.html"
+    response = render(request, template, context)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+@require_POST
+@project_view
+def evaluation_action(
+    request: HttpRequest, project: Project, evaluation_id: UUID, action: str
+) -> HttpResponse:
+    """Cancel or resume an evaluation (researchers and above)."""
+    if not project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER):
+        raise PermissionDenied("Cancelling or resuming evaluations needs the researcher role.")
+    evaluation = evaluation_get(project=project, evaluation_id=evaluation_id)
+    if action not in ("cancel", "resume"):
+        raise Http404(f"No action {action!r}.")
+    try:
+        if action == "cancel":
+            stopped = evaluation_cancel(
+                evaluation=evaluation, reason=f"cancelled by {request.user.get_username()}"
+            )
+            messages.success(request, f"Evaluation cancelled; {stopped} rollouts stopped.")
+        else:
+            rerun = evaluation_resume(evaluation=evaluation)
+            messages.success(request, f"Evaluation resumed; {rerun} rollouts will run again.")
+    except CoevoError as exc:
+        messages.error(request, str(exc))
+    return redirect("web:evaluation", project.slug, evaluation.id)
+
+
+@project_view
+def evaluation_comparison(request: HttpRequest, project: Project) -> HttpResponse:
+    """Two evaluations of the same suite split, task by task: ``?reference=…&candidate=…``."""
+    reference = evaluation_get(project=project, evaluation_id=request.GET.get("reference"))
+    candidate = evaluation_get(project=project, evaluation_id=request.GET.get("candidate"))
+    context: dict[str, object] = {
+        "project": project,
+        "reference": reference,
+        "candidate": candidate,
+    }
+    try:
+        comparison = evaluation_compare(reference=reference, candidate=candidate)
+    except CoevoError as exc:
+        return render(request, "web/comparison.html", {**context, "error": str(exc)}, status=400)
+    context.update(comparison=comparison, statistics=comparison.statistics)
+    return render(request, "web/comparison.html", context)

@@ -82,19 +82,20 @@ def test_it_does_a_redelivered_rollout_only_once(
 
 
 def test_it_retries_an_infra_error_and_never_scores_it(
-    celery_worker_thread, seed_candidate, humaneval_suite, settings, db
+    celery_worker_thread, seed_candidate, humaneval_suite, policy_version, scripted_policy, settings
 ):
-    from coevo.policies.services import policy_version_get_default
-
-    settings.COEVO_POLICY_URL = "http://127.0.0.1:9/v1"  # nothing listens there
+    # The server is up (it lists its models) but every completion fails: not an outage, so the
+    # attempts are used up and the rollout ends unscored.
+    scripted_policy.fail_next = 10**6
     settings.COEVO_POLICY_RETRIES = 0
     settings.COEVO_ROLLOUT_MAX_ATTEMPTS = 2
     settings.COEVO_ROLLOUT_RETRY_BASE_S = 0
-    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version_get_default(), tasks=1)
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=1)
     wait_until_final(evaluation)
 
     rollout = Rollout.objects.get(evaluation=evaluation)
     assert rollout.outcome == Outcome.INFRA_ERROR
+    assert rollout.error_kind == "policy"
     assert rollout.attempts == 2
     assert rollout.score is None
     assert set(TraceStep.objects.filter(rollout=rollout).values_list("attempt", flat=True)) == {
@@ -104,6 +105,8 @@ def test_it_retries_an_infra_error_and_never_scores_it(
     progress = evaluation_progress(evaluation=evaluation)
     assert progress.infra_errors == 1
     assert progress.score.n == 0 and progress.score.mean is None
+    assert evaluation.state == EvaluationState.FAILED
+    assert "resume" in evaluation.state_detail
 
 
 def test_it_keeps_going_after_a_crashing_harness(
@@ -128,22 +131,20 @@ def test_it_keeps_going_after_a_crashing_harness(
 
 
 def test_it_requeues_a_rollout_whose_worker_died_and_finishes_it(
-    celery_worker_thread, seed_candidate, humaneval_suite, policy_version
+    transactional_db, request, seed_candidate, humaneval_suite, policy_version
 ):
     from datetime import timedelta
 
     from django.utils import timezone
 
-    from coevo.evaluations.services import rollout_requeue_stale
+    from coevo.evaluations.services import rollout_claim, rollout_requeue_stale
 
     evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=1)
-    wait_until_final(evaluation)
-    # Simulate a worker that claimed the rollout and died: running, stale heartbeat.
+    # A worker claimed the rollout and died: running, its heartbeat an hour old.
     rollout = Rollout.objects.get(evaluation=evaluation)
-    Rollout.objects.filter(id=rollout.id).update(
-        state="running", outcome="", heartbeat_at=timezone.now() - timedelta(hours=1)
-    )
-    Evaluation.objects.filter(id=evaluation.id).update(state=EvaluationState.RUNNING)
+    assert rollout_claim(rollout_id=rollout.id, worker="dead@elsewhere")
+    Rollout.objects.filter(id=rollout.id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    request.getfixturevalue("celery_worker_thread")  # a live worker (its queue starts empty)
 
     assert rollout_requeue_stale(stale_after_s=600) == (1, 0)
     wait_until_final(evaluation)
@@ -151,6 +152,7 @@ def test_it_requeues_a_rollout_whose_worker_died_and_finishes_it(
     rollout.refresh_from_db()
     assert rollout.state == "done" and rollout.attempts == 2
     assert rollout.outcome == Outcome.TASK_FAILURE
+    assert rollout.worker != "dead@elsewhere"
 
 
 def test_it_gives_up_a_stale_rollout_with_no_attempts_left(
@@ -160,21 +162,23 @@ def test_it_gives_up_a_stale_rollout_with_no_attempts_left(
 
     from django.utils import timezone
 
-    from coevo.evaluations.services import rollout_requeue_stale
+    from coevo.evaluations.services import rollout_claim, rollout_requeue_stale
 
     settings.COEVO_ROLLOUT_MAX_ATTEMPTS = 1
     evaluation = evaluate(seed_candidate, humaneval_suite, policy_version, tasks=1)
-    Rollout.objects.filter(evaluation=evaluation).update(
-        state="running", attempts=1, heartbeat_at=timezone.now() - timedelta(hours=1)
-    )
+    rollout = Rollout.objects.get(evaluation=evaluation)
+    assert rollout_claim(rollout_id=rollout.id, worker="dead@elsewhere")
+    Rollout.objects.filter(id=rollout.id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
 
     assert rollout_requeue_stale(stale_after_s=600) == (0, 1)
 
     rollout = Rollout.objects.get(evaluation=evaluation)
     assert rollout.outcome == Outcome.INFRA_ERROR
     assert "stopped heartbeating" in rollout.detail
+    assert rollout.error_kind == "worker_lost"
     evaluation.refresh_from_db()
-    assert evaluation.state == EvaluationState.FINISHED
+    # Unscored work: the evaluation failed, and can be resumed to run just that rollout.
+    assert evaluation.state == EvaluationState.FAILED
 
 
 def test_it_ignores_the_late_result_of_an_attempt_the_watchdog_gave_up_on(

@@ -2,13 +2,16 @@
 
 Replies are chosen by the first rule whose ``contains`` substring occurs in the prompt (or
 the last user message); each request is recorded. ``fail_next`` makes the next N requests
-answer HTTP 503, to exercise retries.
+answer HTTP 503, to exercise retries; ``latency_s`` delays every completion (a stand-in for a
+model's generation time). ``stop()`` and ``start()`` take the server down and bring it back on
+the same port, to exercise outages.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -20,6 +23,7 @@ class ScriptedPolicy:
     default: str = "    pass\n"
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: int = 0
+    latency_s: float = 0.0
     model: str = "scripted"
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -59,6 +63,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.policy.fail_next -= 1
                 self._json(503, {"error": "overloaded"})
                 return
+        if self.policy.latency_s:
+            time.sleep(self.policy.latency_s)
         if self.path == "/v1/completions":
             text = self.policy.reply_for(body.get("prompt", ""))
             choice = {"index": 0, "text": text, "finish_reason": "stop"}
@@ -90,22 +96,38 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # many concurrent rollouts connect at once in benchmarks
+
+
 class ScriptedOpenAIServer:
-    def __init__(self, policy: ScriptedPolicy | None = None) -> None:
+    def __init__(self, policy: ScriptedPolicy | None = None, *, port: int = 0) -> None:
         self.policy = policy or ScriptedPolicy()
-        handler = type("Handler", (_Handler,), {"policy": self.policy})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._handler = type("Handler", (_Handler,), {"policy": self.policy})
+        self._server: _Server | None = _Server(("127.0.0.1", port), self._handler)
+        self.port = self._server.server_address[1]
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        if self._server is None:
+            self._server = _Server(("127.0.0.1", self.port), self._handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def __enter__(self) -> ScriptedOpenAIServer:
-        self._thread.start()
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self.stop()

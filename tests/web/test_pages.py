@@ -280,7 +280,7 @@ def test_it_shows_an_evaluation_with_its_score_interval_and_rows(
     assert "humaneval" in page and "search" in page
     assert data.evaluation.policy_version.name in page
     # 1 passed out of 4 scored rollouts, with the 95% Wilson interval.
-    assert "score 25.0% [4.6%, 69.9%] over 4 tasks" in plain(response)
+    assert "pass rate 25.0% [4.6%, 69.9%] over 4 tasks" in plain(response)
     assert "95% Wilson score interval" in page
     assert "4/4" in page
     for rollout in (data.passed, data.failed, data.invalid, data.crashed):

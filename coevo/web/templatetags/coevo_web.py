@@ -62,10 +62,11 @@ def score_line(score: ScoreSummary, epochs: int = 1) -> SafeString:
     unit = "task" if epochs == 1 else "rollout"
     return format_html(
         '<strong class="score">{}</strong> '
-        '<span class="interval" title="{}% Wilson score interval">[{}, {}]</span> '
+        '<span class="interval" title="{}% {} interval">[{}, {}]</span> '
         "over {} {}{}",
         percent(score.mean),
         f"{score.confidence * 100:g}",
+        "Wilson score" if score.method == "wilson" else "bootstrap (resampling tasks)",
         percent(score.interval.low),
         percent(score.interval.high),
         score.n,
@@ -91,3 +92,23 @@ def outcome_badge(rollout: Rollout) -> SafeString:
 def spaces(value: str) -> str:
     """ "model_call" → "model call"."""
     return str(value).replace("_", " ")
+
+
+@register.simple_tag
+def spend(spent: int, reserved: int, limit: int | None) -> SafeString:
+    """ "1,200 spent + 800 reserved of 5,000" (or "… no limit")."""
+    tail = f"of {thousands(limit)}" if limit is not None else "no limit"
+    return format_html(
+        '<strong>{}</strong> spent{} · <span class="muted">{}</span>',
+        thousands(spent),
+        f" + {thousands(reserved)} reserved" if reserved else "",
+        tail,
+    )
+
+
+@register.filter
+def signed_percent(value: float | None, digits: int = 1) -> str:
+    """+12.5 pts / −3.0 pts: a difference of two rates, in percentage points."""
+    if value is None:
+        return "—"
+    return f"{value * 100:+.{digits}f} pts"

@@ -1,0 +1,197 @@
+"""Platform overhead per rollout at high concurrency, against a policy of fixed latency.
+
+A real Celery worker process (threads pool) runs N rollouts of a small harness that makes
+``--calls`` model calls each, against an OpenAI-compatible test server that answers every call
+after exactly ``--latency`` seconds and never queues. Everything else is real: PostgreSQL,
+Redis, the bubblewrap sandbox, the JSON-lines runtime, trace recording, the budget ledger, the
+per-endpoint concurrency limiter in Redis and the scorer.
+
+Overhead of a rollout = its wall time (claim → finish) minus the time its model calls took,
+as a share of its wall time. Makespan efficiency = the ideal time (waves × calls × latency) over
+the measured time from the first claim to the last finish.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/coevo_bench \\
+    CELERY_BROKER_URL=redis://127.0.0.1:6379/13 \\
+    .venv/bin/python benchmarks/throughput.py --rollouts 256 --concurrency 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+HARNESS_TOML = """\
+[harness]
+name = "bench"
+entrypoint = "agent:run"
+policy_api = "completions"
+
+[limits]
+max_model_calls = 16
+max_tokens = 4096
+wall_time_s = 600
+"""
+
+AGENT = """\
+def run(task, ctx):
+    text = ""
+    for _ in range({calls}):
+        text = ctx.llm.complete(task["input"], max_tokens=8).text
+    return text.strip()
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=2.0, help="seconds per model call")
+    parser.add_argument("--calls", type=int, default=3, help="model calls per rollout")
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coevo.settings")
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        parser.error("set DATABASE_URL to a PostgreSQL database (it is migrated and reused)")
+    if not os.environ.get("CELERY_BROKER_URL", "").startswith("redis"):
+        parser.error("set CELERY_BROKER_URL to a Redis URL")
+    home = Path(tempfile.mkdtemp(prefix="coevo-bench-"))
+    os.environ["COEVO_HOME"] = str(home)
+    os.environ["COEVO_LOG_LEVEL"] = "WARNING"
+
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+    from django.conf import settings
+
+    from coevo.celery import app
+    from coevo.evaluations.models import Rollout, TraceStep
+    from coevo.evaluations.services import evaluation_create
+    from coevo.policies.models import PolicyEndpoint
+    from coevo.policies.services import policy_version_get_default
+    from coevo.projects.services import project_get_or_create
+    from coevo.suites.jsonl import ScorerSpec
+    from coevo.suites.services import suite_import_jsonl
+    from harness_store.services import candidate_import_directory
+    from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
+
+    policy = ScriptedPolicy(default="ok", latency_s=args.latency)
+    server = ScriptedOpenAIServer(policy)
+    server.start()
+    settings.COEVO_POLICY_URL = server.url
+    settings.COEVO_POLICY_MODEL = "scripted"
+    settings.COEVO_HARNESS_STORE_DIR = str(home / "store")
+    version = policy_version_get_default()
+    PolicyEndpoint.objects.filter(id=version.endpoint_id).update(max_concurrency=args.concurrency)
+
+    stamp = str(time.time_ns())
+    project = project_get_or_create(slug=f"bench-{stamp}", name="throughput benchmark")
+    harness = home / "harness"
+    harness.mkdir()
+    (harness / "harness.toml").write_text(HARNESS_TOML)
+    (harness / "agent.py").write_text(AGENT.format(calls=args.calls))
+    candidate, _ = candidate_import_directory(
+        project=project, directory=harness, message="benchmark harness", author_name="bench"
+    )
+    rows = "\n".join(
+        json.dumps({"id": f"t{i}", "input": f"task {i}", "expected": "ok", "split": "search"})
+        for i in range(args.rollouts)
+    )
+    suite, _ = suite_import_jsonl(
+        project=project, name="bench", data=rows.encode(), scorer=ScorerSpec(kind="exact")
+    )
+
+    app.control.purge()
+    env = {
+        **os.environ,
+        "COEVO_WORKER_CONCURRENCY": str(args.concurrency),
+        "COEVO_HARNESS_STORE_DIR": str(home / "store"),
+    }
+    worker_log = open(home / "worker.log", "wb")  # noqa: SIM115 (closed with the worker)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", "rollouts,default",
+         "-n", f"bench-{stamp}@%h", "--without-gossip", "--without-mingle", "--loglevel",
+         "WARNING"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=worker_log,
+    )  # fmt: skip
+    try:
+        time.sleep(3)
+        started = time.monotonic()
+        evaluation = evaluation_create(
+            candidate=candidate,
+            suite=suite,
+            split="search",
+            policy_version=version,
+            use_cache=False,
+        )
+        total = Rollout.objects.filter(evaluation=evaluation).count()
+        while True:
+            evaluation.refresh_from_db()
+            if evaluation.is_final:
+                break
+            done = Rollout.objects.filter(evaluation=evaluation, state="done").count()
+            print(f"\r  {done}/{total} rollouts done", end="", flush=True)
+            time.sleep(1)
+        elapsed = time.monotonic() - started
+        print()
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+        worker_log.close()
+        server.stop()
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = usage.ru_utime + usage.ru_stime
+    rollouts = list(Rollout.objects.filter(evaluation=evaluation))
+    policy_ms: dict[object, int] = {}
+    for rollout_id, latency in TraceStep.objects.filter(
+        rollout__evaluation=evaluation, kind="model_call"
+    ).values_list("rollout_id", "latency_ms"):
+        policy_ms[rollout_id] = policy_ms.get(rollout_id, 0) + latency
+    overheads = []
+    for rollout in rollouts:
+        wall_ms = (rollout.finished_at - rollout.started_at).total_seconds() * 1000
+        overheads.append(max(0.0, wall_ms - policy_ms.get(rollout.id, 0)) / wall_ms)
+    first = min(r.started_at for r in rollouts)
+    last = max(r.finished_at for r in rollouts)
+    waves = -(-total // args.concurrency)
+    ideal = waves * args.calls * args.latency
+    makespan = (last - first).total_seconds()
+    outcomes = {
+        o: sum(1 for r in rollouts if r.outcome == o) for o in {r.outcome for r in rollouts}
+    }
+    print(f"rollouts: {total} ({outcomes}), worker concurrency {args.concurrency}")
+    print(f"policy: {args.calls} calls x {args.latency:.2f}s fixed latency per rollout")
+    print(
+        "overhead per rollout (wall beyond the policy's latency): "
+        f"mean {statistics.mean(overheads):.1%}, median {statistics.median(overheads):.1%}, "
+        f"p95 {sorted(overheads)[int(0.95 * len(overheads)) - 1]:.1%}"
+    )
+    print(
+        f"makespan {makespan:.1f}s vs ideal {ideal:.1f}s ({waves} waves): "
+        f"efficiency {ideal / makespan:.1%}; end to end incl. enqueue {elapsed:.1f}s"
+    )
+    cores = os.cpu_count() or 1
+    print(
+        f"CPU used by the worker and its sandboxes: {cpu_s:.1f}s = {cpu_s / total * 1000:.0f} ms "
+        f"per rollout; {cpu_s / (makespan * cores):.0%} of {cores} cores over the makespan"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""The budget ledger: reserve before enqueueing, settle (or refund) when the work ends.
+
+Reservations are conditional updates (``limit >= reserved + spent + amount``), so two
+evaluations racing for the last of a budget cannot both get it. Each movement is also written as
+a LedgerEntry, which is what the pages show.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F, Q
+
+from coevo.errors import BudgetExceeded
+from coevo.evaluations.models import Budget, LedgerEntry, LedgerKind, Rollout
+from coevo.projects.models import Project
+
+_FIELDS = ("rollouts", "tokens", "wall_s")
+_UNITS = {"rollouts": "rollouts", "tokens": "tokens", "wall_s": "seconds of rollout wall time"}
+
+
+@dataclass(frozen=True)
+class Amount:
+    rollouts: int = 0
+    tokens: int = 0
+    wall_s: int = 0
+
+    def __mul__(self, n: int) -> Amount:
+        return Amount(self.rollouts * n, self.tokens * n, self.wall_s * n)
+
+    @property
+    def is_zero(self) -> bool:
+        return not (self.rollouts or self.tokens or self.wall_s)
+
+
+@dataclass(frozen=True)
+class BudgetLimits:
+    rollouts: int | None = None
+    tokens: int | None = None
+    wall_s: int | None = None
+
+
+def budget_create(
+    *,
+    project: Project,
+    name: str,
+    limits: BudgetLimits | None = None,
+    unit: Amount | None = None,
+    evaluation_id: object | None = None,
+    parent: Budget | None = None,
+) -> Budget:
+    limits = limits or BudgetLimits()
+    unit = unit or Amount()
+    for field in _FIELDS:
+        value = getattr(limits, field)
+        if value is not None and value < 0:
+            raise BudgetExceeded(f"A budget limit of {value} {_UNITS[field]} is not valid.")
+    return Budget.objects.create(
+        project=project,
+        name=name,
+        evaluation_id=evaluation_id,
+        parent=parent,
+        limit_rollouts=limits.rollouts,
+        limit_tokens=limits.tokens,
+        limit_wall_s=limits.wall_s,
+        unit_tokens=unit.tokens,
+        unit_wall_s=unit.wall_s,
+    )
+
+
+def budget_reserve(
+    *, budget: Budget, amount: Amount, note: str = "", rollout: Rollout | None = None
+) -> None:
+    """Reserve ``amount`` on the budget and every ancestor, or raise BudgetExceeded (nothing
+    reserved) naming the limit and the figures."""
+    if amount.is_zero:
+        return
+    with transaction.atomic():
+        for account in _chain(budget):
+            fits = Q(id=account.id)
+            for field in _FIELDS:
+                need = getattr(amount, field)
+                fits &= Q(**{f"limit_{field}__isnull": True}) | Q(
+                    **{f"limit_{field}__gte": F(f"reserved_{field}") + F(f"spent_{field}") + need}
+                )
+            moved = Budget.objects.filter(fits).update(
+                **{f"reserved_{f}": F(f"reserved_{f}") + getattr(amount, f) for f in _FIELDS}
+            )
+            if moved != 1:
+                raise BudgetExceeded(_refusal(account, amount))
+            LedgerEntry.objects.create(
+                budget=account,
+                kind=LedgerKind.RESERVE,
+                rollout=rollout,
+                note=note[:300],
+                **_signed(amount, 1),
+            )
+
+
+def budget_settle(
+    *, budget: Budget, reserved: Amount, actual: Amount, rollout: Rollout | None, note: str = ""
+) -> None:
+    """Release a reservation and record what was actually spent (may differ either way)."""
+    with transaction.atomic():
+        for account in _chain(budget):
+            Budget.objects.filter(id=account.id).update(
+                **{f"reserved_{f}": F(f"reserved_{f}") - getattr(reserved, f) for f in _FIELDS},
+                **{f"spent_{f}": F(f"spent_{f}") + getattr(actual, f) for f in _FIELDS},
+            )
+            LedgerEntry.objects.create(
+                budget=account,
+                kind=LedgerKind.SETTLE,
+                rollout=rollout,
+                note=note[:300],
+                **_signed(actual, 1),
+            )
+
+
+def budget_refund(*, budget: Budget, amount: Amount, note: str = "") -> None:
+    """Release a reservation for work that will not run (cancelled, stopped early)."""
+    if amount.is_zero:
+        return
+    with transaction.atomic():
+        for account in _chain(budget):
+            Budget.objects.filter(id=account.id).update(
+                **{f"reserved_{f}": F(f"reserved_{f}") - getattr(amount, f) for f in _FIELDS}
+            )
+            LedgerEntry.objects.create(
+                budget=account, kind=LedgerKind.REFUND, note=note[:300], **_signed(amount, 1)
+            )
+
+
+def budget_unit(budget: Budget) -> Amount:
+    """What one rollout reserves on this budget."""
+    return Amount(1, budget.unit_tokens, budget.unit_wall_s)
+
+
+def wall_seconds(latency_ms: int) -> int:
+    return math.ceil(latency_ms / 1000)
+
+
+def _chain(budget: Budget) -> Iterator[Budget]:
+    seen = set()
+    account: Budget | None = budget
+    while account is not None and account.id not in seen:
+        seen.add(account.id)
+        yield account
+        account = account.parent
+
+
+def _signed(amount: Amount, sign: int) -> dict[str, int]:
+    return {f: sign * getattr(amount, f) for f in _FIELDS}
+
+
+def _refusal(account: Budget, amount: Amount) -> str:
+    account.refresh_from_db()
+    for field in _FIELDS:
+        limit = getattr(account, f"limit_{field}")
+        if limit is None:
+            continue
+        used = getattr(account, f"reserved_{field}") + getattr(account, f"spent_{field}")
+        need = getattr(amount, field)
+        if used + need > limit:
+            return (
+                f"Budget {account.name!r} would be exceeded: this needs {need:,} "
+                f"{_UNITS[field]} (the worst case the harness's limits allow), but only "
+                f"{max(0, limit - used):,} of its {limit:,} are left. Raise the budget, lower the "
+                "harness's limits in harness.toml, or evaluate fewer tasks or epochs."
+            )
+    return f"Budget {account.name!r} would be exceeded."

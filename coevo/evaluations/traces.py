@@ -1,0 +1,406 @@
+"""Trace storage: how a rollout's steps are written (batched) and read (page by page).
+
+A trace can run to thousands of steps (a multi-step game with a model call per move), so
+nothing here loads a whole trace: the worker buffers steps and writes them with one
+``bulk_create`` per batch, and readers walk the steps in (attempt, index) order with a cursor,
+a page at a time, over the ``trace_step_unique_index`` constraint's index.
+
+Payloads over ``COMPRESS_OVER_BYTES`` of JSON are stored zlib-compressed in ``payload_zlib``;
+``payload`` then keeps an excerpt (every string cut to ``EXCERPT_CHARS``), which is what the
+search matches and what a reader that does not go through ``trace_step_payload`` sees.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from django.db import connection
+from django.db.models import Count, Q, Sum, TextField
+from django.db.models.functions import Cast
+from django.utils import timezone
+
+from coevo.evaluations.models import Rollout, TraceStep
+
+logger = logging.getLogger(__name__)
+
+# Why 16 KB: PostgreSQL already TOAST-compresses values over ~2 KB, so this is not about disk
+# on PostgreSQL; it keeps huge bodies (long few-shot prompts, whole observations) out of the
+# search scan and out of SQLite's pages. Log lines (at most 10,000 characters) stay below it.
+COMPRESS_OVER_BYTES = 16 * 1024
+EXCERPT_CHARS = 2000
+PAGE_SIZE = 100
+BATCH_SIZE = 500
+FLUSH_INTERVAL_S = 0.5
+MAX_QUERY_CHARS = 200
+
+
+class StepLike(Protocol):
+    kind: str
+    payload: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: int
+
+
+# --- payload packing -----------------------------------------------------------------------
+
+
+def payload_pack(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
+    """(what goes in ``payload``, what goes in ``payload_zlib``) for one step's payload."""
+    stored, _text, payload_zlib = _pack(payload)
+    return stored, payload_zlib
+
+
+def _pack(payload: dict[str, Any]) -> tuple[dict[str, Any], str, bytes | None]:
+    """(stored payload, its JSON text, the compressed full JSON or None)."""
+    payload, text = _payload_json(payload)
+    # len(text) is a cheap lower bound of the UTF-8 size: most steps skip the encode.
+    if len(text) <= COMPRESS_OVER_BYTES // 4 or len(data := text.encode()) <= COMPRESS_OVER_BYTES:
+        return payload, text, None
+    excerpt = _excerpt(payload)
+    return excerpt, _payload_json(excerpt)[1], zlib.compress(data, 6)
+
+
+def _payload_json(payload: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The payload and its JSON text. PostgreSQL's jsonb refuses the NUL character (a harness
+    may well print one), so NULs become U+FFFD rather than failing the whole batch."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
+    if "\\u0000" in text:
+        payload = _without_nul(payload)
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
+    return payload, text
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(item) for item in value]
+    return value
+
+
+def payload_unpack(payload: dict[str, Any], payload_zlib: bytes | memoryview | None) -> Any:
+    """The full payload of a step, whichever way it was stored."""
+    if payload_zlib is None:
+        return payload
+    return json.loads(zlib.decompress(bytes(payload_zlib)))
+
+
+def trace_step_payload(step: TraceStep) -> Any:
+    return payload_unpack(step.payload, step.payload_zlib)
+
+
+def _excerpt(value: Any) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= EXCERPT_CHARS else value[:EXCERPT_CHARS] + " …"
+    if isinstance(value, dict):
+        return {key: _excerpt(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        items = [_excerpt(item) for item in value[:50]]
+        return items + ([f"… {len(value) - 50} more"] if len(value) > 50 else [])
+    return value
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+_COPY_COLUMNS = ", ".join(
+    f'"{name}"'
+    for name in (
+        "rollout_id", "attempt", "index", "kind", "payload", "payload_zlib",
+        "prompt_tokens", "completion_tokens", "latency_ms", "created_at",
+    )
+)  # fmt: skip
+
+
+def _copy_text(value: str) -> str:
+    """A value in COPY's text format: backslash and the row/column separators escaped."""
+    return (
+        value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    )
+
+
+class _Row(NamedTuple):
+    index: int
+    kind: str
+    payload: dict[str, Any]
+    text: str
+    payload_zlib: bytes | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: int
+
+
+class TraceWriter:
+    """Buffers one attempt's steps and writes them in batches.
+
+    A batch is written once ``batch_size`` steps are waiting or the oldest waiting step is
+    ``flush_interval_s`` old (checked as steps arrive), and always by ``flush``/``close``: the
+    rollout runner flushes before it records the outcome, and on cancel or error, so no step
+    is lost and a finished rollout's trace is complete when its row says done.
+    """
+
+    def __init__(
+        self,
+        *,
+        rollout_id: Any,
+        attempt: int,
+        start_index: int = 0,
+        batch_size: int = BATCH_SIZE,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+        use_copy: bool = True,
+    ) -> None:
+        self.rollout_id = rollout_id
+        # COPY on PostgreSQL; ``use_copy=False`` (or another database) writes with bulk_create.
+        self.use_copy = use_copy
+        self.attempt = attempt
+        self.next_index = start_index
+        self.batch_size = batch_size
+        self.flush_interval_s = flush_interval_s
+        self.written = 0
+        self._buffer: list[_Row] = []
+        self._oldest = 0.0
+
+    def add(self, step: StepLike) -> None:
+        payload, text, payload_zlib = _pack(step.payload)
+        if not self._buffer:
+            self._oldest = time.monotonic()
+        self._buffer.append(
+            _Row(
+                self.next_index,
+                step.kind,
+                payload,
+                text,
+                payload_zlib,
+                step.prompt_tokens,
+                step.completion_tokens,
+                step.latency_ms,
+            )
+        )
+        self.next_index += 1
+        if (
+            len(self._buffer) >= self.batch_size
+            or time.monotonic() - self._oldest >= self.flush_interval_s
+        ):
+            self.flush()
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def flush(self) -> int:
+        """Write the waiting steps; returns how many were written."""
+        if not self._buffer:
+            return 0
+        batch = self._buffer
+        if self.use_copy and connection.vendor == "postgresql":
+            self._copy(batch)
+        else:
+            TraceStep.objects.bulk_create(
+                [
+                    TraceStep(
+                        rollout_id=self.rollout_id,
+                        attempt=self.attempt,
+                        index=row.index,
+                        kind=row.kind,
+                        payload=row.payload,
+                        payload_zlib=row.payload_zlib,
+                        prompt_tokens=row.prompt_tokens,
+                        completion_tokens=row.completion_tokens,
+                        latency_ms=row.latency_ms,
+                    )
+                    for row in batch
+                ],
+                batch_size=self.batch_size,
+            )
+        # Cleared only once written: a failed write leaves the steps for the next flush.
+        self._buffer = []
+        self.written += len(batch)
+        return len(batch)
+
+    def _copy(self, batch: list[_Row]) -> None:
+        """PostgreSQL's COPY, with the rows formatted here in COPY's text format: about 4× the
+        rows per second of bulk_create (measured in benchmarks/traces.py), which is what
+        lets one worker keep up with a fast game."""
+        now = timezone.now().isoformat()
+        head = f"{self.rollout_id}\t{self.attempt}\t"
+        lines = []
+        for row in batch:
+            blob = "\\\\x" + row.payload_zlib.hex() if row.payload_zlib is not None else "\\N"
+            lines.append(
+                f"{head}{row.index}\t{_copy_text(row.kind)}\t{_copy_text(row.text)}\t{blob}\t"
+                f"{row.prompt_tokens}\t{row.completion_tokens}\t{row.latency_ms}\t{now}\n"
+            )
+        sql = f'COPY "{TraceStep._meta.db_table}" ({_COPY_COLUMNS}) FROM STDIN'
+        with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
+            copy.write("".join(lines))
+
+    def flush_after_failure(self) -> None:
+        """Flush on a path that is already failing: log a write error instead of raising it,
+        so the original failure is the one reported."""
+        try:
+            self.flush()
+        except Exception:
+            logger.exception(
+                "rollout %s: %d trace steps of attempt %d could not be written",
+                self.rollout_id,
+                len(self._buffer),
+                self.attempt,
+            )
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.flush()
+        else:
+            self.flush_after_failure()
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A position in a trace: the step (attempt, index) a page starts at."""
+
+    attempt: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.attempt}.{self.index}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cursor | None:
+        """``"2.150"`` → Cursor(2, 150); anything else (absent, malformed) → None: page 1."""
+        match = re.fullmatch(r"(\d{1,5})\.(\d{1,9})", (text or "").strip())
+        return cls(int(match[1]), int(match[2])) if match else None
+
+
+@dataclass(frozen=True)
+class AttemptSummary:
+    number: int
+    steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: int
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    attempts: list[AttemptSummary]
+    kinds: dict[str, int]
+
+    @property
+    def steps(self) -> int:
+        return sum(a.steps for a in self.attempts)
+
+
+@dataclass
+class TracePage:
+    steps: list[TraceStep]
+    cursor: Cursor | None
+    next_cursor: Cursor | None
+    previous_cursor: Cursor | None
+    query: str = ""
+    matches: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_first(self) -> bool:
+        return self.previous_cursor is None
+
+
+def trace_summary(*, rollout: Rollout) -> TraceSummary:
+    """Step counts, tokens and latency per attempt, and step counts per kind: two aggregate
+    queries, no payload read."""
+    steps = TraceStep.objects.filter(rollout=rollout)
+    attempts = [
+        AttemptSummary(
+            number=row["attempt"],
+            steps=row["n"],
+            prompt_tokens=row["prompt"] or 0,
+            completion_tokens=row["completion"] or 0,
+            latency_ms=row["latency"] or 0,
+        )
+        for row in steps.values("attempt")
+        .annotate(
+            n=Count("id"),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            latency=Sum("latency_ms"),
+        )
+        .order_by("attempt")
+    ]
+    kinds = dict(
+        steps.values_list("kind")
+        .annotate(n=Count("id"))
+        .order_by("-n", "kind")
+        .values_list("kind", "n")
+    )
+    return TraceSummary(attempts=attempts, kinds=kinds)
+
+
+def trace_search_filter(query: str) -> Q:
+    """Steps whose kind or payload text contains ``query`` (case-insensitive), as a database
+    filter. Compressed payloads match only on their excerpt; the JSON text escapes newlines
+    and quotes, so a query spanning a line break does not match."""
+    query = query[:MAX_QUERY_CHARS]
+    return Q(kind__icontains=query) | Q(payload_text__icontains=query)
+
+
+def trace_page(
+    *,
+    rollout: Rollout,
+    cursor: Cursor | None = None,
+    query: str = "",
+    page_size: int = PAGE_SIZE,
+) -> TracePage:
+    """One page of steps from ``cursor`` on (page 1 when None), in (attempt, index) order,
+    optionally only those matching ``query``; compressed payloads are unpacked."""
+    steps = TraceStep.objects.filter(rollout=rollout)
+    query = query.strip()[:MAX_QUERY_CHARS]
+    if query:
+        steps = steps.annotate(payload_text=Cast("payload", TextField())).filter(
+            trace_search_filter(query)
+        )
+    after = steps
+    if cursor is not None:
+        after = steps.filter(
+            Q(attempt__gt=cursor.attempt) | Q(attempt=cursor.attempt, index__gte=cursor.index)
+        )
+    rows = list(after.order_by("attempt", "index")[: page_size + 1])
+    next_cursor = Cursor(rows[-1].attempt, rows[-1].index) if len(rows) > page_size else None
+    rows = rows[:page_size]
+    previous_cursor = None
+    if cursor is not None:
+        before = list(
+            steps.filter(
+                Q(attempt__lt=cursor.attempt) | Q(attempt=cursor.attempt, index__lt=cursor.index)
+            )
+            .order_by("-attempt", "-index")
+            .values_list("attempt", "index")[:page_size]
+        )
+        if before:
+            previous_cursor = Cursor(*before[-1])
+    for step in rows:
+        if step.payload_zlib is not None:
+            step.payload = trace_step_payload(step)
+    matches = steps.count() if query else None
+    return TracePage(
+        steps=rows,
+        cursor=cursor,
+        next_cursor=next_cursor,
+        previous_cursor=previous_cursor,
+        query=query,
+        matches=matches,
+    )

@@ -1,0 +1,218 @@
+"""Fault tests: real worker processes, killed and restarted; a policy server that goes away;
+a Redis that restarts and forgets every message. Each evaluation must still finish with every
+(task, epoch) scored exactly once and nothing counted as failed because of the fault.
+
+The watchdog's two jobs (requeue rollouts of dead workers, send lost messages again, resume
+evaluations paused for an outage) are called here in the loop, as beat would call them.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+
+from coevo.celery import app
+from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.services import (
+    evaluation_create,
+    evaluations_resume_paused,
+    rollout_requeue_stale,
+    rollout_resend_lost,
+)
+from coevo.policies.models import PolicyEndpoint
+from coevo.suites.models import Split
+from tests.evaluations.test_worker import CORRECT_BODIES
+from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
+from tests.support.processes import RedisProcess, WorkerProcess
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+TASKS = 10
+
+
+@pytest.fixture
+def slow_policy(settings):
+    """A scripted policy that takes a while to answer, so rollouts are in flight when it hurts."""
+    policy = ScriptedPolicy(latency_s=1.0)
+    policy.rules.extend(CORRECT_BODIES.items())
+    server = ScriptedOpenAIServer(policy)
+    server.start()
+    settings.COEVO_POLICY_URL = server.url
+    settings.COEVO_POLICY_MODEL = "scripted"
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def policy(slow_policy):
+    from coevo.policies.services import policy_version_get_default
+
+    version = policy_version_get_default()
+    PolicyEndpoint.objects.filter(id=version.endpoint_id).update(max_concurrency=8)
+    return version
+
+
+@pytest.fixture
+def workers(tmp_path, settings):
+    started: list[WorkerProcess] = []
+
+    def start(name: str, **env: str) -> WorkerProcess:
+        env.setdefault("COEVO_WORKER_CONCURRENCY", "4")
+        env.setdefault("COEVO_POLICY_RETRIES", "1")
+        env.setdefault("COEVO_ROLLOUT_RETRY_BASE_S", "1")
+        worker = WorkerProcess(name=name, broker_url=app.conf.broker_url, log_dir=tmp_path, **env)
+        started.append(worker)
+        return worker
+
+    app.control.purge()
+    yield start
+    for worker in started:
+        worker.stop()
+    connection.close()
+
+
+def evaluate(candidate, suite, policy) -> Evaluation:
+    return evaluation_create(
+        candidate=candidate,
+        suite=suite,
+        split=Split.SEARCH,
+        policy_version=policy,
+        task_limit=TASKS,
+        use_cache=False,
+    )
+
+
+def wait_for(condition, *, timeout_s: float, what: str, watchdog: bool = False) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if watchdog:
+            rollout_requeue_stale(stale_after_s=4)
+            rollout_resend_lost(unsent_after_s=4)
+            evaluations_resume_paused()
+        if condition():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def done_count(evaluation: Evaluation) -> int:
+    return Rollout.objects.filter(evaluation=evaluation, state="done").count()
+
+
+def assert_scored_exactly_once(evaluation: Evaluation) -> None:
+    evaluation.refresh_from_db()
+    assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
+    rollouts = list(Rollout.objects.filter(evaluation=evaluation).select_related("task"))
+    assert len(rollouts) == TASKS
+    for rollout in rollouts:
+        assert rollout.state == "done"
+        assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), (
+            rollout.task.key,
+            rollout.outcome,
+            rollout.detail,
+        )
+        # One verdict, from the attempt that counts.
+        verdicts = TraceStep.objects.filter(rollout=rollout, kind="verdict")
+        assert list(verdicts.values_list("attempt", flat=True)) == [rollout.attempts]
+    passed = {r.task.key for r in rollouts if r.outcome == Outcome.PASSED}
+    # The tasks with scripted correct bodies pass; the others fail on their merits.
+    assert passed == {"HumanEval/3", "HumanEval/7"}
+
+
+def test_a_worker_killed_mid_evaluation_loses_nothing(
+    workers, seed_candidate, humaneval_suite, policy
+):
+    first = workers("first")
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy)
+    wait_for(
+        lambda: Rollout.objects.filter(evaluation=evaluation, state="running").count() >= 2,
+        timeout_s=90,
+        what="rollouts running on the first worker",
+    )
+    first.kill()
+    killed_running = set(
+        Rollout.objects.filter(evaluation=evaluation, state="running").values_list("id", flat=True)
+    )
+    assert killed_running
+
+    workers("second")
+    wait_for(
+        lambda: Evaluation.objects.get(id=evaluation.id).is_final,
+        timeout_s=180,
+        what="the evaluation to finish on the second worker",
+        watchdog=True,
+    )
+    assert_scored_exactly_once(evaluation)
+    for rollout in Rollout.objects.filter(id__in=killed_running):
+        assert rollout.attempts == 2, "the killed attempt was run again"
+        assert rollout.worker.startswith("second@")
+
+
+def test_a_policy_outage_pauses_the_evaluation_and_fails_no_task(
+    workers, seed_candidate, humaneval_suite, policy, slow_policy, settings
+):
+    settings.COEVO_INFRA_PAUSE_THRESHOLD = 2
+    workers("outage", COEVO_INFRA_PAUSE_THRESHOLD="2")
+    evaluation = evaluate(seed_candidate, humaneval_suite, policy)
+    wait_for(lambda: done_count(evaluation) >= 2, timeout_s=90, what="two rollouts done")
+    slow_policy.stop()
+    wait_for(
+        lambda: Evaluation.objects.get(id=evaluation.id).state == EvaluationState.PAUSED,
+        timeout_s=90,
+        what="the evaluation to pause",
+    )
+    evaluation.refresh_from_db()
+    assert "policy outages" in evaluation.state_detail
+    assert not Rollout.objects.filter(evaluation=evaluation, outcome=Outcome.INFRA_ERROR).exists()
+
+    slow_policy.start()
+    wait_for(
+        lambda: Evaluation.objects.get(id=evaluation.id).is_final,
+        timeout_s=180,
+        what="the evaluation to resume and finish",
+        watchdog=True,
+    )
+    assert_scored_exactly_once(evaluation)
+
+
+@contextmanager
+def publishing_to(broker_url: str):
+    """Point this process's Celery app at another broker (and back)."""
+    old = app.conf.broker_url
+    app.conf.broker_url = broker_url
+    app._pool = None
+    app.amqp._producer_pool = None
+    try:
+        yield
+    finally:
+        app.conf.broker_url = old
+        app._pool = None
+        app.amqp._producer_pool = None
+
+
+def test_a_redis_restart_mid_evaluation_loses_no_rollout(
+    tmp_path, workers, seed_candidate, humaneval_suite, policy
+):
+    redis_server = RedisProcess(tmp_path)
+    redis_server.start()
+    try:
+        with publishing_to(redis_server.url):
+            worker = workers("redis", COEVO_REDIS_URL=redis_server.url)
+            evaluation = evaluate(seed_candidate, humaneval_suite, policy)
+            wait_for(lambda: done_count(evaluation) >= 2, timeout_s=90, what="two rollouts done")
+            redis_server.stop()  # every queued message is gone
+            time.sleep(2)
+            redis_server.start()
+            wait_for(
+                lambda: Evaluation.objects.get(id=evaluation.id).is_final,
+                timeout_s=180,
+                what="the evaluation to finish after the restart",
+                watchdog=True,
+            )
+            assert worker.proc.poll() is None, worker.log_tail()
+            assert_scored_exactly_once(evaluation)
+    finally:
+        redis_server.stop()

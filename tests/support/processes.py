@@ -1,0 +1,114 @@
+"""Real worker and Redis processes for fault tests: started, killed and restarted by the test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from tests.support.net import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_database_url() -> str:
+    """The URL of the database this test process uses (pytest-django's test database)."""
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+class WorkerProcess:
+    """``celery worker`` in a process of its own, on the test database and the given broker."""
+
+    def __init__(self, *, name: str, broker_url: str, log_dir: Path, **env: str) -> None:
+        self.log_path = log_dir / f"worker-{name}.log"
+        child_env = {
+            **os.environ,
+            "DATABASE_URL": test_database_url(),
+            "CELERY_BROKER_URL": broker_url,
+            "COEVO_HEARTBEAT_S": "1",
+            "COEVO_LOG_LEVEL": "INFO",
+            **env,
+        }
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "coevo", "worker",
+                "-Q", "rollouts,default", "-n", f"{name}@%h", "--without-heartbeat",
+                "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+            ],
+            cwd=REPO_ROOT,
+            env=child_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.hostname_prefix = f"{name}@"
+
+    def kill(self) -> None:
+        """SIGKILL, no warning, no cleanup: the machine died."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        if not self._log.closed:
+            self._log.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class RedisProcess:
+    """A private redis-server that keeps nothing on disk: a restart loses every message."""
+
+    def __init__(self, log_dir: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (Debian package redis-server)")
+        self.binary = binary
+        self.port = free_port()
+        self.log_path = log_dir / "redis.log"
+        self.proc: subprocess.Popen[Any] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--logfile", str(self.log_path)],
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        import redis
+
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
