@@ -58,6 +58,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency", type=float, default=2.0, help="seconds per model call")
     parser.add_argument("--calls", type=int, default=3, help="model calls per rollout")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="worker processes sharing --concurrency"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coevo.settings")
@@ -121,13 +124,33 @@ def main() -> int:
         "COEVO_WORKER_CONCURRENCY": str(args.concurrency),
         "COEVO_HARNESS_STORE_DIR": str(home / "store"),
     }
-    worker_log = open(home / "worker.log", "wb")  # noqa: SIM115 (closed with the worker)
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", "rollouts,default",
-         "-n", f"bench-{stamp}@%h", "--without-gossip", "--without-mingle", "--loglevel",
-         "WARNING"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=worker_log,
-    )  # fmt: skip
+    worker_log = open(home / "worker.log", "wb")  # noqa: SIM115 (closed with the workers)
+    env["COEVO_WORKER_CONCURRENCY"] = str(max(1, args.concurrency // args.workers))
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "coevo",
+                "worker",
+                "-Q",
+                "rollouts,default",
+                "-n",
+                f"bench-{stamp}-{i}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "WARNING",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=worker_log,
+        )  # fmt: skip
+        for i in range(args.workers)
+    ]
     try:
         time.sleep(3)
         started = time.monotonic()
@@ -149,8 +172,10 @@ def main() -> int:
         elapsed = time.monotonic() - started
         print()
     finally:
-        worker.terminate()
-        worker.wait(timeout=60)
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(timeout=60)
         worker_log.close()
         server.stop()
 
@@ -174,7 +199,10 @@ def main() -> int:
     outcomes = {
         o: sum(1 for r in rollouts if r.outcome == o) for o in {r.outcome for r in rollouts}
     }
-    print(f"rollouts: {total} ({outcomes}), worker concurrency {args.concurrency}")
+    print(
+        f"rollouts: {total} ({outcomes}), {args.concurrency} in flight "
+        f"({args.workers} worker process(es))"
+    )
     print(f"policy: {args.calls} calls x {args.latency:.2f}s fixed latency per rollout")
     print(
         "overhead per rollout (wall beyond the policy's latency): "
