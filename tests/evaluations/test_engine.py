@@ -26,13 +26,13 @@ from coevo.evaluations.models import (
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.selectors import evaluation_compare, evaluation_statistics
 from coevo.evaluations.services import (
-    _Heartbeat,
     evaluation_create,
     rollout_claim,
     rollout_finish,
     rollout_requeue_stale,
     rollout_resend_lost,
 )
+from coevo.evaluations.services.rollouts import _Heartbeat
 from coevo.suites.models import Split
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 from django import template
 from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from coevo.evaluations.models import Outcome, Rollout, RolloutState
 from coevo.evaluations.stats import ScoreSummary
@@ -58,7 +58,7 @@ def as_json(value: Any) -> str:
 def score_line(score: ScoreSummary, epochs: int = 1) -> SafeString:
     """ "15.0% [5.2%, 36.0%] over 20 tasks", with the interval's kind in a tooltip."""
     if score.mean is None or score.interval is None:
-        return format_html('<span class="muted">no scored rollouts yet</span>')
+        return mark_safe('<span class="muted">no scored rollouts yet</span>')
     unit = "task" if epochs == 1 else "rollout"
     return format_html(
         '<strong class="score">{}</strong> '

@@ -1,0 +1,36 @@
+"""Evaluation lifecycle: create and fan out, claim and execute rollouts, finish.
+
+Every state change is a compare-and-swap update, so a redelivered Celery task (acks_late) or
+two workers racing on the same rollout never do the work twice. The plan (stages, early
+stopping), cancel, pause and resume live in ``coevo.evaluations.lifecycle``; budgets in
+``coevo.evaluations.ledger``.
+"""
+
+from coevo.evaluations.services.evaluations import evaluation_create, evaluation_enqueue
+from coevo.evaluations.services.rollouts import (
+    RolloutCancelled,
+    RolloutRetry,
+    error_kind_for,
+    rollout_claim,
+    rollout_execute,
+    rollout_finish,
+)
+from coevo.evaluations.services.watchdog import (
+    evaluations_resume_paused,
+    rollout_requeue_stale,
+    rollout_resend_lost,
+)
+
+__all__ = [
+    "RolloutCancelled",
+    "RolloutRetry",
+    "error_kind_for",
+    "evaluation_create",
+    "evaluation_enqueue",
+    "evaluations_resume_paused",
+    "rollout_claim",
+    "rollout_execute",
+    "rollout_finish",
+    "rollout_requeue_stale",
+    "rollout_resend_lost",
+]

@@ -1,0 +1,247 @@
+"""Creating an evaluation (stages, rollouts, cache hits, budget) and sending its rollouts."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from coevo.errors import InvalidInput, InvalidManifest
+from coevo.evaluations.cache import cache_lookup, rollout_cache_key
+from coevo.evaluations.ledger import (
+    Amount,
+    BudgetLimits,
+    budget_create,
+    budget_reserve,
+)
+from coevo.evaluations.models import (
+    Budget,
+    Evaluation,
+    EvaluationStage,
+    Rollout,
+    RolloutState,
+)
+from coevo.evaluations.plans import EvaluationPlan, stages_for
+from coevo.policies.models import PolicyVersion
+from coevo.suites.models import Split, Suite, Task
+from harness_store.models import Candidate
+from harness_store.selectors import candidate_export
+
+logger = logging.getLogger(__name__)
+
+
+def evaluation_create(
+    *,
+    candidate: Candidate,
+    suite: Suite,
+    split: str,
+    policy_version: PolicyVersion,
+    epochs: int = 1,
+    task_limit: int | None = None,
+    knobs: dict[str, Any] | None = None,
+    seed: int = 0,
+    plan: EvaluationPlan | None = None,
+    reference: Evaluation | None = None,
+    budget_limits: BudgetLimits | None = None,
+    parent_budget: Budget | None = None,
+    use_cache: bool = True,
+    created_by: AbstractBaseUser | None = None,
+) -> Evaluation:
+    """Create the evaluation, its stages and rollouts, reserve its budget, and start it once the
+    transaction commits. Refused (nothing created) when the budget cannot cover the worst case.
+    """
+    plan = plan or EvaluationPlan()
+    if suite.project_id != candidate.project_id:
+        raise InvalidInput("The suite and the candidate belong to different projects.")
+    if split not in Split.values:
+        raise InvalidInput(f"Unknown split {split!r}: use one of {', '.join(Split.values)}.")
+    if not 1 <= epochs <= 100:
+        raise InvalidInput("epochs must be between 1 and 100.")
+    if task_limit is not None and task_limit < 1:
+        raise InvalidInput("task_limit must be at least 1.")
+    if reference is not None and (reference.suite_id != suite.id or reference.split != split):
+        raise InvalidInput(
+            "The reference evaluation must be on the same suite and split as this one."
+        )
+    if plan.early_stop and reference is None:
+        raise InvalidInput("Early stopping compares against a reference evaluation: name one.")
+    manifest = _manifest_of(candidate)
+    try:
+        resolved_knobs = manifest.knob_values(knobs or {})
+    except InvalidManifest as exc:
+        raise InvalidInput(
+            f"Bad knob settings for candidate {candidate.short_sha}: {exc}"
+        ) from None
+    tasks = list(
+        Task.objects.filter(suite=suite, split=split).order_by("position").only("id", "key")
+    )
+    if task_limit is not None:
+        tasks = tasks[:task_limit]
+    if not tasks:
+        raise InvalidInput(f"Suite {suite} has no tasks in the {split} split.")
+    stages = stages_for(tasks, plan=plan, seed=seed, key=lambda task: task.key)
+    unit = Amount(
+        rollouts=1,
+        tokens=manifest.limits.max_tokens,
+        wall_s=min(manifest.limits.wall_time_s, settings.COEVO_ROLLOUT_WALL_S),
+    )
+    with transaction.atomic():
+        evaluation = Evaluation.objects.create(
+            project_id=candidate.project_id,
+            candidate=candidate,
+            policy_version=policy_version,
+            suite=suite,
+            split=split,
+            epochs=epochs,
+            seed=seed,
+            task_limit=task_limit,
+            knobs=knobs or {},
+            plan=plan.as_dict(),
+            reference=reference,
+            use_cache=use_cache,
+            created_by=created_by,
+        )
+        EvaluationStage.objects.bulk_create(
+            EvaluationStage(evaluation=evaluation, index=i, kind=stage.kind, tasks=len(stage.tasks))
+            for i, stage in enumerate(stages)
+        )
+        rollouts = []
+        for index, stage in enumerate(stages):
+            for task in stage.tasks:
+                for epoch in range(epochs):
+                    rollout_seed = _rollout_seed(seed, epoch)
+                    key = rollout_cache_key(
+                        tree_sha=candidate.tree_sha,
+                        policy_version_id=policy_version.id,
+                        suite_content_hash=suite.content_hash,
+                        task_key=task.key,
+                        seed=rollout_seed,
+                        knobs=resolved_knobs,
+                    )
+                    rollouts.append(
+                        Rollout(
+                            evaluation=evaluation,
+                            task=task,
+                            epoch=epoch,
+                            seed=rollout_seed,
+                            stage=index,
+                            cache_key=key,
+                        )
+                    )
+        reused = _reuse_cached(rollouts) if use_cache else 0
+        Rollout.objects.bulk_create(rollouts)
+        budget = budget_create(
+            project=candidate.project,
+            name=f"evaluation {str(evaluation.id)[:8]}",
+            limits=budget_limits,
+            unit=unit,
+            evaluation_id=evaluation.id,
+            parent=parent_budget,
+        )
+        budget_reserve(
+            budget=budget,
+            amount=unit * (len(rollouts) - reused),
+            note=f"{len(rollouts) - reused} rollouts ({reused} reused from the cache)",
+        )
+        transaction.on_commit(lambda: _start(evaluation.id))
+    logger.info(
+        "evaluation %s created: candidate %s, %d rollouts (%d reused) in %d stage(s)",
+        evaluation.id,
+        candidate.short_sha,
+        len(rollouts),
+        reused,
+        len(stages),
+    )
+    return evaluation
+
+
+def _start(evaluation_id: Any) -> None:
+    from coevo.evaluations.lifecycle import evaluation_advance
+
+    evaluation_advance(evaluation_id=evaluation_id)
+
+
+def _rollout_seed(evaluation_seed: int, epoch: int) -> int:
+    return evaluation_seed * 1_000_003 + epoch
+
+
+def _manifest_of(candidate: Candidate) -> Any:
+    """The candidate's validated manifest, read the way workers read candidates (from the
+    database snapshot, so it also works where the store's disk is not)."""
+    from workers.manifest import load_manifest
+
+    with tempfile.TemporaryDirectory(prefix="coevo-manifest-") as tmp:
+        candidate_export(candidate=candidate, destination=Path(tmp))
+        try:
+            return load_manifest(Path(tmp))
+        except InvalidManifest as exc:
+            raise InvalidInput(f"Candidate {candidate.short_sha} cannot run: {exc}") from None
+
+
+def _reuse_cached(rollouts: list[Rollout]) -> int:
+    hits = cache_lookup(keys=[r.cache_key for r in rollouts])
+    now = timezone.now()
+    for rollout in rollouts:
+        source = hits.get(rollout.cache_key)
+        if source is None:
+            continue
+        rollout.reused_from = source
+        rollout.state = RolloutState.DONE
+        rollout.outcome = source.outcome
+        rollout.score = source.score
+        rollout.detail = f"reused from rollout {source.id}: {source.detail}"[:10000]
+        rollout.answer = source.answer
+        rollout.prompt_tokens = source.prompt_tokens
+        rollout.completion_tokens = source.completion_tokens
+        rollout.model_calls = source.model_calls
+        rollout.latency_ms = source.latency_ms
+        rollout.finished_at = now
+    return sum(1 for r in rollouts if r.reused_from_id)
+
+
+def evaluation_enqueue(
+    *, evaluation_id: Any, stage: int | None = None, only_unsent: bool = False
+) -> int:
+    """Send pending rollouts (of one stage, or all; or only those not sent yet) to the
+    ``rollouts`` queue.
+
+    A broker that is down does not lose work: the rollout stays pending without ``enqueued_at``
+    and the watchdog sends it again.
+    """
+
+    pending = Rollout.objects.filter(evaluation_id=evaluation_id, state=RolloutState.PENDING)
+    if stage is not None:
+        pending = pending.filter(stage=stage)
+    if only_unsent:
+        pending = pending.filter(enqueued_at__isnull=True)
+    sent = 0
+    for rollout_id in pending.values_list("id", flat=True):
+        if not _send(rollout_id):
+            break
+        sent += 1
+    return sent
+
+
+def _send(rollout_id: Any) -> bool:
+    """Publish one rollout; False (and a warning) when the broker cannot take it now."""
+    from workers.tasks import rollout_run
+
+    try:
+        result = rollout_run.apply_async(args=[str(rollout_id)], queue="rollouts")
+    except Exception as exc:  # kombu's errors differ by transport
+        logger.warning(
+            "could not send rollout %s to the broker (%s); the watchdog will send it again",
+            rollout_id,
+            exc,
+        )
+        return False
+    Rollout.objects.filter(id=rollout_id).update(
+        celery_task_id=result.id, enqueued_at=timezone.now()
+    )
+    return True

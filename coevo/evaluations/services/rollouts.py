@@ -1,0 +1,323 @@
+"""Running one rollout: claim it (compare-and-swap), run it in the sandbox with a heartbeat,
+record its trace, classify infra errors (retry, or pause the evaluation on a policy outage) and
+finish it (settle its budget, move the evaluation along)."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from coevo.evaluations.ledger import (
+    Amount,
+    budget_settle,
+    budget_unit,
+    wall_seconds,
+)
+from coevo.evaluations.models import (
+    Budget,
+    Evaluation,
+    EvaluationState,
+    Outcome,
+    Rollout,
+    RolloutState,
+)
+from coevo.evaluations.traces import TraceWriter
+from coevo.policies.services import policy_client_for, policy_endpoint_reachable
+from harness_store.selectors import candidate_export
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutRetry(Exception):
+    """An infra_error with attempts left: the caller re-enqueues the rollout after ``countdown``."""
+
+    def __init__(self, message: str, *, countdown: int) -> None:
+        super().__init__(message)
+        self.countdown = countdown
+
+
+class RolloutCancelled(Exception):
+    """The rollout was cancelled while it ran (its evaluation was cancelled or stopped)."""
+
+
+def rollout_claim(*, rollout_id: Any, worker: str) -> Rollout | None:
+    """Pending → running, or None when another delivery already has it, it is final, or its
+    evaluation is paused or over."""
+    now = timezone.now()
+    claimed = Rollout.objects.filter(
+        id=rollout_id,
+        state=RolloutState.PENDING,
+        evaluation__state__in=[EvaluationState.PENDING, EvaluationState.RUNNING],
+    ).update(
+        state=RolloutState.RUNNING,
+        attempts=F("attempts") + 1,
+        worker=worker,
+        started_at=now,
+        heartbeat_at=now,
+    )
+    if claimed != 1:
+        return None
+    rollout = Rollout.objects.select_related(
+        "evaluation__candidate__project",
+        "evaluation__policy_version__endpoint",
+        "evaluation__suite",
+        "task",
+    ).get(id=rollout_id)
+    Evaluation.objects.filter(id=rollout.evaluation_id, state=EvaluationState.PENDING).update(
+        state=EvaluationState.RUNNING, started_at=now
+    )
+    return rollout
+
+
+class _Heartbeat:
+    """Beats for a running rollout from a thread of its own, so a long model call does not look
+    like a dead worker; notices when the rollout was cancelled under it."""
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+        self.cancelled = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def beat(self) -> None:
+        alive = Rollout.objects.filter(
+            id=self.rollout.id, state=RolloutState.RUNNING, attempts=self.rollout.attempts
+        ).update(heartbeat_at=timezone.now())
+        if not alive:
+            self.cancelled.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(settings.COEVO_HEARTBEAT_S):
+                try:
+                    self.beat()
+                except Exception:
+                    logger.exception("rollout %s: heartbeat failed", self.rollout.id)
+        finally:
+            connection.close()
+
+
+def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
+    """Claim and run one rollout; record its trace and outcome. Safe to call twice."""
+    from workers.environments import adapter_for
+    from workers.rollout import RolloutResult, Step
+
+    close_old_connections()
+    rollout = rollout_claim(rollout_id=rollout_id, worker=worker)
+    if rollout is None:
+        logger.info("rollout %s: already claimed, final or paused; nothing to do", rollout_id)
+        return None
+    evaluation = rollout.evaluation
+    adapter = adapter_for(evaluation.suite.kind)
+    # Steps are written in batches; every way out below flushes first, so the trace is
+    # complete before the outcome is recorded (or the rollout is given up).
+    trace = TraceWriter(rollout_id=rollout.id, attempt=rollout.attempts)
+
+    with _Heartbeat(rollout) as heartbeat:
+
+        def on_step(step: Step) -> None:
+            if heartbeat.cancelled.is_set():
+                raise RolloutCancelled(f"rollout {rollout.id} was cancelled")
+            trace.add(step)
+
+        started = timezone.now()
+        try:
+            result = _rollout_run_in_sandbox(rollout=rollout, adapter=adapter, on_step=on_step)
+            trace.flush()
+        except RolloutCancelled:
+            trace.flush_after_failure()
+            logger.info("rollout %s: cancelled while running", rollout.id)
+            return None
+        except Exception as exc:  # a fault of this worker, not of the candidate: retry it
+            trace.flush_after_failure()
+            logger.exception("rollout %s: worker error", rollout.id)
+            result = RolloutResult(
+                outcome=Outcome.INFRA_ERROR,
+                score=None,
+                detail=f"worker error: {type(exc).__name__}: {exc}",
+            )
+    latency_ms = int((timezone.now() - started).total_seconds() * 1000)
+    if result.outcome == Outcome.INFRA_ERROR:
+        try:
+            _handle_infra_error(rollout=rollout, detail=result.detail)
+        except RolloutCancelled as exc:
+            logger.info("rollout %s: %s", rollout.id, exc)
+            return None
+    rollout_finish(
+        rollout=rollout,
+        outcome=result.outcome,
+        score=result.score,
+        detail=result.detail,
+        answer=result.answer,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        model_calls=result.model_calls,
+        latency_ms=latency_ms,
+    )
+    rollout.refresh_from_db()
+    return rollout
+
+
+def _handle_infra_error(*, rollout: Rollout, detail: str) -> None:
+    """Decide what an infra error means; returns only when the rollout should end with it.
+
+    A policy server that does not answer is an outage, not this rollout's fault: the attempt is
+    given back, and past COEVO_INFRA_PAUSE_THRESHOLD outages the whole evaluation pauses until
+    the server answers again (the watchdog resumes it). Other infra errors use up an attempt.
+    """
+    evaluation = rollout.evaluation
+    if not policy_endpoint_reachable(version=evaluation.policy_version):
+        Evaluation.objects.filter(id=evaluation.id).update(policy_outages=F("policy_outages") + 1)
+        outages = Evaluation.objects.values_list("policy_outages", flat=True).get(id=evaluation.id)
+        moved = Rollout.objects.filter(
+            id=rollout.id, state=RolloutState.RUNNING, attempts=rollout.attempts
+        ).update(
+            state=RolloutState.PENDING,
+            forgiven_attempts=F("forgiven_attempts") + 1,
+            detail=f"policy outage (attempt not counted): {detail}"[:10000],
+        )
+        if not moved:
+            raise RolloutCancelled(f"rollout {rollout.id} is no longer running")
+        if outages >= settings.COEVO_INFRA_PAUSE_THRESHOLD:
+            from coevo.evaluations.lifecycle import evaluation_pause
+
+            evaluation_pause(
+                evaluation_id=evaluation.id,
+                reason=(
+                    f"paused after {outages} policy outages: {detail[:300]}. It resumes by "
+                    "itself once the policy server answers again."
+                ),
+            )
+            raise RolloutCancelled(f"evaluation {evaluation.id} paused")
+        raise RolloutRetry(detail, countdown=settings.COEVO_ROLLOUT_RETRY_BASE_S)
+    if rollout.counted_attempts < settings.COEVO_ROLLOUT_MAX_ATTEMPTS:
+        moved = Rollout.objects.filter(
+            id=rollout.id, state=RolloutState.RUNNING, attempts=rollout.attempts
+        ).update(state=RolloutState.PENDING, detail=f"attempt {rollout.attempts}: {detail}")
+        if not moved:
+            raise RolloutCancelled(f"rollout {rollout.id} is no longer running")
+        raise RolloutRetry(
+            detail,
+            countdown=min(
+                300, settings.COEVO_ROLLOUT_RETRY_BASE_S * 2 ** (rollout.counted_attempts - 1)
+            ),
+        )
+
+
+def error_kind_for(outcome: str, detail: str) -> str:
+    """A short, stable class of what went wrong, for breakdowns and metrics."""
+    if outcome in (Outcome.PASSED, Outcome.TASK_FAILURE):
+        return ""
+    text = detail.lower()
+    for needle, kind in (
+        ("limit exceeded", "limit"),
+        ("protocol violation", "protocol"),
+        ("invalid harness", "manifest"),
+        ("the harness raised", "exception"),
+        ("before answering", "exited"),
+        ("stopped heartbeating", "worker_lost"),
+        ("worker error", "worker"),
+        ("sandbox", "sandbox"),
+        ("policy", "policy"),
+    ):
+        if needle in text:
+            return kind
+    return "other"
+
+
+def rollout_finish(
+    *,
+    rollout: Rollout,
+    outcome: str,
+    score: float | None,
+    detail: str,
+    answer: Any = None,
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
+    model_calls: int = 0,
+    latency_ms: int = 0,
+) -> bool:
+    """Running → done with the outcome, settle its budget, then move the evaluation along.
+
+    The swap also matches the attempt: a worker the watchdog gave up on (its rollout was
+    requeued and claimed again) cannot overwrite the result of the newer attempt.
+    """
+    with transaction.atomic():
+        finished = Rollout.objects.filter(
+            id=rollout.id, state=RolloutState.RUNNING, attempts=rollout.attempts
+        ).update(
+            state=RolloutState.DONE,
+            outcome=outcome,
+            error_kind=error_kind_for(outcome, detail),
+            score=score,
+            detail=detail[:10000],
+            answer=answer,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            model_calls=model_calls,
+            latency_ms=latency_ms,
+            finished_at=timezone.now(),
+        )
+        if finished:
+            budget = Budget.objects.filter(evaluation_id=rollout.evaluation_id).first()
+            if budget is not None:
+                budget_settle(
+                    budget=budget,
+                    reserved=budget_unit(budget),
+                    actual=Amount(1, prompt_tokens + completion_tokens, wall_seconds(latency_ms)),
+                    rollout=rollout,
+                    note=outcome,
+                )
+    logger.info(
+        "rollout %s (evaluation %s, task %s): %s %s",
+        rollout.id,
+        rollout.evaluation_id,
+        rollout.task.key,
+        outcome,
+        detail[:200],
+    )
+    if finished:
+        from coevo.evaluations.lifecycle import evaluation_advance
+
+        evaluation_advance(evaluation_id=rollout.evaluation_id)
+    return finished == 1
+
+
+def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> Any:
+    from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
+
+    evaluation = rollout.evaluation
+    with tempfile.TemporaryDirectory(prefix="coevo-harness-") as tmp:
+        harness_dir = Path(tmp) / "harness"
+        harness_dir.mkdir()
+        candidate_export(candidate=evaluation.candidate, destination=harness_dir)
+        inputs = RolloutInputs(
+            harness_dir=harness_dir,
+            task_key=rollout.task.key,
+            task_view=adapter.harness_view(rollout.task.inputs),
+            knob_overrides=evaluation.knobs,
+            seed=rollout.seed,
+            wall_time_s=settings.COEVO_ROLLOUT_WALL_S,
+            policy_version=str(evaluation.policy_version),
+        )
+        environment = TaskEnvironment(
+            adapter=adapter, inputs=rollout.task.inputs, verifier=rollout.task.verifier
+        )
+        with policy_client_for(version=evaluation.policy_version) as policy:
+            return execute_rollout(inputs, policy=policy, environment=environment, on_step=on_step)
