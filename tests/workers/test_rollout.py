@@ -12,13 +12,11 @@ from pathlib import Path
 import pytest
 
 from coevo.policies.client import PolicyClient
-from coevo.suites.humaneval import humaneval_problems
 from tests.conftest import SEED_HARNESS
+from tests.support.harnesses import CORRECT, PROBLEM
+from tests.support.harnesses import humaneval_rollout as run
 from workers.environments import humaneval
 from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
-
-PROBLEM = humaneval_problems()[0][2]  # HumanEval/2: truncate_number
-CORRECT = "    return number % 1.0\n"
 
 MANIFEST = """
 [harness]
@@ -38,29 +36,6 @@ def make_harness(tmp_path: Path, agent: str, *, calls: int = 4, wall: int = 30) 
     (harness / "harness.toml").write_text(MANIFEST.format(calls=calls, wall=wall))
     (harness / "agent.py").write_text(textwrap.dedent(agent))
     return harness
-
-
-def run(harness: Path, url: str, *, knobs: dict | None = None):
-    inputs = RolloutInputs(
-        harness_dir=harness,
-        task_key=PROBLEM.task_id,
-        task_view=humaneval.harness_view(
-            {"prompt": PROBLEM.prompt, "entry_point": PROBLEM.entry_point}
-        ),
-        knob_overrides=knobs or {},
-        seed=7,
-        wall_time_s=60,
-    )
-    with PolicyClient(url, model="scripted", retries=1, backoff_s=0.01) as client:
-        return execute_rollout(
-            inputs,
-            policy=client,
-            verify=lambda answer: humaneval.verify(
-                inputs={"prompt": PROBLEM.prompt},
-                verifier={"test": PROBLEM.test, "entry_point": PROBLEM.entry_point},
-                answer=answer,
-            ),
-        )
 
 
 def step_kinds(result) -> list[str]:
