@@ -16,19 +16,26 @@ import contextlib
 import fcntl
 import io
 import os
+import re
 import tarfile
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
 import git
 
-from coevo.errors import HarnessStoreError, NotFound
+from coevo.errors import HarnessStoreError, InvalidBundle, MissingPrerequisites, NotFound
 
 CANDIDATE_REF_PREFIX = "refs/coevo/candidates/"
+# Where a bundle's refs land while its commits are checked and indexed; deleted afterwards.
+QUARANTINE_REF_PREFIX = "refs/coevo/quarantine/"
+# Temporary names for the tips of bundles coevo writes (a bundle records refs, not bare SHAs).
+EXPORT_REF_PREFIX = "refs/coevo/export/"
 TAG_PREFIX = "refs/tags/"
 # Never part of a harness: byte-code and the user's own git metadata.
 _IGNORED = "__pycache__/\n*.pyc\n*.pyo\n.git\n.DS_Store\n"
@@ -44,6 +51,15 @@ class CommitInfo:
     author_name: str
     author_email: str
     authored_at: datetime
+
+
+@dataclass(frozen=True)
+class BundleHeader:
+    """What a bundle says about itself: the commits it needs and the refs it carries."""
+
+    prerequisites: tuple[str, ...]
+    refs: tuple[tuple[str, str], ...]  # (sha, refname), in the bundle's order
+    pack_offset: int  # where the pack data starts, after the header's blank line
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,168 @@ class HarnessRepo:
     def _keep(self, sha: str) -> None:
         self._repo.git.update_ref(f"{CANDIDATE_REF_PREFIX}{sha}", sha)
 
+    def keep_many(self, shas: Sequence[str]) -> None:
+        """Keep these commits reachable, all or none (one ``update-ref`` transaction)."""
+        with self.write_lock():
+            self._update_refs([f"update {CANDIDATE_REF_PREFIX}{sha} {sha}" for sha in shas])
+
+    def delete_refs(self, refs: Sequence[str]) -> None:
+        with self.write_lock():
+            self._update_refs([f"delete {ref}" for ref in refs])
+
+    def _update_refs(self, commands: Sequence[str]) -> None:
+        lines = "".join(f"{command}\n" for command in commands)
+        if not lines:
+            return
+        with _stdin(lines) as stdin:
+            try:
+                self._repo.git.execute(["git", "update-ref", "--stdin"], istream=stdin)
+            except git.GitCommandError as exc:
+                raise HarnessStoreError(f"Could not update refs: {_stderr(exc)}") from exc
+
+    # --- bundles ---------------------------------------------------------------------------
+
+    def bundle_verify(self, path: Path) -> BundleHeader:
+        """Check that ``path`` is a complete bundle this repository can apply.
+
+        Raises InvalidBundle for a file that is not a bundle and MissingPrerequisites (with the
+        SHAs) for a thin bundle whose prerequisite commits this repository lacks. The pack itself
+        is checked when it is fetched (a truncated pack passes ``git bundle verify``).
+        """
+        header = read_bundle_header(Path(path))
+        try:
+            self._repo.git.execute(["git", "bundle", "verify", str(path)])
+        except git.GitCommandError as exc:
+            stderr = _stderr(exc)
+            if "lacks these prerequisite commits" in stderr:
+                listed = set(_SHA_LINE.findall(stderr))
+                missing = [sha for sha in header.prerequisites if sha in listed] or sorted(listed)
+                raise MissingPrerequisites(
+                    f"The bundle builds on {len(missing)} commit(s) this project does not have "
+                    f"({', '.join(sha[:12] for sha in missing)}). Create the bundle again without "
+                    "excluding them (ask the server which commits it knows: POST candidates/known/), "
+                    "or send a full bundle of the history.",
+                    missing=missing,
+                ) from exc
+            raise InvalidBundle(
+                f"The bundle cannot be applied: {stderr or 'git bundle verify failed'}. "
+                "Create it again with `git bundle create FILE <ref> --not <known commits>`."
+            ) from exc
+        return header
+
+    def bundle_fetch(self, path: Path, header: BundleHeader) -> tuple[str, dict[str, str]]:
+        """Unpack a verified bundle's objects and point a fresh quarantine namespace at its refs.
+
+        Every object is checked as it is unpacked (``index-pack --strict``: malformed objects
+        and links to objects neither in the pack nor in the repository are refused). This is
+        what ``git fetch`` from a bundle would do with ``transfer.fsckObjects``, except that git
+        before 2.46 does not apply that setting to bundles, so coevo runs the check itself.
+        Returns the namespace (drop it with ``delete_refs(refs_under(namespace))``) and
+        ``{refname: commit SHA}``. A failure leaves no ref (the objects dangle until gc).
+        """
+        namespace = f"{QUARANTINE_REF_PREFIX}{uuid.uuid4().hex}/"
+        names = list(dict.fromkeys(name for _, name in header.refs))
+        targets = dict((name, sha) for sha, name in reversed(header.refs))
+        try:
+            with open(path, "rb", buffering=0) as pack:
+                # The child process reads the descriptor from here on: the pack after the header.
+                pack.seek(header.pack_offset)
+                self._repo.git.execute(
+                    ["git", "index-pack", "--stdin", "--fix-thin", "--strict"], istream=pack
+                )
+            self._update_refs(
+                [f"create {namespace}{i} {targets[name]}" for i, name in enumerate(names)]
+            )
+            tips = {
+                name: self._peel_commit(f"{namespace}{i}", name=name)
+                for i, name in enumerate(names)
+            }
+        except (git.GitCommandError, HarnessStoreError, InvalidBundle) as exc:
+            with contextlib.suppress(HarnessStoreError):
+                self.delete_refs(self.refs_under(namespace))
+            detail = _stderr(exc) if isinstance(exc, git.GitCommandError) else str(exc)
+            raise InvalidBundle(
+                f"The bundle is corrupt or incomplete ({detail}). Create it again with "
+                "`git bundle create FILE <ref> --not <known commits>` and upload the whole file."
+            ) from exc
+        return namespace, tips
+
+    def bundle_create(self, path: Path, tip_sha: str, *, exclude: Sequence[str] = ()) -> None:
+        """Write a bundle of ``tip_sha`` and its ancestry, less what ``exclude`` reaches.
+
+        A bundle records refs, not bare commits, so the tip travels as
+        ``refs/coevo/export/<sha>``; import it by SHA.
+        """
+        sha = self._commit(tip_sha).hexsha
+        excluded = [self._commit(other).hexsha for other in exclude]
+        ref = f"{EXPORT_REF_PREFIX}{sha}"
+        with self.write_lock():
+            self._repo.git.update_ref(ref, sha)
+            # Revisions on stdin: a thousand `^sha` would make a long command line.
+            revisions = "".join(f"{rev}\n" for rev in [ref, *(f"^{o}" for o in excluded)])
+            try:
+                with _stdin(revisions) as stdin:
+                    self._repo.git.execute(
+                        [
+                            "git",
+                            "bundle",
+                            "create",
+                            "--quiet",
+                            str(Path(path).resolve()),
+                            "--stdin",
+                        ],
+                        istream=stdin,
+                    )
+            except git.GitCommandError as exc:
+                raise HarnessStoreError(f"Could not create the bundle: {_stderr(exc)}") from exc
+            finally:
+                self._repo.git.update_ref("-d", ref)
+
+    def refs_under(self, prefix: str) -> list[str]:
+        try:
+            out = self._repo.git.execute(["git", "for-each-ref", "--format=%(refname)", prefix])
+        except git.GitCommandError as exc:
+            raise HarnessStoreError(f"Could not list refs: {_stderr(exc)}") from exc
+        return out.split()
+
+    def refs_containing(self, sha: str, prefix: str) -> list[str]:
+        """The refs under ``prefix`` from which commit ``sha`` is reachable."""
+        try:
+            out = self._repo.git.execute(
+                ["git", "for-each-ref", "--format=%(refname)", f"--contains={sha}", prefix]
+            )
+        except git.GitCommandError:
+            return []  # not a commit here
+        return out.split()
+
+    def rev_list(
+        self, sha: str, *, exclude_prefixes: Sequence[str] = ()
+    ) -> list[tuple[str, tuple[str, ...]]]:
+        """``sha`` and its ancestors, oldest first (parents before children), with parents.
+
+        Ancestors reachable from any ref under ``exclude_prefixes`` are left out.
+        """
+        args = ["git", "rev-list", "--topo-order", "--reverse", "--parents", sha]
+        if exclude_prefixes:
+            args += ["--not", *(f"--glob={prefix}*" for prefix in exclude_prefixes)]
+        try:
+            out = self._repo.git.execute(args)
+        except git.GitCommandError as exc:
+            raise HarnessStoreError(
+                f"Could not walk the history of {sha[:12]}: {_stderr(exc)}"
+            ) from exc
+        rows = []
+        for line in out.splitlines():
+            commit, *parents = line.split()
+            rows.append((commit, tuple(parents)))
+        return rows
+
+    def _peel_commit(self, rev: str, *, name: str) -> str:
+        try:
+            return self._repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}").strip()
+        except git.GitCommandError:
+            raise InvalidBundle(f"the bundle's ref {name} does not point to a commit") from None
+
     # --- reading ---------------------------------------------------------------------------
 
     def commit_info(self, sha: str) -> CommitInfo:
@@ -268,6 +446,82 @@ def extract_archive(data: bytes, destination: Path) -> None:
     """Unpack an :meth:`HarnessRepo.archive` (refusing links and paths out of ``destination``)."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
         archive.extractall(destination, filter="data")
+
+
+_BUNDLE_SIGNATURES = (b"# v2 git bundle\n", b"# v3 git bundle\n")
+_SHA_LINE = re.compile(r"\b([0-9a-f]{40})\b")
+_MAX_BUNDLE_HEADER = 1024 * 1024
+
+
+def read_bundle_header(path: Path) -> BundleHeader:
+    """Parse a bundle's text header (format v2 or v3) without touching any repository."""
+    not_a_bundle = InvalidBundle(
+        "This is not a git bundle. Create one with `git bundle create FILE <ref> --not "
+        "<commits the server knows>` and upload that file."
+    )
+    with open(path, "rb") as handle:
+        head = handle.read(_MAX_BUNDLE_HEADER)
+    if not head.startswith(_BUNDLE_SIGNATURES):
+        raise not_a_bundle
+    end = head.find(b"\n\n")
+    if end < 0:
+        raise not_a_bundle
+    try:
+        lines = head[: end + 1].decode("ascii").splitlines()[1:]
+    except UnicodeDecodeError:
+        raise not_a_bundle from None
+    prerequisites: list[str] = []
+    refs: list[tuple[str, str]] = []
+    for line in lines:
+        if line.startswith("@"):
+            capability = line[1:]
+            if capability.startswith("filter="):
+                raise InvalidBundle(
+                    "This is a partial (filtered) bundle, which lacks file contents. "
+                    "Create it without --filter."
+                )
+            if capability.startswith("object-format=") and capability != "object-format=sha1":
+                raise InvalidBundle("Only SHA-1 repositories are supported.")
+            continue
+        if line.startswith("-"):
+            sha = line[1:].split(" ", 1)[0]
+            if not _FULL_SHA.fullmatch(sha):
+                raise not_a_bundle
+            prerequisites.append(sha)
+            continue
+        sha, _, name = line.partition(" ")
+        if not _FULL_SHA.fullmatch(sha) or not _REF_NAME.fullmatch(name):
+            raise InvalidBundle(f"The bundle names an unusable ref {name!r}: {not_a_bundle}")
+        refs.append((sha, name))
+    if not refs:
+        raise InvalidBundle("The bundle carries no refs; name a branch or HEAD when creating it.")
+    return BundleHeader(prerequisites=tuple(prerequisites), refs=tuple(refs), pack_offset=end + 2)
+
+
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
+# Ref names come from the upload and reach git's command line and users' screens: only plain
+# names, nothing git could read as an option, a refspec or a pattern.
+_REF_NAME = re.compile(r"HEAD|refs/[A-Za-z0-9._/+@-]+")
+
+
+@contextlib.contextmanager
+def _stdin(text: str) -> Iterator[IO[bytes]]:
+    # GitPython hands istream to Popen as stdin, which needs a real file descriptor.
+    with tempfile.TemporaryFile() as handle:
+        handle.write(text.encode())
+        handle.seek(0)
+        yield handle
+
+
+def _stderr(exc: git.GitCommandError) -> str:
+    stderr = exc.stderr
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    text = (stderr or "").strip()
+    # GitPython wraps stderr as "\n  stderr: '...'"; keep what git said.
+    if text.startswith("stderr:"):
+        text = text[len("stderr:") :].strip().strip("'")
+    return " ".join(text.split())
 
 
 def _looks_like_sha(value: str) -> bool:

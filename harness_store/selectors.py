@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from django.db.models import QuerySet
@@ -11,6 +12,8 @@ from coevo.projects.models import Project
 from harness_store.models import Candidate, TreeSnapshot
 from harness_store.repo import CommitInfo, TreeEntry, extract_archive
 from harness_store.services import project_repo, tree_snapshot_ensure
+
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
 
 def candidate_list(*, project: Project) -> QuerySet[Candidate]:
@@ -28,6 +31,22 @@ def candidate_get(*, project: Project, sha: str) -> Candidate:
     if len(matches) > 1:
         raise NotFound(f"{sha} is ambiguous in project {project.slug}: give more of the SHA.")
     return matches[0]
+
+
+def candidate_shas_known(*, project: Project, shas: list[str]) -> list[str]:
+    """Which of these full commit SHAs are candidates of the project, in the order given.
+
+    The CLI asks this before making a bundle, to leave out the commits the server has.
+    Malformed entries (not 40 hex digits) are ignored, not an error: they are simply unknown.
+    """
+    wanted = list(dict.fromkeys(sha.lower() for sha in shas if isinstance(sha, str)))
+    wanted = [sha for sha in wanted if _FULL_SHA.fullmatch(sha)]
+    if not wanted:
+        return []
+    known = set(
+        Candidate.objects.filter(project=project, sha__in=wanted).values_list("sha", flat=True)
+    )
+    return [sha for sha in wanted if sha in known]
 
 
 def candidate_files(*, candidate: Candidate) -> list[TreeEntry]:

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
-from coevo.errors import InvalidInput
+from coevo.errors import CoevoError, InvalidBundle, InvalidInput, PayloadTooLarge
 from coevo.projects.models import Project
+from harness_store.archives import archive_extract
 from harness_store.models import Candidate, CandidateOrigin, TreeSnapshot
-from harness_store.repo import HarnessRepo
+from harness_store.repo import CANDIDATE_REF_PREFIX, CommitInfo, HarnessRepo
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BUNDLE_BYTES = 200 * 1024 * 1024
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
 
 def project_repo(*, project: Project) -> HarnessRepo:
@@ -67,7 +78,124 @@ def candidate_import_directory(
         )
 
 
-def _candidate_index(
+def candidate_import_tarball(
+    *,
+    project: Project,
+    archive: bytes,
+    message: str,
+    author_name: str,
+    author_email: str = "",
+    parent: Candidate | None = None,
+    created_by: AbstractBaseUser | None = None,
+    origin: CandidateOrigin = CandidateOrigin.IMPORT,
+) -> tuple[Candidate, bool]:
+    """Import an uploaded tar or tar.gz of a harness directory as a new candidate.
+
+    The archive is checked whole before anything is unpacked (see ``harness_store.archives``:
+    unsafe entries raise UnsafeArchive, oversized ones PayloadTooLarge) and must hold a valid
+    ``harness.toml`` (InvalidManifest). Same tree as an existing candidate: ``(it, False)``.
+    """
+    with tempfile.TemporaryDirectory(prefix="coevo-tarball-") as tmp:
+        root = archive_extract(data=archive, destination=Path(tmp))
+        return candidate_import_directory(
+            project=project,
+            directory=root,
+            message=message,
+            author_name=author_name,
+            author_email=author_email,
+            parent=parent,
+            origin=origin,
+            created_by=created_by,
+        )
+
+
+def candidate_import_bundle(
+    *,
+    project: Project,
+    bundle: bytes,
+    ref: str,
+    created_by: AbstractBaseUser | None = None,
+    origin: CandidateOrigin = CandidateOrigin.CI,
+) -> tuple[Candidate, bool]:
+    """Import commit ``ref`` of a git bundle, and every ancestor not yet a candidate, as is.
+
+    The SHAs do not change (the bundle carries the commits themselves), so a CI job can refer
+    to a candidate by the SHA it has in its own repository. ``ref`` is a ref name the bundle
+    carries (``HEAD``, ``main``, ``refs/heads/main``) or a full commit SHA reachable from its
+    refs. Returns ``(candidate, created)``; created is False when the commit already was one.
+
+    All or nothing: the bundle's refs land in a quarantine namespace, the commits are indexed
+    in one transaction, and only then are they kept under ``refs/coevo/candidates/``; on any
+    failure no row and no ref remain (fetched objects dangle until ``git gc`` prunes them).
+    A commit without a valid harness.toml is imported all the same: it keeps its SHA and fails
+    at run time with the manifest's error.
+    """
+    ref = ref.strip()
+    if not ref:
+        raise InvalidBundle("Name the commit to import: a ref in the bundle (e.g. HEAD) or a SHA.")
+    max_bytes = int(getattr(settings, "COEVO_MAX_BUNDLE_BYTES", DEFAULT_MAX_BUNDLE_BYTES))
+    if len(bundle) > max_bytes:
+        raise PayloadTooLarge(
+            f"The bundle is {len(bundle)} bytes, above the {max_bytes} limit. Exclude the commits "
+            "the server already has (POST candidates/known/, then `git bundle create FILE <ref> "
+            "--not <known>`)."
+        )
+    as_sha = ref.lower() if _FULL_SHA.fullmatch(ref.lower()) else None
+    if as_sha:
+        # Idempotent without reading the upload: a retried CI job gets its candidate back.
+        existing = Candidate.objects.filter(project=project, sha=as_sha).first()
+        if existing:
+            return existing, False
+    repo = project_repo(project=project)
+    with tempfile.TemporaryDirectory(prefix="coevo-bundle-") as tmp:
+        path = Path(tmp) / "upload.bundle"
+        path.write_bytes(bundle)
+        # One import at a time per repository: a second, overlapping bundle then finds the
+        # first one's commits indexed and adds only its own.
+        with repo.write_lock():
+            header = repo.bundle_verify(path)
+            namespace, tips = repo.bundle_fetch(path, header)
+            try:
+                sha = _bundle_resolve(
+                    repo=repo, ref=ref, as_sha=as_sha, tips=tips, namespace=namespace
+                )
+                return _candidate_index_history(
+                    project=project, repo=repo, sha=sha, origin=origin, created_by=created_by
+                )
+            finally:
+                _quarantine_drop(repo=repo, namespace=namespace)
+
+
+def _quarantine_drop(*, repo: HarnessRepo, namespace: str) -> None:
+    # A leftover quarantine ref only keeps objects from gc; it must not turn a finished
+    # import (or its real error) into a different failure.
+    try:
+        repo.delete_refs(repo.refs_under(namespace))
+    except CoevoError:
+        logger.warning("Could not delete the quarantine refs %s", namespace, exc_info=True)
+
+
+def _bundle_resolve(
+    *, repo: HarnessRepo, ref: str, as_sha: str | None, tips: dict[str, str], namespace: str
+) -> str:
+    if as_sha:
+        if not repo.refs_containing(as_sha, namespace):
+            raise InvalidBundle(
+                f"Commit {as_sha[:12]} is not in the bundle (its refs: {', '.join(tips)}). "
+                "Create the bundle from a ref that contains it."
+            )
+        return as_sha
+    # git's own order for a short name: exact, refs/<name>, tags, then branches.
+    for name in (ref, f"refs/{ref}", f"refs/tags/{ref}", f"refs/heads/{ref}"):
+        if name in tips:
+            return tips[name]
+    raise InvalidBundle(
+        f"The bundle has no ref {ref!r} (it has: {', '.join(tips)}). Pass one of those, or the "
+        "full SHA of a commit they contain."
+    )
+
+
+def _candidate_index_history(
     *,
     project: Project,
     repo: HarnessRepo,
@@ -75,11 +203,77 @@ def _candidate_index(
     origin: CandidateOrigin,
     created_by: AbstractBaseUser | None,
 ) -> tuple[Candidate, bool]:
-    info = repo.commit_info(sha)
-    tree_snapshot_ensure(project=project, repo=repo, sha=sha, tree_sha=info.tree_sha)
+    """Index ``sha`` and its ancestors that are not candidates yet, oldest first, all or none."""
+    existing = Candidate.objects.filter(project=project, sha=sha).first()
+    if existing:
+        return existing, False
+    history = repo.rev_list(sha, exclude_prefixes=[CANDIDATE_REF_PREFIX])
+    listed = {commit for commit, _ in history}
+    boundary = {parent for _, parents in history for parent in parents if parent not in listed}
+    if sha not in listed or len(_candidate_shas(project=project, shas=boundary)) != len(boundary):
+        # A kept ref without its row (an import whose transaction was rolled back by its
+        # caller): the refs no longer prove the ancestry is indexed, so walk all of it.
+        history = repo.rev_list(sha)
+    known = _candidate_shas(project=project, shas=[commit for commit, _ in history])
+    new = [commit for commit, _ in history if commit not in known]
+    created_tip = False
+    kept = False
     try:
         with transaction.atomic():
-            candidate = Candidate.objects.create(
+            for commit in new:
+                _, created = _candidate_create(
+                    project=project,
+                    repo=repo,
+                    info=repo.commit_info(commit),
+                    origin=origin,
+                    created_by=created_by,
+                )
+                created_tip = created if commit == sha else created_tip
+            # Refs last and in one update-ref transaction: if they fail, the rows roll back.
+            repo.keep_many(new)
+            kept = True
+    except BaseException:
+        if kept:
+            # The commit of the rows failed after the refs were written: drop the refs that
+            # no row backs (a racing writer may have indexed some of these commits; they stay).
+            orphaned = set(new) - _candidate_shas(project=project, shas=new)
+            with contextlib.suppress(CoevoError):
+                repo.delete_refs([f"{CANDIDATE_REF_PREFIX}{c}" for c in sorted(orphaned)])
+        raise
+    logger.info(
+        "Imported %s from a bundle: %d new candidate(s)",
+        sha,
+        len(new),
+        extra={"project": project.slug, "candidate_sha": sha},
+    )
+    return Candidate.objects.get(project=project, sha=sha), created_tip
+
+
+def _candidate_shas(*, project: Project, shas: Iterable[str]) -> set[str]:
+    shas = list(shas)
+    found: set[str] = set()
+    for start in range(0, len(shas), 1000):
+        found.update(
+            Candidate.objects.filter(
+                project=project, sha__in=shas[start : start + 1000]
+            ).values_list("sha", flat=True)
+        )
+    return found
+
+
+def _candidate_create(
+    *,
+    project: Project,
+    repo: HarnessRepo,
+    info: CommitInfo,
+    origin: CandidateOrigin,
+    created_by: AbstractBaseUser | None,
+) -> tuple[Candidate, bool]:
+    """One row (with its tree snapshot) inside the caller's transaction; a race is not an error."""
+    tree_snapshot_ensure(project=project, repo=repo, sha=info.sha, tree_sha=info.tree_sha)
+    try:
+        with transaction.atomic():
+            return Candidate.objects.create(
                 project=project,
                 sha=info.sha,
                 tree_sha=info.tree_sha,
@@ -90,11 +284,29 @@ def _candidate_index(
                 authored_at=info.authored_at,
                 origin=origin,
                 created_by=created_by,
-            )
+            ), True
     except IntegrityError:
-        # Two imports of the same content raced; the other one indexed it first.
+        # Another writer indexed this commit first (two imports of the same content, or a
+        # caller whose outer transaction had not committed when it released the lock).
         return Candidate.objects.get(project=project, sha=info.sha), False
-    return candidate, True
+
+
+def _candidate_index(
+    *,
+    project: Project,
+    repo: HarnessRepo,
+    sha: str,
+    origin: CandidateOrigin,
+    created_by: AbstractBaseUser | None,
+) -> tuple[Candidate, bool]:
+    # A race with another import of the same commit is not an error: it returns that row.
+    return _candidate_create(
+        project=project,
+        repo=repo,
+        info=repo.commit_info(sha),
+        origin=origin,
+        created_by=created_by,
+    )
 
 
 def tree_snapshot_ensure(
