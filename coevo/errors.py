@@ -49,3 +49,47 @@ class InvalidState(CoevoError):
     """The action does not apply to the object's current state (e.g. resuming a finished run)."""
 
     code = "invalid_state"
+
+
+class PermissionDenied(CoevoError):
+    """The user is known and may see the object, but their role does not allow the action."""
+
+    code = "permission_denied"
+
+
+class InvalidBundle(InvalidInput):
+    """A git bundle that is not one, is corrupt, or lacks the named commit."""
+
+    code = "invalid_bundle"
+
+
+class MissingPrerequisites(InvalidBundle):
+    """A thin bundle that needs commits the project's repository does not have."""
+
+    code = "missing_prerequisites"
+
+    def __init__(self, message: str, *, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class UnsafeArchive(InvalidInput):
+    """An uploaded archive with entries that would land outside its directory."""
+
+    code = "unsafe_archive"
+
+
+class PayloadTooLarge(InvalidInput):
+    code = "payload_too_large"
+
+
+class NotAuthenticated(CoevoError):
+    """No credentials, or a token that is unknown, revoked or expired."""
+
+    code = "not_authenticated"
+
+
+class ScopeMissing(PermissionDenied):
+    """The token's user may do this, but the token was not given the scope for it."""
+
+    code = "scope_missing"

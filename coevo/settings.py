@@ -12,9 +12,13 @@ from kombu import Queue
 from coevo.config import (
     BASE_DIR,
     env_bool,
+    env_choice,
+    env_float,
     env_int,
     env_list,
+    env_path,
     env_str,
+    env_url,
     home_dir,
     secret_key,
 )
@@ -34,11 +38,20 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "coevo.accounts",
     "coevo.projects",
     "harness_store",
     "coevo.suites",
     "coevo.policies",
     "coevo.evaluations",
+    "coevo.reviews",
+    "coevo.gates",
+    "coevo.campaigns",
+    "coevo.api",
+    "coevo.ops",
     "coevo.web",
 ]
 
@@ -74,7 +87,10 @@ TEMPLATES = [
 
 _default_db = f"sqlite:///{COEVO_HOME / 'coevo.sqlite3'}"
 DATABASES = {
-    "default": dj_database_url.parse(env_str("DATABASE_URL", _default_db), conn_max_age=60)
+    "default": dj_database_url.parse(
+        env_url("DATABASE_URL", _default_db, schemes=("postgres", "postgresql", "sqlite")),
+        conn_max_age=60,
+    )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web server and the worker write to the same file: WAL lets readers go on while one
@@ -109,7 +125,9 @@ LOGIN_REDIRECT_URL = "web:home"
 LOGOUT_REDIRECT_URL = "login"
 
 # --- Celery -------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", "filesystem://", schemes=("redis", "rediss", "filesystem", "memory")
+)
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = COEVO_HOME / "broker"
     for _sub in ("queue", "processed", "control"):
@@ -141,6 +159,11 @@ COEVO_WATCHDOG_INTERVAL_S = env_int("COEVO_WATCHDOG_INTERVAL_S", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "rollouts-watchdog": {
         "task": "workers.tasks.rollouts_watchdog",
+        "schedule": float(COEVO_WATCHDOG_INTERVAL_S),
+    },
+    # Finishes gates whose evaluation_finished signal was missed (coevo.gates).
+    "gates-advance": {
+        "task": "coevo.gates.tasks.gates_advance_ready",
         "schedule": float(COEVO_WATCHDOG_INTERVAL_S),
     },
 }
@@ -176,12 +199,130 @@ COEVO_REDIS_URL = env_str(
     "COEVO_REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
 )
 
+# --- REST API (coevo/api) -------------------------------------------------------------------
+# Uploads (bundles, tarballs, suite files) are refused above this size before the body is read;
+# JSON bodies above COEVO_API_MAX_JSON_BYTES likewise.
+COEVO_API_MAX_UPLOAD_MB = env_int("COEVO_API_MAX_UPLOAD_MB", 50, minimum=1)
+COEVO_API_MAX_JSON_BYTES = 1024**2
+# Requests per token (DRF rate syntax: N/s, N/min, N/hour, N/day).
+COEVO_API_RATE = env_str("COEVO_API_RATE", "600/min")
+# Limits on an uploaded tarball's content (harness_store checks them while extracting).
+COEVO_MAX_ARCHIVE_FILES = env_int("COEVO_MAX_ARCHIVE_FILES", 2000, minimum=1)
+COEVO_MAX_ARCHIVE_BYTES = env_int("COEVO_MAX_ARCHIVE_BYTES", 50 * 1024**2, minimum=1)
+# Throttle counters must be shared by every web process: Redis when there is one.
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": COEVO_REDIS_URL}
+        if COEVO_REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["coevo.api.authentication.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["coevo.api.permissions.TokenHasScope"],
+    "DEFAULT_THROTTLE_CLASSES": ["coevo.api.throttling.TokenRateThrottle"],
+    "DEFAULT_PAGINATION_CLASS": "coevo.api.pagination.CreatedCursorPagination",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "coevo.api.exceptions.api_exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "coevo API",
+    "DESCRIPTION": "Evolving LLM-agent harnesses: candidates, suites, evaluations, comparisons. "
+    "See docs/api.md.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "EvaluationStateEnum": "coevo.evaluations.models.EvaluationState",
+        "SplitEnum": "coevo.suites.models.Split",
+        "GateStateEnum": "coevo.gates.models.GateState",
+        "VerdictEnum": "coevo.gates.models.Verdict",
+    },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "coevo.api.schema.add_error_responses",
+    ],
+}
+
+# --- Operations (coevo/ops) -----------------------------------------------------------------
+# (owned by the operations work: health, metrics, logs, retention, backups)
+# Workers: a heartbeat row every COEVO_WORKER_HEARTBEAT_S; shown as stale (died, or cut off
+# from the database) after COEVO_WORKER_STALE_S without one.
+COEVO_WORKER_HEARTBEAT_S = env_int("COEVO_WORKER_HEARTBEAT_S", 30, minimum=1)
+COEVO_WORKER_STALE_S = env_int("COEVO_WORKER_STALE_S", 120, minimum=2)
+# Each worker process serves its in-process metrics here (0 disables); docs/monitoring.md.
+COEVO_WORKER_METRICS_PORT = env_int("COEVO_WORKER_METRICS_PORT", 9808, minimum=0)
+COEVO_WORKER_METRICS_ADDR = env_str("COEVO_WORKER_METRICS_ADDR", "0.0.0.0")
+# /metrics asks for "Authorization: Bearer <token>" when this is set.
+COEVO_METRICS_TOKEN = env_str("COEVO_METRICS_TOKEN", "")
+# Database figures on /metrics are read at most once per this many seconds.
+COEVO_METRICS_CACHE_S = env_int("COEVO_METRICS_CACHE_S", 10, minimum=0)
+# /readyz: each dependency's timeout, and how long a policy endpoint's answer is reused.
+COEVO_READYZ_TIMEOUT_S = env_int("COEVO_READYZ_TIMEOUT_S", 3, minimum=1)
+COEVO_READYZ_POLICY_CACHE_S = env_int("COEVO_READYZ_POLICY_CACHE_S", 10, minimum=0)
+# The system page: how long it waits for workers to answer a ping, and its refresh interval.
+COEVO_SYSTEM_PING_TIMEOUT_S = env_float("COEVO_SYSTEM_PING_TIMEOUT_S", 1.0, minimum=0.1)
+COEVO_SYSTEM_REFRESH_S = env_int("COEVO_SYSTEM_REFRESH_S", 15, minimum=2)
+# One JSON object per log line (for a log pipeline) instead of plain text.
+COEVO_LOG_JSON = env_bool("COEVO_LOG_JSON", False)
+# Trace bodies (TraceStep rows) of final, unprotected evaluations older than this many days are
+# deleted by the retention beat job (scores and summaries stay); 0 keeps them forever.
+COEVO_TRACE_RETENTION_DAYS = env_int("COEVO_TRACE_RETENTION_DAYS", 90, minimum=0)
+COEVO_TRACE_RETENTION_INTERVAL_S = env_int("COEVO_TRACE_RETENTION_INTERVAL_S", 86400, minimum=60)
+COEVO_FSCK_INTERVAL_S = env_int("COEVO_FSCK_INTERVAL_S", 86400, minimum=60)
+COEVO_BACKUP_DIR = env_path("COEVO_BACKUP_DIR", COEVO_HOME / "backups")
+# `coevo doctor`: free space under COEVO_HOME and the harness store below these warns / fails.
+COEVO_DISK_WARN_GIB = env_float("COEVO_DISK_WARN_GIB", 5.0, minimum=0)
+COEVO_DISK_FAIL_GIB = env_float("COEVO_DISK_FAIL_GIB", 1.0, minimum=0)
+CELERY_BEAT_SCHEDULE["traces-retention"] = {
+    "task": "coevo.ops.tasks.traces_prune",
+    "schedule": float(COEVO_TRACE_RETENTION_INTERVAL_S),
+}
+CELERY_BEAT_SCHEDULE["harness-store-fsck"] = {
+    "task": "coevo.ops.tasks.harness_store_fsck",
+    "schedule": float(COEVO_FSCK_INTERVAL_S),
+}
+# Campaigns advance on evaluation_finished; this catches a lost signal or a killed worker.
+CELERY_BEAT_SCHEDULE["campaigns-advance"] = {
+    "task": "coevo.campaigns.tasks.campaigns_advance_running",
+    "schedule": 30.0,
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("COEVO_LOG_LEVEL", "INFO")},
+    # coevo.ops.logs: the ids bound to the current rollout/task on every line, secrets and
+    # held-out contents masked; JSON lines with COEVO_LOG_JSON=1.
+    "filters": {"context": {"()": "coevo.ops.logs.ContextFilter"}},
+    "formatters": {
+        "plain": {"()": "coevo.ops.logs.PlainFormatter"},
+        "json": {"()": "coevo.ops.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if COEVO_LOG_JSON else "plain",
+            "filters": ["context"],
+        }
+    },
+    "root": {
+        "handlers": ["console"],
+        "level": env_choice(
+            "COEVO_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
+        ),
+    },
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},

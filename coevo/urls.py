@@ -6,5 +6,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("api/v1/", include("coevo.api.urls")),
+    path("", include("coevo.ops.urls")),
+    path("", include("coevo.accounts.urls")),
     path("", include("coevo.web.urls")),
 ]

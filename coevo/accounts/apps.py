@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AccountsConfig(AppConfig):
+    name = "coevo.accounts"
+    verbose_name = "Accounts and API tokens"

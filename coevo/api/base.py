@@ -1,0 +1,93 @@
+"""The base API view: scope, project membership and role, then body size, in that order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from coevo.api.pagination import CreatedCursorPagination
+from coevo.api.permissions import can_see_heldout, project_for_request
+from coevo.errors import PayloadTooLarge
+from coevo.projects.models import Project, Role
+
+# Room for the multipart envelope and the small form fields around an upload.
+_MULTIPART_SLACK = 64 * 1024
+
+
+class ApiView(APIView):
+    #: method -> scope the token needs (GET/HEAD default to "read"; others must be declared).
+    required_scopes: dict[str, str] = {}
+    #: method -> role the user needs on the project (default viewer).
+    required_roles: dict[str, Role] = {}
+    #: True for views that take file uploads (their limit is COEVO_API_MAX_UPLOAD_MB).
+    accepts_upload = False
+
+    project: Project
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authentication, scope, throttle
+        slug = kwargs.get("slug")
+        if slug is not None:
+            role = self.required_roles.get(request.method, Role.VIEWER)
+            self.project = project_for_request(request=request, slug=slug, role=role)
+        self._check_body_size(request)
+
+    def _check_body_size(self, request: Request) -> None:
+        # Refused from the declared length, before a byte of the body is read.
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if self.accepts_upload:
+            limit = settings.COEVO_API_MAX_UPLOAD_MB * 1024**2 + _MULTIPART_SLACK
+            what = f"Uploads are limited to {settings.COEVO_API_MAX_UPLOAD_MB} MiB"
+        else:
+            limit = settings.COEVO_API_MAX_JSON_BYTES
+            what = f"Request bodies are limited to {limit // 1024} KiB"
+        if length > limit:
+            raise PayloadTooLarge(f"{what}; this one is {length} bytes.")
+
+    def can_see_heldout(self) -> bool:
+        return can_see_heldout(request=self.request, project=self.project)
+
+    def absolute(self, name: str, *args: Any, query: str = "") -> str:
+        url = reverse(name, args=args)
+        return self.request.build_absolute_uri(f"{url}?{query}" if query else url)
+
+
+# Lists: cursor pagination parameters and the page shape, for the schema.
+PAGE_PARAMETERS = [
+    OpenApiParameter("cursor", str, description="From a previous page's next/previous URL."),
+    OpenApiParameter("limit", int, description="Items per page (at most 200; default 50)."),
+]
+_PAGES: dict[str, type[serializers.Serializer]] = {}
+
+
+def paginated(item: type[serializers.Serializer]) -> type[serializers.Serializer]:
+    """``{next, previous, results: [item]}`` as a named serializer (one per item type)."""
+    name = f"Paginated{item.__name__.removesuffix('Out')}List"
+    if name not in _PAGES:
+        _PAGES[name] = type(
+            name,
+            (serializers.Serializer,),
+            {
+                "next": serializers.URLField(allow_null=True),
+                "previous": serializers.URLField(allow_null=True),
+                "results": item(many=True),
+            },
+        )
+    return _PAGES[name]
+
+
+def paginate(view: ApiView, queryset: QuerySet, render: Any) -> Response:
+    paginator = CreatedCursorPagination()
+    page = paginator.paginate_queryset(queryset, view.request, view=view)
+    return paginator.get_paginated_response([render(row) for row in page])

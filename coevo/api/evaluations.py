@@ -1,0 +1,432 @@
+"""API: evaluations and comparisons (see docs/api.md)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from uuid import UUID
+
+from django.urls import path
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.errors import NotFound, PermissionDenied
+from coevo.evaluations.lifecycle import evaluation_cancel
+from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, RolloutState
+from coevo.evaluations.selectors import (
+    evaluation_compare,
+    evaluation_get,
+    evaluation_list,
+    evaluation_progress,
+    evaluation_statistics,
+    rollout_list,
+)
+from coevo.evaluations.services import evaluation_create
+from coevo.policies.models import PolicyVersion
+from coevo.policies.services import policy_version_get_default
+from coevo.projects.models import Role
+from coevo.suites.models import Split, Suite
+from harness_store.selectors import candidate_get
+
+MAX_SEED = 2**31 - 1
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+# --- serializers ------------------------------------------------------------------------------
+
+
+class EvaluationStartIn(serializers.Serializer):
+    candidate = serializers.RegexField(r"^[0-9a-fA-F]{7,40}$", help_text="Candidate SHA.")
+    suite = serializers.SlugField(max_length=64, help_text="Suite name (latest version).")
+    suite_version = serializers.CharField(max_length=32, required=False)
+    split = serializers.ChoiceField(choices=[Split.SEARCH.value, Split.VALIDATION.value])
+    policy_version = serializers.CharField(
+        max_length=100, required=False, help_text="Policy version name or id (default policy)."
+    )
+    epochs = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    task_limit = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+    seed = serializers.IntegerField(min_value=0, max_value=MAX_SEED, default=0)
+    knobs = serializers.DictField(required=False)
+
+    def to_internal_value(self, data: Any) -> Any:
+        # Refused before validation of the split's choices: held-out is sealed (403, not 400).
+        if isinstance(data, dict) and data.get("split") in ("heldout", "held-out"):
+            raise PermissionDenied(
+                "Held-out evaluations run only inside a promotion request, never from the API."
+            )
+        return super().to_internal_value(data)
+
+
+class AcceptedOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.ChoiceField(choices=EvaluationState.choices)
+    status_url = serializers.URLField()
+    dashboard_url = serializers.URLField()
+
+
+class ProgressOut(serializers.Serializer):
+    total = serializers.IntegerField()
+    done = serializers.IntegerField()
+    running = serializers.IntegerField()
+    pending = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+    passed = serializers.IntegerField()
+    failed = serializers.IntegerField(help_text="Done and not passed (any outcome).")
+
+
+class SummaryOut(serializers.Serializer):
+    method = serializers.CharField()
+    mean = serializers.FloatField(allow_null=True)
+    ci_low = serializers.FloatField(allow_null=True)
+    ci_high = serializers.FloatField(allow_null=True)
+    confidence = serializers.FloatField()
+    n_tasks = serializers.IntegerField()
+    pass_at_k = serializers.DictField(child=serializers.FloatField(), help_text="k -> pass@k")
+
+
+class ErrorsOut(serializers.Serializer):
+    harness_error = serializers.IntegerField()
+    infra_error = serializers.IntegerField()
+
+
+class EvaluationOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    candidate = serializers.CharField(help_text="Candidate SHA.")
+    suite = serializers.CharField()
+    suite_version = serializers.CharField()
+    split = serializers.ChoiceField(choices=Split.choices)
+    policy_version = serializers.CharField()
+    epochs = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=EvaluationState.choices)
+    stop_reason = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    url = serializers.URLField()
+    dashboard_url = serializers.URLField()
+
+
+class EvaluationDetailOut(EvaluationOut):
+    progress = ProgressOut()
+    summary = SummaryOut()
+    errors = ErrorsOut()
+
+
+class EvaluationFilterIn(serializers.Serializer):
+    candidate = serializers.RegexField(r"^[0-9a-fA-F]{4,40}$", required=False)
+    suite = serializers.SlugField(max_length=64, required=False)
+    state = serializers.ChoiceField(choices=EvaluationState.choices, required=False)
+
+
+class TaskResultOut(serializers.Serializer):
+    task = serializers.CharField()
+    epochs = serializers.IntegerField()
+    passed = serializers.IntegerField()
+    mean_score = serializers.FloatField(allow_null=True)
+    outcomes = serializers.ListField(
+        child=serializers.CharField(), help_text="Per epoch: the outcome, or the state if open."
+    )
+
+
+class ComparisonIn(serializers.Serializer):
+    reference = serializers.UUIDField()
+    candidate = serializers.UUIDField()
+
+
+class FlipsOut(serializers.Serializer):
+    fixed = serializers.ListField(child=serializers.CharField())
+    broken = serializers.ListField(child=serializers.CharField())
+
+
+class ComparisonOut(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["binary", "graded"])
+    n_tasks = serializers.IntegerField()
+    reference_mean = serializers.FloatField(allow_null=True)
+    candidate_mean = serializers.FloatField(allow_null=True)
+    delta = serializers.FloatField(allow_null=True)
+    ci_low = serializers.FloatField(allow_null=True)
+    ci_high = serializers.FloatField(allow_null=True)
+    confidence = serializers.FloatField()
+    p_value = serializers.FloatField(allow_null=True)
+    test = serializers.CharField()
+    significant = serializers.BooleanField()
+    verdict = serializers.CharField()
+    flips = FlipsOut()
+    dashboard_url = serializers.URLField()
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+class EvaluationViewMixin(ApiView):
+    def evaluation(self, evaluation_id: Any) -> Evaluation:
+        evaluation = evaluation_get(project=self.project, evaluation_id=evaluation_id)
+        if evaluation.split == Split.HELDOUT and not self.can_see_heldout():
+            # Sealed: not even its existence is shown to a non-reviewer.
+            raise NotFound(f"No evaluation {evaluation_id} in project {self.project.slug}.")
+        return evaluation
+
+    def links(self, evaluation: Evaluation) -> dict[str, str]:
+        slug = self.project.slug
+        return {
+            "url": self.absolute("api:evaluation", slug, evaluation.id),
+            "dashboard_url": self.absolute("web:evaluation", slug, evaluation.id),
+        }
+
+    def evaluation_out(self, evaluation: Evaluation) -> dict[str, Any]:
+        dt = serializers.DateTimeField()
+        return {
+            "id": str(evaluation.id),
+            "candidate": evaluation.candidate.sha,
+            "suite": evaluation.suite.name,
+            "suite_version": evaluation.suite.version,
+            "split": evaluation.split,
+            "policy_version": evaluation.policy_version.name,
+            "epochs": evaluation.epochs,
+            "state": evaluation.state,
+            "stop_reason": evaluation.stop_reason,
+            "created_at": dt.to_representation(evaluation.created_at),
+            "finished_at": dt.to_representation(evaluation.finished_at)
+            if evaluation.finished_at
+            else None,
+            **self.links(evaluation),
+        }
+
+
+def _policy_version(value: str | None) -> PolicyVersion:
+    if not value:
+        return policy_version_get_default()
+    try:
+        by_id = PolicyVersion.objects.filter(id=UUID(value)).first()
+    except ValueError:
+        by_id = None
+    version = by_id or PolicyVersion.objects.filter(name=value).first()
+    if version is None:
+        raise NotFound(f"No policy version {value!r}.")
+    return version
+
+
+def _suite(view: ApiView, name: str, version: str | None) -> Suite:
+    suites = Suite.objects.filter(project=view.project, name=name)
+    if version:
+        suites = suites.filter(version=version)
+    suite = suites.order_by("-created_at").first()
+    if suite is None:
+        raise NotFound(f"No suite {name!r} in project {view.project.slug}.")
+    return suite
+
+
+# --- views ------------------------------------------------------------------------------------
+
+
+class EvaluationListView(EvaluationViewMixin):
+    required_scopes = {"POST": "evaluations:run"}
+    required_roles = {"POST": Role.RESEARCHER}
+
+    @extend_schema(
+        operation_id="evaluations_list",
+        parameters=[EvaluationFilterIn, *PAGE_PARAMETERS],
+        responses=paginated(EvaluationOut),
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        filters = EvaluationFilterIn(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        values = filters.validated_data
+        evaluations = evaluation_list(project=self.project).select_related("policy_version")
+        if not self.can_see_heldout():
+            evaluations = evaluations.exclude(split=Split.HELDOUT)
+        if values.get("candidate"):
+            evaluations = evaluations.filter(candidate__sha__startswith=values["candidate"].lower())
+        if values.get("suite"):
+            evaluations = evaluations.filter(suite__name=values["suite"])
+        if values.get("state"):
+            evaluations = evaluations.filter(state=values["state"])
+        return paginate(self, evaluations, self.evaluation_out)
+
+    @extend_schema(
+        operation_id="evaluations_start",
+        request=EvaluationStartIn,
+        responses={202: AcceptedOut},
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = EvaluationStartIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        evaluation = evaluation_create(
+            candidate=candidate_get(project=self.project, sha=values["candidate"]),
+            suite=_suite(self, values["suite"], values.get("suite_version")),
+            split=values["split"],
+            policy_version=_policy_version(values.get("policy_version")),
+            epochs=values["epochs"],
+            task_limit=values.get("task_limit"),
+            seed=values["seed"],
+            knobs=values.get("knobs") or {},
+            created_by=request.user,
+        )
+        links = self.links(evaluation)
+        body = {
+            "id": str(evaluation.id),
+            "state": evaluation.state,
+            "status_url": links["url"],
+            "dashboard_url": links["dashboard_url"],
+        }
+        return Response(body, status=202, headers={"Location": links["url"]})
+
+
+class EvaluationDetailView(EvaluationViewMixin):
+    @extend_schema(operation_id="evaluations_retrieve", responses=EvaluationDetailOut)
+    def get(self, request: Request, slug: str, evaluation_id: UUID) -> Response:
+        evaluation = self.evaluation(evaluation_id)
+        progress = evaluation_progress(evaluation=evaluation)
+        statistics = evaluation_statistics(evaluation=evaluation)
+        mean = statistics.mean
+        body = self.evaluation_out(evaluation)
+        body.update(
+            progress={
+                "total": progress.total,
+                "done": progress.done,
+                "running": progress.running,
+                "pending": progress.pending,
+                "cancelled": progress.cancelled,
+                "passed": progress.passed,
+                "failed": progress.done - progress.passed,
+            },
+            summary={
+                "method": mean.method,
+                "mean": _finite(mean.mean),
+                "ci_low": _finite(mean.interval.low) if mean.interval else None,
+                "ci_high": _finite(mean.interval.high) if mean.interval else None,
+                "confidence": mean.confidence,
+                "n_tasks": statistics.tasks,
+                "pass_at_k": {
+                    str(k): v for k, v in statistics.pass_at_k.items() if _finite(v) is not None
+                },
+            },
+            errors={
+                "harness_error": progress.harness_errors,
+                "infra_error": progress.infra_errors,
+            },
+        )
+        return Response(body)
+
+
+class EvaluationTasksView(EvaluationViewMixin):
+    @extend_schema(operation_id="evaluations_tasks", responses=TaskResultOut(many=True))
+    def get(self, request: Request, slug: str, evaluation_id: UUID) -> Response:
+        evaluation = self.evaluation(evaluation_id)
+        rows: dict[str, dict[str, Any]] = {}
+        for rollout in rollout_list(evaluation=evaluation):
+            row = rows.setdefault(
+                rollout.task.key,
+                {"task": rollout.task.key, "epochs": 0, "passed": 0, "scores": [], "outcomes": []},
+            )
+            row["epochs"] += 1
+            done = rollout.state == RolloutState.DONE
+            row["outcomes"].append(rollout.outcome if done else rollout.state)
+            if done and rollout.outcome == Outcome.PASSED:
+                row["passed"] += 1
+            if done and rollout.outcome != Outcome.INFRA_ERROR:
+                # As the statistics count it: harness errors score 0, infra errors not at all.
+                score = rollout.score
+                if score is None:
+                    score = 1.0 if rollout.outcome == Outcome.PASSED else 0.0
+                row["scores"].append(float(score))
+        results = [
+            {
+                "task": row["task"],
+                "epochs": row["epochs"],
+                "passed": row["passed"],
+                "mean_score": sum(row["scores"]) / len(row["scores"]) if row["scores"] else None,
+                "outcomes": row["outcomes"],
+            }
+            for row in rows.values()
+        ]
+        return Response(results)
+
+
+class EvaluationCancelView(EvaluationViewMixin):
+    required_scopes = {"POST": "evaluations:run"}
+    required_roles = {"POST": Role.RESEARCHER}
+
+    @extend_schema(operation_id="evaluations_cancel", request=None, responses={202: AcceptedOut})
+    def post(self, request: Request, slug: str, evaluation_id: UUID) -> Response:
+        evaluation = self.evaluation(evaluation_id)
+        evaluation_cancel(
+            evaluation=evaluation, reason=f"cancelled through the API by {request.user}"
+        )
+        links = self.links(evaluation)
+        body = {
+            "id": str(evaluation.id),
+            "state": evaluation.state,
+            "status_url": links["url"],
+            "dashboard_url": links["dashboard_url"],
+        }
+        return Response(body, status=202, headers={"Location": links["url"]})
+
+
+class ComparisonView(EvaluationViewMixin):
+    @extend_schema(
+        operation_id="comparisons_retrieve",
+        parameters=[
+            OpenApiParameter("reference", UUID, required=True, description="Evaluation id."),
+            OpenApiParameter("candidate", UUID, required=True, description="Evaluation id."),
+        ],
+        responses=ComparisonOut,
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        query = ComparisonIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        reference = self.evaluation(query.validated_data["reference"])
+        candidate = self.evaluation(query.validated_data["candidate"])
+        statistics = evaluation_compare(reference=reference, candidate=candidate).statistics
+        interval = statistics.interval
+        dashboard = self.absolute(
+            "web:comparison",
+            self.project.slug,
+            query=f"reference={reference.id}&candidate={candidate.id}",
+        )
+        return Response(
+            {
+                "kind": statistics.kind,
+                "n_tasks": statistics.tasks,
+                "reference_mean": _finite(statistics.reference_mean),
+                "candidate_mean": _finite(statistics.candidate_mean),
+                "delta": _finite(statistics.difference),
+                "ci_low": _finite(interval.low) if interval else None,
+                "ci_high": _finite(interval.high) if interval else None,
+                "confidence": statistics.confidence,
+                "p_value": _finite(statistics.p_value),
+                "test": statistics.test,
+                "significant": bool(statistics.significant),
+                "verdict": statistics.verdict,
+                # Graded results (k epochs, fractional scores): improved / regressed tasks.
+                "flips": {
+                    "fixed": [str(k) for k in statistics.improved],
+                    "broken": [str(k) for k in statistics.regressed],
+                },
+                "dashboard_url": dashboard,
+            }
+        )
+
+
+_E = "projects/<slug:slug>/evaluations/"
+urlpatterns = [
+    path(_E, EvaluationListView.as_view(), name="evaluations"),
+    path(f"{_E}<uuid:evaluation_id>/", EvaluationDetailView.as_view(), name="evaluation"),
+    path(
+        f"{_E}<uuid:evaluation_id>/tasks/",
+        EvaluationTasksView.as_view(),
+        name="evaluation_tasks",
+    ),
+    path(
+        f"{_E}<uuid:evaluation_id>/cancel/",
+        EvaluationCancelView.as_view(),
+        name="evaluation_cancel",
+    ),
+    path("projects/<slug:slug>/comparisons/", ComparisonView.as_view(), name="comparisons"),
+]

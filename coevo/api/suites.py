@@ -1,0 +1,163 @@
+"""API: suites (see docs/api.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.urls import path
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.errors import InvalidInput, NotFound
+from coevo.projects.models import Role
+from coevo.suites.jsonl import scorer_spec_build
+from coevo.suites.models import Suite, SuiteKind
+from coevo.suites.selectors import suite_summaries
+from coevo.suites.services import suite_import_jsonl
+
+
+class TaskCountsOut(serializers.Serializer):
+    search = serializers.IntegerField()
+    validation = serializers.IntegerField()
+    heldout = serializers.IntegerField()
+
+
+class SuiteOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    version = serializers.CharField()
+    kind = serializers.ChoiceField(choices=SuiteKind.choices)
+    content_hash = serializers.CharField()
+    description = serializers.CharField()
+    task_counts = TaskCountsOut()
+    url = serializers.URLField()
+
+
+class SuiteImportIn(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+    file = serializers.FileField(help_text="JSONL: one task per line.")
+    scorer = serializers.CharField(
+        max_length=10_000,
+        help_text='JSON: {"kind": "exact|normalized|numeric|regex|python", '
+        '"abs_tol"?: number, "rel_tol"?: number}',
+    )
+    verifier = serializers.FileField(
+        required=False, help_text="The Python verifier module (scorer kind python)."
+    )
+    description = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+    split_seed = serializers.CharField(max_length=64, required=False)
+
+
+def suite_out(view: ApiView, suite: Suite) -> dict:
+    return {
+        "id": str(suite.id),
+        "name": suite.name,
+        "version": suite.version,
+        "kind": suite.kind,
+        "content_hash": suite.content_hash,
+        "description": suite.description,
+        "task_counts": {
+            "search": suite.search_count,
+            "validation": suite.validation_count,
+            "heldout": suite.heldout_count,
+        },
+        "url": view.absolute(
+            "api:suite", view.project.slug, suite.name, query=f"version={suite.version}"
+        ),
+    }
+
+
+class SuiteListView(ApiView):
+    @extend_schema(
+        operation_id="suites_list", parameters=PAGE_PARAMETERS, responses=paginated(SuiteOut)
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        return paginate(self, suite_summaries(project=self.project), lambda s: suite_out(self, s))
+
+
+class SuiteDetailView(ApiView):
+    @extend_schema(
+        operation_id="suites_retrieve",
+        parameters=[OpenApiParameter("version", str, description="e.g. v2 (default: latest)")],
+        responses=SuiteOut,
+    )
+    def get(self, request: Request, slug: str, name: str) -> Response:
+        suites = suite_summaries(project=self.project).filter(name=name)
+        version = request.query_params.get("version")
+        if version:
+            suites = suites.filter(version=version)
+        suite = suites.order_by("-created_at").first()
+        if suite is None:
+            which = f" version {version}" if version else ""
+            raise NotFound(f"No suite {name!r}{which} in project {self.project.slug}.")
+        return Response(suite_out(self, suite))
+
+
+class SuiteImportJsonlView(ApiView):
+    required_scopes = {"POST": "suites:write"}
+    required_roles = {"POST": Role.RESEARCHER}
+    accepts_upload = True
+
+    @extend_schema(
+        operation_id="suites_import_jsonl",
+        request={"multipart/form-data": SuiteImportIn},
+        responses={200: SuiteOut, 201: SuiteOut},
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = SuiteImportIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        options = _scorer_options(values["scorer"])
+        verifier = values.get("verifier")
+        scorer = scorer_spec_build(
+            kind=options["kind"],
+            abs_tol=options.get("abs_tol"),
+            rel_tol=options.get("rel_tol"),
+            verifier_name=verifier.name if verifier else "",
+            verifier_source=verifier.read() if verifier else None,
+        )
+        suite, created = suite_import_jsonl(
+            project=self.project,
+            name=values["name"],
+            data=values["file"].read(),
+            scorer=scorer,
+            description=values.get("description", ""),
+            split_seed=values.get("split_seed") or "0",
+        )
+        suite = suite_summaries(project=self.project).get(pk=suite.pk)
+        return Response(suite_out(self, suite), status=201 if created else 200)
+
+
+def _scorer_options(raw: str) -> dict[str, Any]:
+    try:
+        options = json.loads(raw)
+    except ValueError:
+        raise InvalidInput('scorer: not JSON; send e.g. {"kind": "exact"}.') from None
+    if not isinstance(options, dict) or not isinstance(options.get("kind"), str):
+        raise InvalidInput('scorer: a JSON object with a "kind", e.g. {"kind": "exact"}.')
+    unknown = sorted(set(options) - {"kind", "abs_tol", "rel_tol"})
+    if unknown:
+        raise InvalidInput(f"scorer: unknown option(s) {', '.join(unknown)}.")
+    for key in ("abs_tol", "rel_tol"):
+        value = options.get(key)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise InvalidInput(f"scorer: {key} must be a finite number.")
+    return options
+
+
+_S = "projects/<slug:slug>/suites/"
+urlpatterns = [
+    path(_S, SuiteListView.as_view(), name="suites"),
+    # Before the name route: "import-jsonl" would also match <slug:name>.
+    path(f"{_S}import-jsonl/", SuiteImportJsonlView.as_view(), name="suite_import_jsonl"),
+    path(f"{_S}<slug:name>/", SuiteDetailView.as_view(), name="suite"),
+]

@@ -1,0 +1,21 @@
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from coevo.api import candidates, evaluations, projects, suites
+from coevo.api.views import api_not_found
+
+app_name = "api"
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
+    # Other work plugs its resources in here (same framework: coevo.api.base.ApiView).
+    path("projects/<slug:slug>/", include("coevo.api.gates")),
+    path("projects/<slug:slug>/", include("coevo.api.channels")),
+    *projects.urlpatterns,
+    *candidates.urlpatterns,
+    *suites.urlpatterns,
+    *evaluations.urlpatterns,
+    # Anything else under /api/v1/ is a JSON 404, not the dashboard's HTML page.
+    re_path(r"^.*$", api_not_found),
+]

@@ -1,0 +1,96 @@
+"""Property-based fuzzing of the whole API against its own OpenAPI schema (schemathesis).
+
+Every operation gets generated path, query and body values (with the project, candidate,
+evaluation and suite fixed to seeded objects so requests reach the code behind the checks) and
+must answer without a 5xx and with a response that matches the schema, errors included.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import schemathesis
+from django.core import signals
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hypothesis_settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import response_schema_conformance
+
+from coevo.evaluations.services import evaluation_create
+from coevo.suites.jsonl import scorer_spec_build
+from coevo.suites.services import suite_import_jsonl
+
+EXAMPLES_PER_OPERATION = 50
+TIME_BUDGET_S = 90
+
+
+@pytest.fixture
+def keep_test_connection():
+    """The WSGI handler closes DB connections after each request; the test's transaction lives
+    on that connection (Django's own test client disconnects these signals the same way)."""
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    yield
+    signals.request_started.connect(close_old_connections)
+    signals.request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def seeded(seed_candidate, policy_version, owner):
+    data = (
+        b'{"id": "a", "input": "1", "expected": "1"}\n{"id": "b", "input": "2", "expected": "2"}\n'
+    )
+    suite, _ = suite_import_jsonl(
+        project=seed_candidate.project,
+        name="sums",
+        data=data,
+        scorer=scorer_spec_build(kind="exact"),
+    )
+    evaluation = evaluation_create(
+        candidate=seed_candidate,
+        suite=suite,
+        split=suite.tasks.first().split,
+        policy_version=policy_version,
+        created_by=owner,
+    )
+    return {
+        "slug": "demo",
+        "sha": seed_candidate.sha,
+        "evaluation_id": str(evaluation.id),
+        "name": suite.name,
+    }
+
+
+def test_it_finds_no_server_error_and_no_schema_violation(
+    settings, keep_test_connection, seeded, make_client, owner
+):
+    settings.COEVO_API_RATE = "100000/min"
+    raw = make_client(owner).raw_token
+    schema = schemathesis.openapi.from_wsgi("/api/v1/schema/?format=json", get_wsgi_application())
+    started = time.monotonic()
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 17
+    for operation in operations:
+        names = {p.name for p in operation.path_parameters}
+        strategy = operation.as_strategy(
+            path_parameters={k: v for k, v in seeded.items() if k in names},
+            headers={"Authorization": f"Bearer {raw}"},
+        )
+
+        @hypothesis_settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=strategy)
+        def fuzz(case) -> None:
+            case.call_and_validate(checks=[not_a_server_error, response_schema_conformance])
+
+        fuzz()
+    assert time.monotonic() - started < TIME_BUDGET_S
