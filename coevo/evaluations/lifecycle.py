@@ -119,6 +119,7 @@ def evaluation_cancel(*, evaluation: Evaluation, reason: str = "cancelled by a u
             raise InvalidState(
                 f"Evaluation {evaluation.id} is {evaluation.state}: nothing to cancel."
             )
+        _send_finished(evaluation.id, EvaluationState.CANCELLED)
         cancelled = _cancel_rollouts(
             evaluation,
             Rollout.objects.filter(evaluation=evaluation, state__in=_OPEN_ROLLOUT),
@@ -272,7 +273,31 @@ def _finish_if_done(evaluation: Evaluation) -> bool:
     ).update(state=state, state_detail=detail, finished_at=timezone.now())
     if moved:
         logger.info("evaluation %s %s", evaluation.id, state)
+        _send_finished(evaluation.id, state)
     return moved == 1
+
+
+def _send_finished(evaluation_id: Any, state: str) -> None:
+    """Announce a final state once its compare-and-swap commits (listeners: coevo.gates).
+
+    send_robust: a failing listener is logged, never turned into a failure of the rollout or
+    request that finished the evaluation.
+    """
+    from coevo.evaluations.signals import evaluation_finished
+
+    def send() -> None:
+        for receiver, result in evaluation_finished.send_robust(
+            sender=Evaluation, evaluation_id=evaluation_id, state=str(state)
+        ):
+            if isinstance(result, Exception):
+                logger.error(
+                    "evaluation %s: evaluation_finished receiver %r failed: %s",
+                    evaluation_id,
+                    receiver,
+                    result,
+                )
+
+    transaction.on_commit(send)
 
 
 def _outcome_counts(rollouts: QuerySet[Rollout]) -> dict[str, int]:
