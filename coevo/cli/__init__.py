@@ -1,46 +1,39 @@
-"""The ``coevo`` command."""
+"""The ``coevo`` command.
+
+Each subcommand lives in its own module with a ``register(subparsers)`` function that adds its
+parser and sets ``handler`` (a function of the parsed arguments returning the exit code):
+``demo`` runs the embedded default on this machine; ``doctor`` checks an installation; the
+remote commands (``submit``, ``evaluate``, ``gate``) talk to a coevo server's REST API.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from coevo.errors import CoevoError
+# Imported lazily by name, so that `coevo submit` on a CI runner never imports Django.
+_COMMAND_MODULES = ("coevo.cli.demo", "coevo.cli.doctor", "coevo.cli.remote")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coevo", description="Harness-policy co-evolution.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(commands)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="coevo", description="Harness-policy co-evolution.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser(
-        "demo",
-        help="run the whole system on the embedded default and evaluate the seed harness",
-    )
-    demo.add_argument("--tasks", type=int, default=20, help="search-split tasks to evaluate")
-    demo.add_argument("--once", action="store_true", help="exit after the summary")
-    demo.add_argument("--host", default="127.0.0.1")
-    demo.add_argument("--port", type=int, default=8000, help="web server port")
-    demo.add_argument("--policy-port", type=int, default=8089, help="llama.cpp server port")
+    parser = build_parser()
     args = parser.parse_args(argv)
-
-    if args.command == "demo":
-        from coevo.demo import DemoOptions, run_demo
-
-        if args.tasks < 1:
-            parser.error("--tasks must be at least 1")
-        try:
-            return run_demo(
-                DemoOptions(
-                    tasks=args.tasks,
-                    once=args.once,
-                    host=args.host,
-                    port=args.port,
-                    policy_port=args.policy_port,
-                )
-            )
-        except CoevoError as exc:
-            print(f"coevo: {exc}", file=sys.stderr)
-            return 1
-    return 2
+    return int(args.handler(parser, args))
 
 
 if __name__ == "__main__":
