@@ -1,13 +1,18 @@
 """Reading configuration from the environment, with clear errors for bad values.
 
-Every variable coevo reads is listed in README.md ("Configuration"); read them through these
-helpers so that a bad value names the variable and what was expected.
+Every variable coevo reads is listed in docs/configuration.md (name, default, meaning, which
+process reads it); tests/test_config.py fails when a ``COEVO_*`` name in the code is missing
+there. Read every variable through these helpers: a bad value then stops the process at
+start-up with ImproperlyConfigured naming the variable and what was expected, instead of
+failing later, somewhere else, with a message that names neither.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -15,6 +20,14 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+def _raw(name: str) -> str | None:
+    """The variable's value, or None when it is unset or blank (blank means "the default")."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return raw
 
 
 def env_str(name: str, default: str) -> str:
@@ -35,16 +48,60 @@ def env_bool(name: str, default: bool = False) -> bool:
     )
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+def env_int(
+    name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    raw = _raw(name)
+    if raw is None:
         return default
     try:
         value = int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer.") from None
-    if minimum is not None and value < minimum:
-        raise ImproperlyConfigured(f"{name}={value} is below its minimum of {minimum}.")
+    _check_range(name, value, minimum, maximum)
+    return value
+
+
+def env_float(
+    name: str, default: float, *, minimum: float | None = None, maximum: float | None = None
+) -> float:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number.") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number.")
+    _check_range(name, value, minimum, maximum)
+    return value
+
+
+def env_choice(name: str, default: str, choices: Iterable[str], *, upper: bool = False) -> str:
+    """One of ``choices`` (compared case-insensitively; returned upper-cased if ``upper``)."""
+    allowed = list(choices)
+    raw = _raw(name)
+    if raw is None:
+        return default
+    value = raw.strip()
+    for choice in allowed:
+        if value.lower() == choice.lower():
+            return choice.upper() if upper else choice
+    raise ImproperlyConfigured(f"{name}={raw!r} is not one of: {', '.join(allowed)}.")
+
+
+def env_url(name: str, default: str, *, schemes: Iterable[str]) -> str:
+    """A URL whose scheme is one of ``schemes`` (e.g. ``postgres``, ``redis``)."""
+    allowed = list(schemes)
+    raw = _raw(name)
+    value = default if raw is None else raw.strip()
+    scheme = urlsplit(value).scheme.lower()
+    if scheme not in allowed:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is not a URL coevo can use: its scheme must be one of "
+            f"{', '.join(s + '://' for s in allowed)}."
+        )
     return value
 
 
@@ -55,10 +112,33 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_path(name: str, default: Path | str) -> Path:
+    """An absolute path (a relative one is taken from the current directory, as a shell would);
+    it need not exist yet."""
+    raw = _raw(name)
+    value = Path(default if raw is None else raw).expanduser()
+    if "\x00" in str(value):
+        raise ImproperlyConfigured(f"{name} holds a NUL character, which no path may contain.")
+    return value.resolve()
+
+
+def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below its minimum of {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above its maximum of {maximum}.")
+
+
 def home_dir() -> Path:
     """Where the embedded default keeps its state (database, broker folders, harness store)."""
-    home = Path(os.environ.get("COEVO_HOME", BASE_DIR / "var")).resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    home = env_path("COEVO_HOME", BASE_DIR / "var")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"COEVO_HOME={str(home)!r} cannot be created ({exc.strerror}): point it at a "
+            "writable directory."
+        ) from None
     return home
 
 

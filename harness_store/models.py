@@ -81,3 +81,29 @@ class TreeSnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project_id}:{self.tree_sha[:12]}"
+
+
+class StoreCheck(models.Model):
+    """One integrity check of a project's repository (``git fsck`` plus the database's
+    candidates present in git), kept so the system page can show the latest result."""
+
+    # How much of git's output a row keeps: enough to read the first errors, bounded so a
+    # badly broken repository does not write megabytes per check.
+    OUTPUT_MAX_CHARS = 20_000
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="store_checks")
+    ok = models.BooleanField()
+    output = models.TextField(blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+    checked_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-checked_at"]
+        indexes = [
+            # store_check_latest: the newest check of each project.
+            models.Index(fields=["project", "-checked_at"], name="store_check_latest_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project_id} {'ok' if self.ok else 'FAILED'} at {self.checked_at}"

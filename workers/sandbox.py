@@ -41,6 +41,7 @@ from pathlib import Path
 from django.conf import settings
 
 from coevo.errors import SandboxUnavailable
+from coevo.ops import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ def sandbox_mode() -> str:
         return "bwrap"
     if settings.COEVO_ALLOW_UNSANDBOXED:
         return "unsandboxed"
+    metrics.sandbox_failure(reason="unavailable")
     raise SandboxUnavailable(
         "bubblewrap (bwrap) is not installed, so coevo refuses to run untrusted harness code. "
         "Install it (Debian/Ubuntu: apt-get install bubblewrap), or set COEVO_ALLOW_UNSANDBOXED=1 "
@@ -312,13 +314,14 @@ def run(
     for stream in (proc.stdout, proc.stderr):
         with contextlib.suppress(OSError):
             stream.close()  # type: ignore[union-attr]
-    return SandboxRun(
+    result = SandboxRun(
         returncode=None if timed_out else proc.returncode,
         stdout=bytes(tails["stdout"]),
         stderr=bytes(tails["stderr"]),
         timed_out=timed_out,
         output_exceeded=exceeded.is_set(),
     )
+    return metrics.sandbox_run_observed(result)  # timeouts, output floods, kills by signal
 
 
 def terminate(proc: subprocess.Popen[bytes]) -> None:
@@ -424,6 +427,7 @@ def _sandbox_uid() -> int:
     """
     spans = _usable_ids(_id_map("/proc/self/uid_map"), _id_map("/proc/self/gid_map"))
     if not spans:
+        metrics.sandbox_failure(reason="no_uid")
         raise SandboxUnavailable(
             "The worker runs as root in a user namespace that maps no spare uid/gid above "
             "10000, so the sandbox cannot drop root. Map a range of subordinate ids into the "

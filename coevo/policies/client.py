@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from coevo.errors import PolicyRequestRejected, PolicyUnavailable
+from coevo.ops import metrics
 from coevo.policies.concurrency import EndpointLimiter, limiter_slot
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,13 @@ class PolicyClient:
             body = self._request("POST", "/completions", json=payload)
         latency_ms = int((time.monotonic() - started) * 1000)
         choice = _first_choice(body)
+        metrics.policy_request_observed(
+            endpoint=self.base_url,
+            model=self.model,
+            api="completions",
+            seconds=latency_ms / 1000,
+            **_usage(body),
+        )
         return Completion(
             text=choice.get("text") or "",
             finish_reason=choice.get("finish_reason"),
@@ -120,6 +128,13 @@ class PolicyClient:
             body = self._request("POST", "/chat/completions", json=payload)
         latency_ms = int((time.monotonic() - started) * 1000)
         choice = _first_choice(body)
+        metrics.policy_request_observed(
+            endpoint=self.base_url,
+            model=self.model,
+            api="chat",
+            seconds=latency_ms / 1000,
+            **_usage(body),
+        )
         message = choice.get("message") or {}
         return Completion(
             text=message.get("content") or "",
@@ -134,6 +149,9 @@ class PolicyClient:
         last_error = ""
         for attempt in range(self.retries + 1):
             if attempt:
+                metrics.policy_request_failed(
+                    endpoint=self.base_url, model=self.model, path=path, reason="retried"
+                )
                 delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
                 logger.warning(
                     "policy request %s %s failed (%s); retry %d/%d in %.1fs",
@@ -154,6 +172,9 @@ class PolicyClient:
                 last_error = f"HTTP {response.status_code}: {response.text[:200]}"
                 continue
             if response.status_code >= 400:
+                metrics.policy_request_failed(
+                    endpoint=self.base_url, model=self.model, path=path, reason="rejected"
+                )
                 raise PolicyRequestRejected(
                     f"The policy server at {self.base_url} rejected {method} {path} with "
                     f"HTTP {response.status_code}: {response.text[:500]}"
@@ -163,6 +184,9 @@ class PolicyClient:
             except ValueError:
                 last_error = f"response is not JSON: {response.text[:200]!r}"
                 continue
+        metrics.policy_request_failed(
+            endpoint=self.base_url, model=self.model, path=path, reason="unavailable"
+        )
         raise PolicyUnavailable(
             f"The policy server at {self.base_url} did not answer {method} {path} after "
             f"{self.retries + 1} tries (last error: {last_error}). Check that it is running "

@@ -30,6 +30,8 @@ from coevo.evaluations.models import (
     RolloutState,
 )
 from coevo.evaluations.traces import TraceWriter
+from coevo.ops import metrics
+from coevo.ops.logs import log_bind, log_context, rollout_log_ids
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
 from harness_store.selectors import candidate_export
 
@@ -115,6 +117,11 @@ class _Heartbeat:
 
 def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     """Claim and run one rollout; record its trace and outcome. Safe to call twice."""
+    with log_context(rollout=rollout_id, worker=worker):  # ids on its log lines, and only there
+        return _rollout_execute(rollout_id=rollout_id, worker=worker)
+
+
+def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     from workers.environments import adapter_for
     from workers.rollout import RolloutResult, Step
 
@@ -123,6 +130,8 @@ def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     if rollout is None:
         logger.info("rollout %s: already claimed, final or paused; nothing to do", rollout_id)
         return None
+    log_bind(**rollout_log_ids(rollout))  # every line from here on carries the rollout's ids
+    metrics.rollout_started()
     evaluation = rollout.evaluation
     adapter = adapter_for(evaluation.suite.kind)
     # Steps are written in batches; every way out below flushes first, so the trace is
@@ -293,6 +302,9 @@ def rollout_finish(
         detail[:200],
     )
     if finished:
+        metrics.rollout_finished(
+            outcome=outcome, error_kind=error_kind_for(outcome, detail), seconds=latency_ms / 1000
+        )
         from coevo.evaluations.lifecycle import evaluation_advance
 
         evaluation_advance(evaluation_id=rollout.evaluation_id)

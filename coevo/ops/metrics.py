@@ -1,0 +1,283 @@
+"""Prometheus metrics, in two halves (docs/monitoring.md).
+
+In-process counters and histograms, recorded where the work happens (policy client, rollout
+path, sandbox) in the default registry: a worker serves them on its own HTTP port
+(``worker_metrics_server_start``, COEVO_WORKER_METRICS_PORT). Counters in one process are
+invisible to every other, so the web ``/metrics`` adds ``DatabaseCollector``: figures read
+from the database and the broker at scrape time (rollouts and evaluations by state, queue
+depths, ledger spend, worker heartbeat age), the same whichever web process answers.
+
+Labels stay low-cardinality: endpoint URL, served model, outcome, error kind, queue, project
+slug, worker hostname — never a task id, rollout id or SHA.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+# --- recorded in process (workers) ---------------------------------------------------------
+
+POLICY_REQUESTS = Counter(
+    "coevo_policy_requests",
+    "Model calls answered by a policy endpoint (completions and chat).",
+    ["endpoint", "model", "api"],
+)
+POLICY_REQUEST_ERRORS = Counter(
+    "coevo_policy_request_errors",
+    "Failed policy requests: retried (one per failed try), rejected (4xx), unavailable (gave up).",
+    ["endpoint", "model", "api", "reason"],
+)
+POLICY_LATENCY = Histogram(
+    "coevo_policy_request_seconds",
+    "Latency of answered model calls, waiting for a concurrency slot excluded.",
+    ["endpoint", "model", "api"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300),
+)
+POLICY_TOKENS = Counter(
+    "coevo_policy_tokens",
+    "Tokens reported by policy endpoints (kind: prompt or completion).",
+    ["endpoint", "model", "kind"],
+)
+ROLLOUTS_STARTED = Counter(
+    "coevo_worker_rollouts_started", "Rollouts this process claimed and started."
+)
+ROLLOUTS_FINISHED = Counter(
+    "coevo_worker_rollouts_finished",
+    "Rollouts this process finished, by outcome and error kind.",
+    ["outcome", "error_kind"],
+)
+ROLLOUT_DURATION = Histogram(
+    "coevo_rollout_duration_seconds",
+    "Wall time of finished rollouts (sandbox, model calls and verifier).",
+    ["outcome"],
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600),
+)
+SANDBOX_FAILURES = Counter(
+    "coevo_sandbox_failures",
+    "Sandboxed runs that did not end normally, by reason "
+    "(unavailable, no_uid, timeout, output_limit, killed).",
+    ["reason"],
+)
+
+
+def policy_request_observed(
+    *,
+    endpoint: str,
+    model: str,
+    api: str,
+    seconds: float,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> None:
+    POLICY_REQUESTS.labels(endpoint, model, api).inc()
+    POLICY_LATENCY.labels(endpoint, model, api).observe(seconds)
+    POLICY_TOKENS.labels(endpoint, model, "prompt").inc(prompt_tokens)
+    POLICY_TOKENS.labels(endpoint, model, "completion").inc(completion_tokens)
+
+
+def policy_request_failed(*, endpoint: str, model: str, path: str, reason: str) -> None:
+    POLICY_REQUEST_ERRORS.labels(endpoint, model, _api_of(path), reason).inc()
+
+
+def rollout_started() -> None:
+    ROLLOUTS_STARTED.inc()
+
+
+def rollout_finished(*, outcome: str, error_kind: str, seconds: float) -> None:
+    ROLLOUTS_FINISHED.labels(outcome, error_kind or "none").inc()
+    ROLLOUT_DURATION.labels(outcome).observe(seconds)
+
+
+def sandbox_failure(*, reason: str) -> None:
+    SANDBOX_FAILURES.labels(reason).inc()
+
+
+def sandbox_run_observed(run: Any) -> Any:
+    """Count a finished ``sandbox.run`` that did not end normally; returns it unchanged."""
+    if run.timed_out:
+        sandbox_failure(reason="timeout")
+    elif run.output_exceeded:
+        sandbox_failure(reason="output_limit")
+    elif run.returncode is not None and run.returncode < 0:
+        sandbox_failure(reason="killed")  # a signal: the memory or CPU limit, most often
+    return run
+
+
+def _api_of(path: str) -> str:
+    return {"/completions": "completions", "/chat/completions": "chat", "/models": "models"}.get(
+        path, path.strip("/") or "other"
+    )
+
+
+_server_lock = threading.Lock()
+_server: Any = None
+
+
+def worker_metrics_server_start(*, port: int, addr: str = "0.0.0.0") -> int | None:
+    """Serve the default registry on ``port`` (0 disables); returns the bound port, or None.
+
+    A port already taken (two workers on one machine with the same setting) is logged, not
+    fatal: the worker runs on without its endpoint.
+    """
+    global _server
+    if port <= 0:
+        return None
+    from prometheus_client import start_http_server
+
+    with _server_lock:
+        if _server is not None:
+            return _server.server_port
+        try:
+            _server, _thread = start_http_server(port, addr=addr)
+        except OSError as exc:
+            logger.warning(
+                "worker metrics: cannot listen on %s:%s (%s); set COEVO_WORKER_METRICS_PORT "
+                "to a free port per worker, or 0 to disable",
+                addr,
+                port,
+                exc,
+            )
+            return None
+        logger.info("worker metrics on http://%s:%s/metrics", addr, _server.server_port)
+        return _server.server_port
+
+
+def worker_metrics_server_stop() -> None:
+    global _server
+    with _server_lock:
+        if _server is not None:
+            _server.shutdown()
+            _server.server_close()
+            _server = None
+
+
+# --- read at scrape time (web) -------------------------------------------------------------
+
+
+class DatabaseCollector(Collector):
+    """Figures every web process reports alike, read at scrape time from the database and
+    the broker. Cached for COEVO_METRICS_CACHE_S so that several scrapers (or a fast scrape
+    interval) cost the database one set of queries."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cached: tuple[float, list[Metric]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        from django.conf import settings
+
+        ttl = settings.COEVO_METRICS_CACHE_S
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is None or now - self._cached[0] >= ttl:
+                self._cached = (now, list(self._read()))
+            metrics = self._cached[1]
+        yield from metrics
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._cached = None
+
+    def _read(self) -> Iterator[Metric]:
+        from coevo.ops import selectors
+
+        rollouts = GaugeMetricFamily(
+            "coevo_rollouts",
+            "Rollout rows by state, outcome and error kind (done rollouts only grow, until "
+            "retention deletes them).",
+            labels=["state", "outcome", "error_kind"],
+        )
+        for row in selectors.rollout_counts():
+            rollouts.add_metric(
+                [row["state"], row["outcome"] or "none", row["error_kind"] or "none"], row["n"]
+            )
+        yield rollouts
+
+        evaluations = GaugeMetricFamily(
+            "coevo_evaluations", "Evaluation rows by state.", labels=["state"]
+        )
+        for state, n in selectors.evaluation_counts().items():
+            evaluations.add_metric([state], n)
+        yield evaluations
+
+        depths = selectors.queue_depths()
+        broker_up = GaugeMetricFamily(
+            "coevo_broker_up", "1 when the broker answered the queue-depth query."
+        )
+        broker_up.add_metric([], 0 if all(v is None for v in depths.values()) else 1)
+        yield broker_up
+        queue = GaugeMetricFamily(
+            "coevo_queue_depth", "Messages waiting in each broker queue.", labels=["queue"]
+        )
+        for name, depth in depths.items():
+            if depth is not None:
+                queue.add_metric([name], depth)
+        yield queue
+
+        spent = GaugeMetricFamily(
+            "coevo_ledger_spent",
+            "Budget ledger spend per project (root budgets: a campaign's budget already "
+            "includes its evaluations'), by unit.",
+            labels=["project", "unit"],
+        )
+        reserved = GaugeMetricFamily(
+            "coevo_ledger_reserved",
+            "Budget ledger reservations not yet settled, per project and unit.",
+            labels=["project", "unit"],
+        )
+        for row in selectors.ledger_totals():
+            for unit in ("rollouts", "tokens", "wall_s"):
+                spent.add_metric([row["project"], unit], row[f"spent_{unit}"] or 0)
+                reserved.add_metric([row["project"], unit], row[f"reserved_{unit}"] or 0)
+        yield spent
+        yield reserved
+
+        age = GaugeMetricFamily(
+            "coevo_worker_heartbeat_age_seconds",
+            "Seconds since each running worker's last heartbeat.",
+            labels=["worker"],
+        )
+        workers = GaugeMetricFamily(
+            "coevo_workers", "Workers by heartbeat state (alive, stale, stopped).", labels=["state"]
+        )
+        counts = {"alive": 0, "stale": 0, "stopped": 0}
+        for worker in selectors.worker_heartbeats():
+            counts[worker.state] += 1
+            if worker.state != "stopped":
+                age.add_metric([worker.hostname], worker.age_s)
+        for state, n in counts.items():
+            workers.add_metric([state], n)
+        yield age
+        yield workers
+
+
+_web_registry: CollectorRegistry | None = None
+_web_lock = threading.Lock()
+
+
+def web_registry() -> CollectorRegistry:
+    """The registry of the web ``/metrics``: the database collector (created once)."""
+    global _web_registry
+    with _web_lock:
+        if _web_registry is None:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(DatabaseCollector())
+            _web_registry = registry
+        return _web_registry
+
+
+def web_metrics_text() -> bytes:
+    """What the web ``/metrics`` serves: the database figures, then this process's own
+    registry (process and Python metrics; its in-process counters, which in a web process
+    stay near zero)."""
+    return generate_latest(web_registry()) + generate_latest(REGISTRY)

@@ -1,0 +1,33 @@
+"""Beat jobs of operations: trace retention and the harness store's integrity check.
+
+Both run on the ``default`` queue (housekeeping, never in the way of rollouts), and both are
+idempotent, so a redelivered or overlapping run does no harm.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="coevo.ops.tasks.traces_prune", soft_time_limit=6 * 3600, time_limit=7 * 3600)
+def traces_prune() -> None:
+    """Delete the trace bodies of old, unprotected evaluations (COEVO_TRACE_RETENTION_DAYS)."""
+    from coevo.ops.retention import traces_prune as prune
+
+    prune()
+
+
+@shared_task(
+    name="coevo.ops.tasks.harness_store_fsck", soft_time_limit=3 * 3600, time_limit=4 * 3600
+)
+def harness_store_fsck() -> None:
+    """``git fsck`` of every project's repository; results land in StoreCheck (system page)."""
+    from harness_store.maintenance import store_fsck_all
+
+    failed = [check.project.slug for check in store_fsck_all() if not check.ok]
+    if failed:
+        logger.error("harness store fsck: %s failed", ", ".join(failed))
