@@ -1,6 +1,6 @@
 from django.urls import path, register_converter
 
-from coevo.web import suite_views, views
+from coevo.web import campaign_views, gate_views, suite_views, views
 
 
 class ShaConverter:
@@ -36,8 +36,20 @@ urlpatterns = [
         name="evaluation_action",
     ),
     path("p/<slug:slug>/compare/", views.evaluation_comparison, name="comparison"),
+    path("p/<slug:slug>/gates/<uuid:gate_id>/", gate_views.gate_detail, name="gate"),
     path("p/<slug:slug>/r/<uuid:rollout_id>/", views.rollout_detail, name="rollout"),
     path("p/<slug:slug>/suites/", suite_views.suite_list_page, name="suites"),
     path("p/<slug:slug>/suites/import/", suite_views.suite_import_page, name="suite_import"),
     path("p/<slug:slug>/suites/<uuid:suite_id>/", suite_views.suite_detail, name="suite"),
+    path("p/<slug:slug>/campaigns/", campaign_views.campaign_list_page, name="campaigns"),
+    path(
+        "p/<slug:slug>/campaigns/<uuid:campaign_id>/",
+        campaign_views.campaign_detail,
+        name="campaign",
+    ),
+    path(
+        "p/<slug:slug>/campaigns/<uuid:campaign_id>/<str:action>/",
+        campaign_views.campaign_action,
+        name="campaign_action",
+    ),
 ]

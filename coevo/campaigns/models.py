@@ -1,0 +1,204 @@
+"""Evolution campaigns: a seed candidate evolved by proposers, every proposal kept.
+
+A campaign evaluates one proposal at a time: its SEARCH evaluation (staged, early-stopped
+against the parent), then, unless it stopped as clearly worse, its VALIDATION evaluation. The
+best candidate is chosen on the validation score (AutoSaddler: selection on validation, never on
+the split the proposer searched).
+"""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from coevo.db import TimeStampedModel
+from coevo.evaluations.models import Budget, Evaluation
+from coevo.policies.models import PolicyVersion
+from coevo.projects.models import Project
+from coevo.suites.models import Split, Suite
+from harness_store.models import Candidate
+
+
+class CampaignState(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPED = "stopped"  # by a user
+    FINISHED = "finished"  # a stop rule ended it
+    FAILED = "failed"
+
+
+CAMPAIGN_FINAL_STATES = (CampaignState.STOPPED, CampaignState.FINISHED, CampaignState.FAILED)
+
+
+class ProposerKind(models.TextChoices):
+    # The seed itself, evaluated first as proposal 0: the baseline every proposal is paired
+    # against and the first "best".
+    SEED = "seed"
+    CONFIG = "config"
+    LLM_PATCH = "llm-patch"
+    MERGE = "merge"
+    MANUAL = "manual"
+
+
+class Campaign(TimeStampedModel):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="campaigns")
+    name = models.CharField(max_length=200)
+    seed_candidate = models.ForeignKey(Candidate, on_delete=models.PROTECT, related_name="+")
+    policy_version = models.ForeignKey(PolicyVersion, on_delete=models.PROTECT, related_name="+")
+    suite = models.ForeignKey(Suite, on_delete=models.PROTECT, related_name="campaigns")
+    search_split = models.CharField(max_length=16, choices=Split.choices, default=Split.SEARCH)
+    validation_split = models.CharField(
+        max_length=16, choices=Split.choices, default=Split.VALIDATION
+    )
+    # Validated by coevo.campaigns.strategy: [{"kind": "config", "options": {...}}].
+    strategy = models.JSONField(default=list)
+    # The ledger account every evaluation of the campaign reserves on (as parent_budget).
+    budget = models.OneToOneField(Budget, on_delete=models.PROTECT, related_name="campaign")
+    max_proposals = models.PositiveIntegerField(default=10)
+    max_candidates = models.PositiveIntegerField(null=True, blank=True)
+    # coevo.evaluations.plans.EvaluationPlan.as_dict() for the search evaluations.
+    plan = models.JSONField(default=dict, blank=True)
+    patience = models.PositiveIntegerField(null=True, blank=True)
+    target_score = models.FloatField(null=True, blank=True)
+    epochs = models.PositiveSmallIntegerField(default=1)
+    seed = models.BigIntegerField(default=0)
+    state = models.CharField(
+        max_length=16, choices=CampaignState.choices, default=CampaignState.PENDING
+    )
+    state_detail = models.TextField(blank=True)
+    stop_reason = models.TextField(blank=True)
+    best_candidate = models.ForeignKey(
+        Candidate, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    best_validation_score = models.FloatField(null=True, blank=True)
+    # Proposals ended since the best validation score last improved (the patience rule).
+    proposals_since_improvement = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(max_proposals__gte=1), name="campaign_max_proposals_positive"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(epochs__gte=1), name="campaign_epochs_positive"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(patience__isnull=True) | models.Q(patience__gte=1),
+                name="campaign_patience_positive",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(search_split=models.F("validation_split")),
+                name="campaign_splits_differ",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(search_split="heldout") & ~models.Q(validation_split="heldout"),
+                name="campaign_no_heldout_split",
+            ),
+        ]
+        indexes = [
+            # campaigns_advance_running (beat): the running campaigns.
+            models.Index(
+                fields=["state"],
+                name="campaign_running_idx",
+                condition=models.Q(state="running"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"campaign {self.name}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in CAMPAIGN_FINAL_STATES
+
+
+class ProposalState(models.TextChoices):
+    PROPOSED = "proposed"
+    INVALID = "invalid"  # rejected by a validation stage; never evaluated further
+    EVALUATING = "evaluating"
+    EVALUATED = "evaluated"
+    FAILED = "failed"  # the evaluation could not run (infra, budget, campaign stopped)
+
+
+PROPOSAL_OPEN_STATES = (ProposalState.PROPOSED, ProposalState.EVALUATING)
+PROPOSAL_FINAL_STATES = (ProposalState.INVALID, ProposalState.EVALUATED, ProposalState.FAILED)
+
+
+class Proposal(TimeStampedModel):
+    """One proposal, rejected ones included. What it was shown, what it wrote and the patch are
+    written once; only its progress (state, evaluations, scores) changes afterwards."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="proposals")
+    sequence = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=ProposerKind.choices)
+    # The resulting commit's parents (first parent first).
+    parent_shas = models.JSONField(default=list, blank=True)
+    # What the proposer saw: {"candidates": [{"sha", "search_score"}], "task_keys": [...],
+    # "trace_ids": [...], ...}. Search split only: never validation or held-out material.
+    shown = models.JSONField(default=dict, blank=True)
+    # The proposer's own parameters (config: the knob values of its Optuna trial).
+    params = models.JSONField(default=dict, blank=True)
+    trial_number = models.IntegerField(null=True, blank=True)
+    prompt = models.TextField(blank=True)
+    response = models.TextField(blank=True)
+    proposer_tokens = models.PositiveIntegerField(default=0)
+    patch = models.TextField(blank=True)
+    # [{"stage": applies|manifest|imports|duplicate|smoke, "ok": bool, "reason": str}]
+    stages = models.JSONField(default=list, blank=True)
+    state = models.CharField(
+        max_length=16, choices=ProposalState.choices, default=ProposalState.PROPOSED
+    )
+    state_detail = models.TextField(blank=True)
+    candidate = models.ForeignKey(
+        Candidate, null=True, blank=True, on_delete=models.PROTECT, related_name="proposals"
+    )
+    search_evaluation = models.ForeignKey(
+        Evaluation, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    validation_evaluation = models.ForeignKey(
+        Evaluation, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    search_score = models.FloatField(null=True, blank=True)
+    validation_score = models.FloatField(null=True, blank=True)
+    # Policy tokens per validation task (per search task when it had no validation run).
+    tokens_per_task = models.FloatField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["campaign", "sequence"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["campaign", "sequence"], name="proposal_unique_sequence"
+            ),
+            # The runner evaluates one proposal at a time: a second open one is a race it lost.
+            models.UniqueConstraint(
+                fields=["campaign"],
+                condition=models.Q(state__in=["proposed", "evaluating"]),
+                name="proposal_one_open_per_campaign",
+            ),
+            models.UniqueConstraint(
+                fields=["campaign"],
+                condition=models.Q(kind="seed"),
+                name="proposal_one_seed_per_campaign",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state="evaluated") | models.Q(candidate__isnull=False),
+                name="proposal_evaluated_has_candidate",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id} #{self.sequence} ({self.kind})"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in PROPOSAL_FINAL_STATES

@@ -1,0 +1,49 @@
+"""What every proposer hands the runner, and how the runner tells it the outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from harness_store.models import Candidate
+
+
+@dataclass
+class Draft:
+    """A proposed change, before it becomes a candidate. ``stages`` holds the validation stages
+    the proposer already decided (e.g. ``applies``); ``failed`` says one of them rejected it."""
+
+    kind: str
+    parents: list[Candidate]
+    changes: dict[str, bytes | None]
+    message: str
+    patch: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    trial_number: int | None = None
+    shown: dict[str, Any] = field(default_factory=dict)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    prompt: str = ""
+    response: str = ""
+    proposer_tokens: int = 0
+
+    @property
+    def failed(self) -> bool:
+        return any(not stage["ok"] for stage in self.stages)
+
+
+class Outcome:
+    """How a proposal ended, as a proposer learns it."""
+
+    COMPLETE = "complete"  # evaluated on validation: ``value`` is its validation score
+    PRUNED = "pruned"  # stopped on the search split as clearly worse than its parent
+    FAIL = "fail"  # invalid, or its evaluation could not run
+
+
+class Proposer(Protocol):
+    def propose(self, *, history: list[dict[str, Any]]) -> Draft: ...
+
+    def tell(self, *, trial_number: int | None, outcome: str, value: float | None) -> None: ...
+
+
+def stage(name: str, ok: bool, reason: str) -> dict[str, Any]:
+    return {"stage": name, "ok": ok, "reason": reason}

@@ -1,0 +1,428 @@
+"""The campaign runner: one proposal at a time, each step taken under the campaign's row lock.
+
+``campaign_advance`` is idempotent: it looks at where the campaign is (the open proposal and
+its evaluations) and takes the next step, so a redelivered task, two workers at once, or the
+beat job finding a campaign whose signal was lost all do the right thing at most once.
+
+Proposal 0 is the seed: evaluated on both splits like any other, it is the reference that
+search evaluations are paired against and the first "best".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max, Sum
+from django.utils import timezone
+
+from coevo.campaigns.models import (
+    PROPOSAL_OPEN_STATES,
+    Campaign,
+    CampaignState,
+    Proposal,
+    ProposalState,
+    ProposerKind,
+)
+from coevo.campaigns.proposers import Draft, Outcome, proposer_for, proposer_for_proposal
+from coevo.campaigns.proposers.base import stage
+from coevo.errors import BudgetExceeded, CoevoError
+from coevo.evaluations.models import Budget, Evaluation, EvaluationState, Rollout, StageKind
+from coevo.evaluations.plans import EvaluationPlan
+from coevo.evaluations.selectors import evaluation_task_scores
+from harness_store.derive import candidate_derive
+
+logger = logging.getLogger(__name__)
+
+# Steps taken in one call at most (invalid proposals cost no evaluation, so several can be
+# decided at once); the next signal or beat tick goes on from there.
+MAX_STEPS_PER_CALL = 20
+
+
+def campaign_advance(*, campaign_id: Any) -> None:
+    for _ in range(MAX_STEPS_PER_CALL):
+        if not _step(campaign_id):
+            return
+
+
+def _step(campaign_id: Any) -> bool:
+    """Take one step; True when another may follow at once."""
+    with transaction.atomic():
+        campaign = (
+            Campaign.objects.select_for_update()
+            .select_related("seed_candidate", "budget")
+            .filter(id=campaign_id)
+            .first()
+        )
+        if campaign is None or campaign.state != CampaignState.RUNNING:
+            return False
+        proposal = Proposal.objects.filter(
+            campaign=campaign, state__in=PROPOSAL_OPEN_STATES
+        ).first()
+        if proposal is not None:
+            return _follow(campaign, proposal)
+        reason = _stop_rule(campaign)
+        if reason:
+            _finish(campaign, CampaignState.FINISHED, reason)
+            return False
+        return _propose(campaign)
+
+
+# --- stop rules ----------------------------------------------------------------------------
+
+
+def _stop_rule(campaign: Campaign) -> str:
+    proposals = Proposal.objects.filter(campaign=campaign).exclude(kind=ProposerKind.SEED)
+    if campaign.target_score is not None and (
+        campaign.best_validation_score is not None
+        and campaign.best_validation_score >= campaign.target_score
+    ):
+        return (
+            f"target reached: validation score {campaign.best_validation_score:.3f} ≥ "
+            f"{campaign.target_score:.3f}"
+        )
+    if proposals.count() >= campaign.max_proposals:
+        return f"max proposals reached ({campaign.max_proposals})"
+    if campaign.max_candidates is not None:
+        made = (
+            proposals.filter(candidate__isnull=False).exclude(state=ProposalState.INVALID).count()
+        )
+        if made >= campaign.max_candidates:
+            return f"max candidates reached ({campaign.max_candidates})"
+    if campaign.patience is not None and campaign.proposals_since_improvement >= campaign.patience:
+        return (
+            f"patience exhausted: no validation improvement in the last "
+            f"{campaign.proposals_since_improvement} proposal(s)"
+        )
+    spent = _budget_spent(campaign.budget)
+    if spent:
+        return spent
+    return ""
+
+
+def _budget_spent(budget: Budget) -> str:
+    budget.refresh_from_db()
+    for field, unit in (("rollouts", "rollouts"), ("tokens", "tokens"), ("wall_s", "seconds")):
+        limit = getattr(budget, f"limit_{field}")
+        used = getattr(budget, f"reserved_{field}") + getattr(budget, f"spent_{field}")
+        if limit is not None and used >= limit:
+            return f"budget spent: {used:,} of {limit:,} {unit}"
+    return ""
+
+
+def _finish(campaign: Campaign, state: str, reason: str) -> None:
+    Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
+        state=state, stop_reason=reason, finished_at=timezone.now(), updated_at=timezone.now()
+    )
+    logger.info("campaign %s %s: %s", campaign.id, state, reason)
+
+
+# --- proposing -----------------------------------------------------------------------------
+
+
+def _propose(campaign: Campaign) -> bool:
+    last = Proposal.objects.filter(campaign=campaign).aggregate(m=Max("sequence"))["m"]
+    sequence = 0 if last is None else last + 1
+    if sequence == 0:
+        proposal = Proposal.objects.create(
+            campaign=campaign,
+            sequence=0,
+            kind=ProposerKind.SEED,
+            candidate=campaign.seed_candidate,
+            state=ProposalState.EVALUATING,
+        )
+        return _start_search(campaign, proposal)
+    proposer = proposer_for(campaign=campaign, sequence=sequence)
+    draft = proposer.propose(history=_search_history(campaign))
+    proposal = _record(campaign, sequence, draft)
+    if proposal.state == ProposalState.INVALID:
+        proposer.tell(trial_number=draft.trial_number, outcome=Outcome.FAIL, value=None)
+        _count_no_improvement(campaign)
+        return True
+    return _start_search(campaign, proposal)
+
+
+def _search_history(campaign: Campaign) -> list[dict[str, Any]]:
+    """What a proposer may see of earlier proposals: candidates with their SEARCH scores."""
+    return [
+        {"sha": sha, "search_score": score}
+        for sha, score in Proposal.objects.filter(
+            campaign=campaign, search_score__isnull=False, candidate__isnull=False
+        )
+        .order_by("sequence")
+        .values_list("candidate__sha", "search_score")
+    ]
+
+
+def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
+    """Validate the draft stage by stage, derive its candidate, and write the proposal."""
+    stages = list(draft.stages)
+    candidate = None
+    detail = ""
+    if not draft.failed:
+        try:
+            candidate, created = candidate_derive(
+                project=campaign.project,
+                parents=draft.parents,
+                changes=draft.changes,
+                message=f"{draft.message}\n\ncampaign {campaign.name} ({campaign.id}), proposal {sequence}",
+                author_name=f"coevo {draft.kind} proposer",
+            )
+        except CoevoError as exc:
+            stages.append(stage("manifest", False, str(exc)))
+        else:
+            stages.append(stage("manifest", True, "harness.toml validates"))
+            if draft.kind == ProposerKind.CONFIG:
+                stages.append(
+                    stage("imports", True, "code unchanged from the parent (only knob defaults)")
+                )
+            if created:
+                stages.append(stage("duplicate", True, "a new tree"))
+            else:
+                stages.append(
+                    stage(
+                        "duplicate",
+                        False,
+                        f"the same tree as candidate {candidate.short_sha}: not evaluated again",
+                    )
+                )
+    failed = next((s for s in stages if not s["ok"]), None)
+    if failed:
+        detail = f"rejected at the {failed['stage']} stage: {failed['reason']}"
+    return Proposal.objects.create(
+        campaign=campaign,
+        sequence=sequence,
+        kind=draft.kind,
+        parent_shas=[p.sha for p in draft.parents],
+        shown=draft.shown,
+        params=draft.params,
+        trial_number=draft.trial_number,
+        prompt=draft.prompt,
+        response=draft.response,
+        proposer_tokens=draft.proposer_tokens,
+        patch=draft.patch,
+        stages=stages,
+        state=ProposalState.INVALID if failed else ProposalState.PROPOSED,
+        state_detail=detail,
+        candidate=candidate,
+        finished_at=timezone.now() if failed else None,
+    )
+
+
+# --- evaluating ----------------------------------------------------------------------------
+
+
+def _start_search(campaign: Campaign, proposal: Proposal) -> bool:
+    plan = EvaluationPlan.from_dict(campaign.plan)
+    reference = _reference(campaign)
+    if reference is None and plan.early_stop:
+        plan = dataclasses.replace(plan, early_stop=False)
+    evaluation = _create_evaluation(
+        campaign, proposal, split=campaign.search_split, plan=plan, reference=reference
+    )
+    if evaluation is None:
+        return False
+    Proposal.objects.filter(id=proposal.id).update(
+        search_evaluation=evaluation, state=ProposalState.EVALUATING, updated_at=timezone.now()
+    )
+    return False
+
+
+def _start_validation(campaign: Campaign, proposal: Proposal) -> bool:
+    evaluation = _create_evaluation(
+        campaign, proposal, split=campaign.validation_split, plan=EvaluationPlan(), reference=None
+    )
+    if evaluation is None:
+        return False
+    Proposal.objects.filter(id=proposal.id).update(
+        validation_evaluation=evaluation, updated_at=timezone.now()
+    )
+    return False
+
+
+def _reference(campaign: Campaign) -> Evaluation | None:
+    seed = Proposal.objects.filter(campaign=campaign, kind=ProposerKind.SEED).first()
+    if seed is None or seed.search_evaluation_id is None:
+        return None
+    evaluation = seed.search_evaluation
+    return evaluation if evaluation.state == EvaluationState.FINISHED else None
+
+
+def _create_evaluation(
+    campaign: Campaign,
+    proposal: Proposal,
+    *,
+    split: str,
+    plan: EvaluationPlan,
+    reference: Evaluation | None,
+) -> Evaluation | None:
+    from coevo.evaluations.services import evaluation_create
+
+    try:
+        return evaluation_create(
+            candidate=proposal.candidate,
+            suite=campaign.suite,
+            split=split,
+            policy_version=campaign.policy_version,
+            epochs=campaign.epochs,
+            seed=campaign.seed,
+            plan=plan,
+            reference=reference,
+            parent_budget=campaign.budget,
+            created_by=campaign.created_by,
+        )
+    except BudgetExceeded as exc:
+        _end_proposal(campaign, proposal, ProposalState.FAILED, f"not evaluated: {exc}")
+        _finish(campaign, CampaignState.FINISHED, f"budget spent: {exc}")
+        return None
+    except CoevoError as exc:
+        _end_proposal(campaign, proposal, ProposalState.FAILED, f"not evaluated: {exc}")
+        _finish(campaign, CampaignState.FAILED, f"proposal {proposal.sequence}: {exc}")
+        return None
+
+
+def _follow(campaign: Campaign, proposal: Proposal) -> bool:
+    """The open proposal's next step, once its current evaluation is final."""
+    if proposal.search_evaluation_id is None:
+        # Recorded, but its evaluation was never created (a crash between the two): start it.
+        return _start_search(campaign, proposal)
+    if proposal.validation_evaluation_id is None:
+        search = Evaluation.objects.get(id=proposal.search_evaluation_id)
+        if not search.is_final:
+            return False
+        return _search_done(campaign, proposal, search)
+    validation = Evaluation.objects.get(id=proposal.validation_evaluation_id)
+    if not validation.is_final:
+        return False
+    return _validation_done(campaign, proposal, validation)
+
+
+def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> bool:
+    score, tokens = _score(search)
+    stages = list(proposal.stages)
+    smoke = search.stages.filter(kind=StageKind.SMOKE).first()
+    if proposal.kind != ProposerKind.SEED:
+        if smoke is None:
+            stages.append(stage("smoke", True, "the plan has no smoke stage"))
+        elif smoke.state == "failed":
+            stages.append(stage("smoke", False, smoke.reason))
+        elif smoke.state == "passed":
+            stages.append(
+                stage("smoke", True, f"{smoke.tasks} smoke rollout(s) without harness error")
+            )
+    Proposal.objects.filter(id=proposal.id).update(
+        search_score=score, tokens_per_task=tokens, stages=stages, updated_at=timezone.now()
+    )
+    proposal.refresh_from_db()
+    if search.state != EvaluationState.FINISHED:
+        _end_proposal(
+            campaign,
+            proposal,
+            ProposalState.FAILED,
+            f"search evaluation {search.state}: {search.state_detail or search.stop_reason}",
+        )
+        return True
+    if any(not s["ok"] for s in stages):
+        _end_proposal(
+            campaign,
+            proposal,
+            ProposalState.INVALID,
+            f"rejected at the smoke stage: {smoke.reason}",
+        )
+        return True
+    if "clearly worse" in search.stop_reason:
+        _end_proposal(
+            campaign,
+            proposal,
+            ProposalState.EVALUATED,
+            f"not validated: the search evaluation {search.stop_reason}",
+            outcome=Outcome.PRUNED,
+        )
+        return True
+    return _start_validation(campaign, proposal)
+
+
+def _validation_done(campaign: Campaign, proposal: Proposal, validation: Evaluation) -> bool:
+    if validation.state != EvaluationState.FINISHED:
+        _end_proposal(
+            campaign,
+            proposal,
+            ProposalState.FAILED,
+            f"validation evaluation {validation.state}: {validation.state_detail}",
+        )
+        return True
+    score, tokens = _score(validation)
+    Proposal.objects.filter(id=proposal.id).update(
+        validation_score=score, tokens_per_task=tokens, updated_at=timezone.now()
+    )
+    proposal.refresh_from_db()
+    _end_proposal(campaign, proposal, ProposalState.EVALUATED, "", outcome=Outcome.COMPLETE)
+    return True
+
+
+def _end_proposal(
+    campaign: Campaign,
+    proposal: Proposal,
+    state: str,
+    detail: str,
+    *,
+    outcome: str = Outcome.FAIL,
+) -> None:
+    moved = Proposal.objects.filter(id=proposal.id, state__in=PROPOSAL_OPEN_STATES).update(
+        state=state,
+        state_detail=detail[:5000],
+        finished_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
+    if not moved:
+        return
+    improved = False
+    if state == ProposalState.EVALUATED and proposal.validation_score is not None:
+        best = campaign.best_validation_score
+        improved = best is None or proposal.validation_score > best
+        if improved:
+            campaign.best_candidate = proposal.candidate
+            campaign.best_validation_score = proposal.validation_score
+            campaign.proposals_since_improvement = 0
+            campaign.save(
+                update_fields=[
+                    "best_candidate",
+                    "best_validation_score",
+                    "proposals_since_improvement",
+                    "updated_at",
+                ]
+            )
+    if proposal.kind == ProposerKind.SEED:
+        return
+    if not improved:
+        _count_no_improvement(campaign)
+    proposer = proposer_for_proposal(campaign=campaign, kind=proposal.kind)
+    if proposer is not None:
+        proposer.tell(
+            trial_number=proposal.trial_number,
+            outcome=outcome,
+            value=proposal.validation_score if outcome == Outcome.COMPLETE else None,
+        )
+
+
+def _count_no_improvement(campaign: Campaign) -> None:
+    campaign.proposals_since_improvement += 1
+    campaign.save(update_fields=["proposals_since_improvement", "updated_at"])
+
+
+def _score(evaluation: Evaluation) -> tuple[float | None, float | None]:
+    """Mean per-task score and policy tokens per task (None when nothing was scored)."""
+    scores = evaluation_task_scores(evaluation_id=evaluation.id)
+    if not scores:
+        return None, None
+    mean = sum(sum(v) / len(v) for v in scores.values()) / len(scores)
+    tokens = Rollout.objects.filter(evaluation=evaluation).aggregate(
+        p=Sum("prompt_tokens"), c=Sum("completion_tokens")
+    )
+    total = (tokens["p"] or 0) + (tokens["c"] or 0)
+    return mean, total / len(scores)
+
+
+__all__ = ["campaign_advance"]

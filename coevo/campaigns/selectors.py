@@ -1,0 +1,147 @@
+"""Reads for the campaign page and the API: progress, spend, fronts, best-so-far series."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, QuerySet
+
+from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
+from coevo.errors import NotFound
+from coevo.evaluations.models import Budget
+from coevo.evaluations.selectors import evaluation_task_scores
+from coevo.projects.models import Project
+
+
+def campaign_list(*, project: Project) -> QuerySet[Campaign]:
+    return Campaign.objects.filter(project=project).select_related(
+        "seed_candidate", "best_candidate", "suite"
+    )
+
+
+def campaign_get(*, project: Project, campaign_id: Any) -> Campaign:
+    try:
+        return (
+            campaign_list(project=project)
+            .select_related("budget", "policy_version")
+            .get(id=campaign_id)
+        )
+    except (Campaign.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"No campaign {campaign_id} in project {project.slug}.") from None
+
+
+def proposal_list(*, campaign: Campaign) -> QuerySet[Proposal]:
+    return (
+        Proposal.objects.filter(campaign=campaign)
+        .select_related("candidate")
+        .defer("shown", "prompt", "response")
+        .order_by("sequence")
+    )
+
+
+@dataclass(frozen=True)
+class CampaignProgress:
+    proposals: int  # excluding the seed
+    by_state: dict[str, int]
+    budget: Budget
+
+    def spend(self) -> list[dict[str, Any]]:
+        rows = []
+        for field, label in (("rollouts", "rollouts"), ("tokens", "tokens"), ("wall_s", "wall s")):
+            limit = getattr(self.budget, f"limit_{field}")
+            spent = getattr(self.budget, f"spent_{field}")
+            reserved = getattr(self.budget, f"reserved_{field}")
+            rows.append(
+                {
+                    "name": label,
+                    "spent": spent,
+                    "reserved": reserved,
+                    "limit": limit,
+                    "percent": int(100 * (spent + reserved) / limit) if limit else None,
+                }
+            )
+        return rows
+
+
+def campaign_progress(*, campaign: Campaign) -> CampaignProgress:
+    counts = dict(
+        Proposal.objects.filter(campaign=campaign)
+        .exclude(kind=ProposerKind.SEED)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    budget = Budget.objects.get(id=campaign.budget_id)
+    return CampaignProgress(proposals=sum(counts.values()), by_state=counts, budget=budget)
+
+
+def campaign_pareto_front(*, campaign: Campaign) -> list[Proposal]:
+    """Evaluated proposals no other beats on both validation score (↑) and tokens per task (↓)."""
+    points = [
+        p
+        for p in proposal_list(campaign=campaign).filter(
+            state=ProposalState.EVALUATED, validation_score__isnull=False
+        )
+        if p.tokens_per_task is not None
+    ]
+    front = []
+    for p in points:
+        dominated = any(
+            q.validation_score >= p.validation_score
+            and q.tokens_per_task <= p.tokens_per_task
+            and (q.validation_score > p.validation_score or q.tokens_per_task < p.tokens_per_task)
+            for q in points
+        )
+        if not dominated:
+            front.append(p)
+    return sorted(front, key=lambda p: -p.validation_score)
+
+
+def campaign_task_front(*, campaign: Campaign) -> dict[str, list[str]]:
+    """For each SEARCH task, the candidates (SHAs) with the best mean score on it (> 0)."""
+    best: dict[str, tuple[float, list[str]]] = {}
+    for proposal in proposal_list(campaign=campaign).filter(
+        search_evaluation__isnull=False, candidate__isnull=False
+    ):
+        for key, scores in evaluation_task_scores(
+            evaluation_id=proposal.search_evaluation_id
+        ).items():
+            mean = sum(scores) / len(scores)
+            if mean <= 0:
+                continue
+            top, shas = best.get(key, (0.0, []))
+            if mean > top:
+                best[key] = (mean, [proposal.candidate.sha])
+            elif mean == top and proposal.candidate.sha not in shas:
+                shas.append(proposal.candidate.sha)
+    return {key: shas for key, (_, shas) in sorted(best.items())}
+
+
+def campaign_best_series(*, campaign: Campaign) -> list[dict[str, Any]]:
+    """Per ended proposal: its search and validation scores and the best validation so far."""
+    series = []
+    best = None
+    for p in proposal_list(campaign=campaign).exclude(state__in=["proposed", "evaluating"]):
+        if p.validation_score is not None and (best is None or p.validation_score > best):
+            best = p.validation_score
+        series.append(
+            {
+                "sequence": p.sequence,
+                "search_score": p.search_score,
+                "validation_score": p.validation_score,
+                "best_validation_score": best,
+            }
+        )
+    return series
+
+
+def campaign_best_proposal(*, campaign: Campaign) -> Proposal | None:
+    if campaign.best_candidate_id is None:
+        return None
+    return (
+        proposal_list(campaign=campaign)
+        .filter(candidate_id=campaign.best_candidate_id, state=ProposalState.EVALUATED)
+        .order_by("-validation_score")
+        .first()
+    )

@@ -1,0 +1,236 @@
+"""Creating a campaign and its state transitions (compare-and-swap). The step-by-step runner
+is ``coevo.campaigns.runner.campaign_advance``."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from coevo.campaigns.models import (
+    PROPOSAL_OPEN_STATES,
+    Campaign,
+    CampaignState,
+    Proposal,
+    ProposalState,
+)
+from coevo.campaigns.proposers import strategy_validate
+from coevo.errors import InvalidInput, InvalidManifest, InvalidState
+from coevo.evaluations.ledger import BudgetLimits, budget_create
+from coevo.evaluations.models import EVALUATION_OPEN_STATES, Evaluation, EvaluationState
+from coevo.evaluations.plans import EvaluationPlan
+from coevo.policies.models import PolicyVersion
+from coevo.projects.models import Project
+from coevo.suites.models import Split, Suite, Task
+from harness_store.models import Candidate
+from harness_store.selectors import candidate_export
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PLAN = EvaluationPlan(smoke_tasks=1, minibatch_tasks=0, early_stop=True)
+
+
+def campaign_create(
+    *,
+    project: Project,
+    name: str,
+    seed_candidate: Candidate,
+    policy_version: PolicyVersion,
+    suite: Suite,
+    strategy: list[dict[str, Any]] | None = None,
+    search_split: str = Split.SEARCH,
+    validation_split: str = Split.VALIDATION,
+    budget_limits: BudgetLimits | None = None,
+    max_proposals: int = 10,
+    max_candidates: int | None = None,
+    plan: EvaluationPlan | None = None,
+    patience: int | None = None,
+    target_score: float | None = None,
+    epochs: int = 1,
+    seed: int = 0,
+    created_by: AbstractBaseUser | None = None,
+) -> Campaign:
+    """A pending campaign with its ledger budget; ``campaign_start`` runs it."""
+    name = name.strip()
+    if not name:
+        raise InvalidInput("A campaign needs a name.")
+    if seed_candidate.project_id != project.id or suite.project_id != project.id:
+        raise InvalidInput(
+            "The seed candidate and the suite must belong to the campaign's project."
+        )
+    for label, split in (("search_split", search_split), ("validation_split", validation_split)):
+        if split not in (Split.SEARCH, Split.VALIDATION):
+            raise InvalidInput(
+                f"{label}={split!r}: campaigns use the search and validation splits; held-out "
+                "tasks are evaluated only for a promotion request."
+            )
+    if search_split == validation_split:
+        raise InvalidInput("The search and validation splits must differ.")
+    for split in (search_split, validation_split):
+        if not Task.objects.filter(suite=suite, split=split).exists():
+            raise InvalidInput(f"Suite {suite.name} has no tasks in the {split} split.")
+    if max_proposals < 1:
+        raise InvalidInput("max_proposals must be at least 1.")
+    if max_candidates is not None and max_candidates < 1:
+        raise InvalidInput("max_candidates must be at least 1.")
+    if patience is not None and patience < 1:
+        raise InvalidInput("patience must be at least 1 proposal.")
+    if not 1 <= epochs <= 100:
+        raise InvalidInput("epochs must be between 1 and 100.")
+    plan = plan or DEFAULT_PLAN
+    manifest = _manifest_of(seed_candidate)
+    cleaned = strategy_validate(strategy=strategy, manifest=manifest)
+    with transaction.atomic():
+        campaign_id = _new_id()
+        budget = budget_create(project=project, name=f"campaign {name[:150]}", limits=budget_limits)
+        campaign = Campaign.objects.create(
+            id=campaign_id,
+            project=project,
+            name=name[:200],
+            seed_candidate=seed_candidate,
+            policy_version=policy_version,
+            suite=suite,
+            search_split=search_split,
+            validation_split=validation_split,
+            strategy=cleaned,
+            budget=budget,
+            max_proposals=max_proposals,
+            max_candidates=max_candidates,
+            plan=plan.as_dict(),
+            patience=patience,
+            target_score=target_score,
+            epochs=epochs,
+            seed=seed,
+            created_by=created_by,
+        )
+    logger.info("campaign %s created: seed %s", campaign.id, seed_candidate.short_sha)
+    return campaign
+
+
+def campaign_start(*, campaign: Campaign) -> Campaign:
+    moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.PENDING).update(
+        state=CampaignState.RUNNING, started_at=timezone.now(), updated_at=timezone.now()
+    )
+    if not moved:
+        raise InvalidState(
+            f"Campaign {campaign.name} is {campaign.state}: only a pending one starts."
+        )
+    _advance_on_commit(campaign.id)
+    campaign.refresh_from_db()
+    return campaign
+
+
+def campaign_pause(*, campaign: Campaign) -> Campaign:
+    """Running → paused: no new proposal, and the open proposal's evaluations stop claiming
+    rollouts until the campaign is resumed."""
+    from coevo.evaluations.lifecycle import evaluation_pause
+
+    with transaction.atomic():
+        moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
+            state=CampaignState.PAUSED, updated_at=timezone.now()
+        )
+        if not moved:
+            raise InvalidState(
+                f"Campaign {campaign.name} is {campaign.state}: only a running one pauses."
+            )
+        for evaluation_id in _open_evaluation_ids(campaign):
+            evaluation_pause(evaluation_id=evaluation_id, reason="its campaign was paused")
+    campaign.refresh_from_db()
+    return campaign
+
+
+def campaign_resume(*, campaign: Campaign) -> Campaign:
+    from coevo.evaluations.lifecycle import evaluation_resume
+
+    with transaction.atomic():
+        moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.PAUSED).update(
+            state=CampaignState.RUNNING, updated_at=timezone.now()
+        )
+        if not moved:
+            raise InvalidState(
+                f"Campaign {campaign.name} is {campaign.state}: only a paused one resumes."
+            )
+        for evaluation in Evaluation.objects.filter(
+            id__in=_open_evaluation_ids(campaign), state=EvaluationState.PAUSED
+        ):
+            evaluation_resume(evaluation=evaluation)
+        _advance_on_commit(campaign.id)
+    campaign.refresh_from_db()
+    return campaign
+
+
+def campaign_stop(*, campaign: Campaign, reason: str = "stopped by a user") -> Campaign:
+    """Any open state → stopped; the open proposal's evaluations are cancelled."""
+    from coevo.evaluations.lifecycle import evaluation_cancel
+
+    with transaction.atomic():
+        moved = Campaign.objects.filter(
+            id=campaign.id,
+            state__in=[CampaignState.PENDING, CampaignState.RUNNING, CampaignState.PAUSED],
+        ).update(
+            state=CampaignState.STOPPED,
+            stop_reason=reason,
+            finished_at=timezone.now(),
+            updated_at=timezone.now(),
+        )
+        if not moved:
+            raise InvalidState(f"Campaign {campaign.name} is {campaign.state}: nothing to stop.")
+        for evaluation in Evaluation.objects.filter(id__in=_open_evaluation_ids(campaign)):
+            evaluation_cancel(evaluation=evaluation, reason=f"campaign stopped: {reason}")
+        _fail_open_proposals(campaign, f"campaign stopped: {reason}")
+    campaign.refresh_from_db()
+    return campaign
+
+
+def _fail_open_proposals(campaign: Campaign, detail: str) -> None:
+    from coevo.campaigns.proposers import Outcome, proposer_for_proposal
+
+    for proposal in Proposal.objects.filter(campaign=campaign, state__in=PROPOSAL_OPEN_STATES):
+        Proposal.objects.filter(id=proposal.id, state=proposal.state).update(
+            state=ProposalState.FAILED,
+            state_detail=detail,
+            finished_at=timezone.now(),
+            updated_at=timezone.now(),
+        )
+        proposer = proposer_for_proposal(campaign=campaign, kind=proposal.kind)
+        if proposer is not None:
+            proposer.tell(trial_number=proposal.trial_number, outcome=Outcome.FAIL, value=None)
+
+
+def _open_evaluation_ids(campaign: Campaign) -> list[Any]:
+    ids = []
+    for proposal in Proposal.objects.filter(campaign=campaign, state__in=PROPOSAL_OPEN_STATES):
+        ids += [e for e in (proposal.search_evaluation_id, proposal.validation_evaluation_id) if e]
+    return list(
+        Evaluation.objects.filter(id__in=ids, state__in=EVALUATION_OPEN_STATES).values_list(
+            "id", flat=True
+        )
+    )
+
+
+def _advance_on_commit(campaign_id: Any) -> None:
+    from coevo.campaigns.tasks import campaign_advance_enqueue
+
+    transaction.on_commit(lambda: campaign_advance_enqueue(campaign_id=campaign_id))
+
+
+def _new_id() -> Any:
+    import uuid
+
+    return uuid.uuid4()
+
+
+def _manifest_of(candidate: Candidate) -> Any:
+    from workers.manifest import load_manifest
+
+    with tempfile.TemporaryDirectory(prefix="coevo-manifest-") as tmp:
+        candidate_export(candidate=candidate, destination=Path(tmp))
+        try:
+            return load_manifest(Path(tmp))
+        except InvalidManifest as exc:
+            raise InvalidInput(f"Seed {candidate.short_sha} cannot run: {exc}") from None

@@ -1,0 +1,44 @@
+"""Campaign tasks (``default`` queue): take ids, call the runner."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task
+
+from coevo.campaigns.models import Campaign, CampaignState
+from coevo.campaigns.runner import campaign_advance as campaign_advance_service
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(
+    name="coevo.campaigns.tasks.campaign_advance",
+    acks_late=True,
+    soft_time_limit=300,
+    time_limit=360,
+)
+def campaign_advance(campaign_id: str) -> None:
+    campaign_advance_service(campaign_id=campaign_id)
+
+
+@shared_task(
+    name="coevo.campaigns.tasks.campaigns_advance_running", soft_time_limit=540, time_limit=600
+)
+def campaigns_advance_running() -> None:
+    """Run by beat: a lost message or a killed worker only delays a campaign."""
+    for campaign_id in Campaign.objects.filter(state=CampaignState.RUNNING).values_list(
+        "id", flat=True
+    ):
+        try:
+            campaign_advance_service(campaign_id=campaign_id)
+        except Exception:  # one broken campaign must not hold up the others
+            logger.exception("campaign %s: advance failed", campaign_id)
+
+
+def campaign_advance_enqueue(*, campaign_id: Any) -> None:
+    try:
+        campaign_advance.apply_async(args=[str(campaign_id)], queue="default")
+    except Exception as exc:  # kombu's errors differ by transport
+        logger.warning("campaign %s: could not enqueue advance (%s); beat will", campaign_id, exc)

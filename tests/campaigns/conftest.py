@@ -1,0 +1,9 @@
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _close_optuna_storages():
+    yield
+    from coevo.campaigns.proposers.config import optuna_storages_close
+
+    optuna_storages_close()
