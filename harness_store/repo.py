@@ -223,6 +223,47 @@ class HarnessRepo:
             except git.GitCommandError as exc:
                 raise HarnessStoreError(f"Could not update refs: {_stderr(exc)}") from exc
 
+    # --- merging ---------------------------------------------------------------------------
+
+    def merge_base(self, ours: str, theirs: str) -> str | None:
+        """The best common ancestor of two commits (None: unrelated histories)."""
+        a, b = self._commit(ours).hexsha, self._commit(theirs).hexsha
+        status, out, _ = self._repo.git.execute(
+            ["git", "merge-base", a, b], with_extended_output=True, with_exceptions=False
+        )
+        if status != 0:
+            return None
+        return out.strip() or None
+
+    def merge_tree(self, ours: str, theirs: str) -> tuple[str, list[str]]:
+        """A three-way merge of two commits against their merge base, with no work tree or
+        index (``git merge-tree --write-tree``, git ≥ 2.38): the merged tree's SHA and the
+        conflicting paths, sorted (empty when it merged cleanly). The tree's objects are
+        written but nothing refers to them until a commit does."""
+        a, b = self._commit(ours).hexsha, self._commit(theirs).hexsha
+        status, out, err = self._repo.git.execute(
+            ["git", "merge-tree", "--write-tree", "--name-only", "--no-messages", a, b],
+            with_extended_output=True,
+            with_exceptions=False,
+        )
+        # Exit status 1 is a merge with conflicts (the tree then holds conflict markers);
+        # anything else is git failing (unrelated histories, a missing object).
+        if status not in (0, 1):
+            raise HarnessStoreError(f"Could not merge {a[:12]} and {b[:12]}: {err.strip()}")
+        tree_sha, *paths = out.splitlines()
+        return tree_sha.strip(), sorted({p for p in paths if p.strip()})
+
+    def archive_tree(self, tree_sha: str) -> bytes:
+        """A tree's files as a gzipped tar (a merge result checked before it is committed)."""
+        data = io.BytesIO()
+        self._repo.archive(data, treeish=tree_sha, format="tar.gz")
+        return data.getvalue()
+
+    def diff_to_tree(self, base_sha: str, tree_sha: str, *, context: int = 3) -> str:
+        """Unified diff from a commit to a tree (what a merge would change on its first parent)."""
+        base = self._commit(base_sha).hexsha
+        return self._repo.git.diff(base, tree_sha, f"-U{context}", "--no-color", "--no-ext-diff")
+
     # --- bundles ---------------------------------------------------------------------------
 
     def bundle_verify(self, path: Path) -> BundleHeader:

@@ -309,6 +309,24 @@ def _candidate_index(
     )
 
 
+def candidate_index_commit(
+    *,
+    project: Project,
+    sha: str,
+    origin: CandidateOrigin = CandidateOrigin.PROPOSER,
+    created_by: AbstractBaseUser | None = None,
+    repo: HarnessRepo | None = None,
+) -> tuple[Candidate, bool]:
+    """Index a commit the store itself wrote into the project's repository (a merge commit of
+    ``harness_store.derive.candidate_merge``); ``(its row, created)``. A caller holding the
+    repository's write lock passes its ``repo``: opening the repository again takes the lock
+    file anew, which would wait for itself."""
+    repo = repo or project_repo(project=project)
+    return _candidate_index(
+        project=project, repo=repo, sha=sha, origin=origin, created_by=created_by
+    )
+
+
 def tree_snapshot_ensure(
     *, project: Project, repo: HarnessRepo, sha: str, tree_sha: str
 ) -> TreeSnapshot:

@@ -121,6 +121,10 @@ class Campaign(TimeStampedModel):
 
 
 class ProposalState(models.TextChoices):
+    # A manual proposal (a human or CI commit) waiting for the runner: evaluated before the
+    # proposers' next proposal, first submitted first. Not "open": the one-open-proposal
+    # constraint is about evaluation, and any number may wait.
+    QUEUED = "queued"
     PROPOSED = "proposed"
     INVALID = "invalid"  # rejected by a validation stage; never evaluated further
     EVALUATING = "evaluating"
@@ -202,3 +206,66 @@ class Proposal(TimeStampedModel):
     @property
     def is_final(self) -> bool:
         return self.state in PROPOSAL_FINAL_STATES
+
+
+class PatternStatus(models.TextChoices):
+    OPEN = "open"
+    ADDRESSED = "addressed"  # a candidate solved most of its tasks
+    REGRESSED = "regressed"  # a later best fails most of them again
+
+
+class FailurePattern(TimeStampedModel):
+    """A recurring failure of a campaign's candidates on the SEARCH split, kept as a persistent
+    issue with identity, lifecycle and evidence (ADIAS: re-deriving it from candidate history
+    each round loses repair progress). Written by ``coevo.campaigns.patterns`` only."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    campaign = models.ForeignKey(
+        Campaign, on_delete=models.CASCADE, related_name="failure_patterns"
+    )
+    # sha1 of ``signature``: the identity failures are grouped by.
+    key = models.CharField(max_length=40)
+    name = models.CharField(max_length=120)
+    # "<outcome> | <error kind> | <normalized message> [| last: <normalized observation>]"
+    signature = models.TextField()
+    outcome = models.CharField(max_length=16)
+    status = models.CharField(
+        max_length=16, choices=PatternStatus.choices, default=PatternStatus.OPEN
+    )
+    status_detail = models.TextField(blank=True)
+    addressed_by = models.ForeignKey(
+        Candidate, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Proposals are never deleted on their own (only with their campaign), so CASCADE here
+    # only follows a campaign's deletion, and never breaks the addressed-has-proposal check.
+    addressed_in = models.ForeignKey(
+        Proposal, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    regressed_in = models.ForeignKey(
+        Proposal, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    # Search tasks it was seen on (sorted), and a few examples:
+    # [{"task", "rollout", "proposal", "excerpt"}].
+    task_keys = models.JSONField(default=list, blank=True)
+    evidence = models.JSONField(default=list, blank=True)
+    first_seen = models.ForeignKey(Proposal, on_delete=models.CASCADE, related_name="+")
+    last_seen = models.ForeignKey(Proposal, on_delete=models.CASCADE, related_name="+")
+    occurrences = models.PositiveIntegerField(default=0)  # failed rollouts
+    proposals = models.PositiveIntegerField(default=0)  # search evaluations it appeared in
+    # The search evaluations already counted, so a repeated update counts nothing twice.
+    evaluation_ids = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["campaign", "-occurrences", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["campaign", "key"], name="failure_pattern_unique_signature"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(status="addressed") | models.Q(addressed_in__isnull=False),
+                name="failure_pattern_addressed_has_proposal",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"

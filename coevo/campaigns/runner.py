@@ -30,6 +30,7 @@ from coevo.campaigns.proposers import Draft, Outcome, proposer_for, proposer_for
 from coevo.campaigns.proposers.base import stage
 from coevo.errors import BudgetExceeded, CoevoError
 from coevo.evaluations.models import Budget, Evaluation, EvaluationState, Rollout, StageKind
+from coevo.evaluations.models import Outcome as RolloutOutcome
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.selectors import evaluation_task_scores
 from harness_store.derive import candidate_derive
@@ -63,6 +64,9 @@ def _step(campaign_id: Any) -> bool:
         ).first()
         if proposal is not None:
             return _follow(campaign, proposal)
+        queued = _next_queued(campaign)
+        if queued is not None:
+            return _start_queued(campaign, queued)
         reason = _stop_rule(campaign)
         if reason:
             _finish(campaign, CampaignState.FINISHED, reason)
@@ -74,7 +78,10 @@ def _step(campaign_id: Any) -> bool:
 
 
 def _stop_rule(campaign: Campaign) -> str:
-    proposals = Proposal.objects.filter(campaign=campaign).exclude(kind=ProposerKind.SEED)
+    # Manual submissions are people's explicit requests, not the proposers' quota.
+    proposals = Proposal.objects.filter(campaign=campaign).exclude(
+        kind__in=[ProposerKind.SEED, ProposerKind.MANUAL]
+    )
     if campaign.target_score is not None and (
         campaign.best_validation_score is not None
         and campaign.best_validation_score >= campaign.target_score
@@ -113,9 +120,16 @@ def _budget_spent(budget: Budget) -> str:
 
 
 def _finish(campaign: Campaign, state: str, reason: str) -> None:
-    Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
+    moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
         state=state, stop_reason=reason, finished_at=timezone.now(), updated_at=timezone.now()
     )
+    if moved:
+        Proposal.objects.filter(campaign=campaign, state=ProposalState.QUEUED).update(
+            state=ProposalState.FAILED,
+            state_detail=f"not evaluated: the campaign {state} first ({reason})"[:5000],
+            finished_at=timezone.now(),
+            updated_at=timezone.now(),
+        )
     logger.info("campaign %s %s: %s", campaign.id, state, reason)
 
 
@@ -125,7 +139,8 @@ def _finish(campaign: Campaign, state: str, reason: str) -> None:
 def _propose(campaign: Campaign) -> bool:
     last = Proposal.objects.filter(campaign=campaign).aggregate(m=Max("sequence"))["m"]
     sequence = 0 if last is None else last + 1
-    if sequence == 0:
+    # Manual submissions queued before the start take sequences from 1: the seed keeps 0.
+    if not Proposal.objects.filter(campaign=campaign, kind=ProposerKind.SEED).exists():
         proposal = Proposal.objects.create(
             campaign=campaign,
             sequence=0,
@@ -136,12 +151,61 @@ def _propose(campaign: Campaign) -> bool:
         return _start_search(campaign, proposal)
     proposer = proposer_for(campaign=campaign, sequence=sequence)
     draft = proposer.propose(history=_search_history(campaign))
+    if _merge_waits(campaign, draft):
+        return False
+    if campaign.state_detail:
+        Campaign.objects.filter(id=campaign.id).update(state_detail="")
     proposal = _record(campaign, sequence, draft)
     if proposal.state == ProposalState.INVALID:
         proposer.tell(trial_number=draft.trial_number, outcome=Outcome.FAIL, value=None)
         _count_no_improvement(campaign)
         return True
     return _start_search(campaign, proposal)
+
+
+def _next_queued(campaign: Campaign) -> Proposal | None:
+    """The first manual proposal waiting, once the seed (the reference) was evaluated and
+    while the budget lasts: queued submissions go ahead of the proposers, first come first."""
+    seed = Proposal.objects.filter(campaign=campaign, kind=ProposerKind.SEED).first()
+    if seed is None or seed.state in PROPOSAL_OPEN_STATES:
+        return None
+    queued = (
+        Proposal.objects.filter(campaign=campaign, state=ProposalState.QUEUED)
+        .order_by("sequence")
+        .first()
+    )
+    if queued is None or _budget_spent(campaign.budget):
+        return None
+    return queued
+
+
+def _start_queued(campaign: Campaign, proposal: Proposal) -> bool:
+    # Under the campaign lock with no open proposal: the swap cannot race another start.
+    Proposal.objects.filter(id=proposal.id, state=ProposalState.QUEUED).update(
+        state=ProposalState.PROPOSED, updated_at=timezone.now()
+    )
+    if campaign.state_detail:
+        Campaign.objects.filter(id=campaign.id).update(state_detail="")
+    proposal.refresh_from_db()
+    return _start_search(campaign, proposal)
+
+
+def _merge_waits(campaign: Campaign, draft: Draft) -> bool:
+    """A merge with no pair to merge, right after another one: nothing was evaluated since, so
+    it would fail the same way again. Wait (a manual submission, or a user stopping the
+    campaign, ends the wait) instead of recording the same rejection over and over."""
+    from coevo.campaigns.proposers.merge import NO_PAIR_REASON
+
+    if draft.kind != ProposerKind.MERGE or not draft.stages:
+        return False
+    if draft.stages[0]["ok"] or draft.stages[0]["reason"] != NO_PAIR_REASON:
+        return False
+    last = Proposal.objects.filter(campaign=campaign).order_by("-sequence").first()
+    if last is None or last.kind != ProposerKind.MERGE or last.stages[:1] != draft.stages[:1]:
+        return False
+    detail = f"waiting: the merge proposer has {NO_PAIR_REASON}; submit a candidate or stop it"
+    Campaign.objects.filter(id=campaign.id).update(state_detail=detail, updated_at=timezone.now())
+    return True
 
 
 def _search_history(campaign: Campaign) -> list[dict[str, Any]]:
@@ -178,7 +242,12 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
                 stages.append(
                     stage("imports", True, "code unchanged from the parent (only knob defaults)")
                 )
-            if created:
+            else:
+                # Any other kind may change code: its entrypoint must import in the sandbox.
+                stages.append(_imports_stage(candidate))
+            if not stages[-1]["ok"]:
+                pass  # rejected at imports: no later stage for code that does not load
+            elif created:
                 stages.append(stage("duplicate", True, "a new tree"))
             else:
                 stages.append(
@@ -209,6 +278,15 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
         candidate=candidate,
         finished_at=timezone.now() if failed else None,
     )
+
+
+def _imports_stage(candidate: Any) -> dict[str, Any]:
+    """The candidate's entrypoint imported in the sandbox (workers.import_check): code that
+    fails to load is rejected here, before any rollout is spent on it."""
+    from workers.import_check import candidate_import_check
+
+    check = candidate_import_check(candidate=candidate)
+    return stage("imports", check.ok, check.reason)
 
 
 # --- evaluating ----------------------------------------------------------------------------
@@ -307,7 +385,7 @@ def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> 
         if smoke is None:
             stages.append(stage("smoke", True, "the plan has no smoke stage"))
         elif smoke.state == "failed":
-            stages.append(stage("smoke", False, smoke.reason))
+            stages.append(stage("smoke", False, _smoke_reason(search, smoke)))
         elif smoke.state == "passed":
             stages.append(
                 stage("smoke", True, f"{smoke.tasks} smoke rollout(s) without harness error")
@@ -316,6 +394,10 @@ def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> 
         search_score=score, tokens_per_task=tokens, stages=stages, updated_at=timezone.now()
     )
     proposal.refresh_from_db()
+    if search.state == EvaluationState.FINISHED:
+        from coevo.campaigns.patterns import failure_patterns_update
+
+        failure_patterns_update(campaign=campaign, evaluation=search)
     if search.state != EvaluationState.FINISHED:
         _end_proposal(
             campaign,
@@ -329,7 +411,7 @@ def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> 
             campaign,
             proposal,
             ProposalState.INVALID,
-            f"rejected at the smoke stage: {smoke.reason}",
+            f"rejected at the smoke stage: {stages[-1]['reason']}",
         )
         return True
     if "clearly worse" in search.stop_reason:
@@ -342,6 +424,19 @@ def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> 
         )
         return True
     return _start_validation(campaign, proposal)
+
+
+def _smoke_reason(search: Evaluation, smoke: Any) -> str:
+    """The smoke stage's verdict with the first harness error's own words (what crashed)."""
+    crashed = (
+        Rollout.objects.filter(
+            evaluation=search, stage=smoke.index, outcome=RolloutOutcome.HARNESS_ERROR
+        )
+        .order_by("finished_at")
+        .values_list("detail", flat=True)
+        .first()
+    )
+    return f"{smoke.reason}: {crashed[:500]}" if crashed else smoke.reason
 
 
 def _validation_done(campaign: Campaign, proposal: Proposal, validation: Evaluation) -> bool:
@@ -394,6 +489,9 @@ def _end_proposal(
                     "updated_at",
                 ]
             )
+            from coevo.campaigns.patterns import failure_patterns_check_regressions
+
+            failure_patterns_check_regressions(campaign=campaign)
     if proposal.kind == ProposerKind.SEED:
         return
     if not improved:

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from coevo.campaigns.models import (
@@ -18,8 +19,10 @@ from coevo.campaigns.models import (
     CampaignState,
     Proposal,
     ProposalState,
+    ProposerKind,
 )
 from coevo.campaigns.proposers import strategy_validate
+from coevo.campaigns.proposers.base import stage
 from coevo.errors import InvalidInput, InvalidManifest, InvalidState
 from coevo.evaluations.ledger import BudgetLimits, budget_create
 from coevo.evaluations.models import EVALUATION_OPEN_STATES, Evaluation, EvaluationState
@@ -190,7 +193,10 @@ def campaign_stop(*, campaign: Campaign, reason: str = "stopped by a user") -> C
 def _fail_open_proposals(campaign: Campaign, detail: str) -> None:
     from coevo.campaigns.proposers import Outcome, proposer_for_proposal
 
-    for proposal in Proposal.objects.filter(campaign=campaign, state__in=PROPOSAL_OPEN_STATES):
+    # Queued manual submissions end with the campaign too: nothing will evaluate them.
+    for proposal in Proposal.objects.filter(
+        campaign=campaign, state__in=[*PROPOSAL_OPEN_STATES, ProposalState.QUEUED]
+    ):
         Proposal.objects.filter(id=proposal.id, state=proposal.state).update(
             state=ProposalState.FAILED,
             state_detail=detail,
@@ -200,6 +206,98 @@ def _fail_open_proposals(campaign: Campaign, detail: str) -> None:
         proposer = proposer_for_proposal(campaign=campaign, kind=proposal.kind)
         if proposer is not None:
             proposer.tell(trial_number=proposal.trial_number, outcome=Outcome.FAIL, value=None)
+
+
+def campaign_submit_candidate(
+    *, campaign: Campaign, candidate: Candidate, submitted_by: AbstractBaseUser | None
+) -> Proposal:
+    """A human's or CI's commit enters the campaign as a ``manual`` proposal.
+
+    It passes the same validation stages as a proposer's (the manifest validates, the
+    entrypoint imports in the sandbox, the tree is new to the campaign; the smoke rollout
+    comes with its search evaluation). A valid one is queued: the runner evaluates queued
+    submissions first submitted first, ahead of the proposers' next proposal, as soon as the
+    open proposal (if any) is done. An invalid one is recorded as such and never evaluated.
+    Raises InvalidInput for a candidate of another project, InvalidState for an ended campaign.
+    """
+    from workers.import_check import candidate_import_check
+    from workers.manifest import load_manifest
+
+    if candidate.project_id != campaign.project_id:
+        raise InvalidInput(
+            f"Candidate {candidate.short_sha} belongs to another project than campaign "
+            f"{campaign.name}."
+        )
+    who = getattr(submitted_by, "username", "") or "an anonymous caller"
+    stages = [stage("applies", True, f"commit {candidate.short_sha} submitted by {who}")]
+    with tempfile.TemporaryDirectory(prefix="coevo-manual-") as tmp:
+        candidate_export(candidate=candidate, destination=Path(tmp))
+        try:
+            load_manifest(Path(tmp))
+        except InvalidManifest as exc:
+            stages.append(stage("manifest", False, str(exc)))
+        else:
+            stages.append(stage("manifest", True, "harness.toml validates"))
+    if stages[-1]["ok"]:
+        check = candidate_import_check(candidate=candidate)
+        stages.append(stage("imports", check.ok, check.reason))
+    with transaction.atomic():
+        # The campaign's row lock orders submissions (FIFO by sequence) and the runner's steps.
+        locked = Campaign.objects.select_for_update().get(id=campaign.id)
+        if locked.is_final:
+            raise InvalidState(
+                f"Campaign {locked.name} is {locked.state}: submit candidates to a pending, "
+                "running or paused campaign."
+            )
+        if stages[-1]["ok"]:
+            same = (
+                Proposal.objects.filter(campaign=locked, candidate__tree_sha=candidate.tree_sha)
+                .exclude(state=ProposalState.FAILED)
+                .order_by("sequence")
+                .first()
+            )
+            if same is None and candidate.tree_sha == locked.seed_candidate.tree_sha:
+                stages.append(
+                    stage("duplicate", False, "the seed's own tree: it is evaluated as proposal 0")
+                )
+            elif same is None:
+                stages.append(stage("duplicate", True, "a new tree"))
+            else:
+                stages.append(
+                    stage(
+                        "duplicate",
+                        False,
+                        f"the same tree as proposal #{same.sequence} "
+                        f"({same.candidate.short_sha}): not evaluated again",
+                    )
+                )
+        failed = next((s for s in stages if not s["ok"]), None)
+        last = Proposal.objects.filter(campaign=locked).aggregate(m=Max("sequence"))["m"]
+        proposal = Proposal.objects.create(
+            campaign=locked,
+            # Sequence 0 is the seed's, even when a submission comes before the start.
+            sequence=max(1, (last or 0) + 1),
+            kind=ProposerKind.MANUAL,
+            parent_shas=list(candidate.parent_shas),
+            params={"submitted_by": who},
+            stages=stages,
+            state=ProposalState.INVALID if failed else ProposalState.QUEUED,
+            state_detail=(
+                f"rejected at the {failed['stage']} stage: {failed['reason']}" if failed else ""
+            ),
+            candidate=candidate,
+            finished_at=timezone.now() if failed else None,
+        )
+        if not failed and locked.state == CampaignState.RUNNING:
+            _advance_on_commit(locked.id)
+    logger.info(
+        "campaign %s: candidate %s submitted as proposal %s (%s)",
+        campaign.id,
+        candidate.short_sha,
+        proposal.sequence,
+        proposal.state,
+    )
+    return proposal
 
 
 def _open_evaluation_ids(campaign: Campaign) -> list[Any]:

@@ -1,32 +1,67 @@
-"""Campaign pages: the list, and one campaign's progress, best candidate, Pareto front and
-proposals (htmx polling while it runs), with pause / resume / stop for researchers."""
+"""Campaign pages: the list, the start form, and one campaign's progress, plots (scores over
+proposals, Pareto front, lineage), best candidate and proposals (htmx polling while it runs),
+with pause / resume / stop for researchers."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
+from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template import TemplateDoesNotExist
+from django.template.loader import get_template
+from django.urls import reverse
 from django.utils.cache import patch_vary_headers
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
+from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
+from coevo.campaigns.plots import (
+    LineageNode,
+    ParetoPoint,
+    lineage_svg,
+    pareto_plot_svg,
+    scores_plot_svg,
+)
 from coevo.campaigns.selectors import (
     campaign_best_proposal,
+    campaign_best_series,
     campaign_get,
     campaign_list,
     campaign_pareto_front,
     campaign_progress,
     proposal_list,
 )
-from coevo.campaigns.services import campaign_pause, campaign_resume, campaign_stop
-from coevo.errors import CoevoError
+from coevo.campaigns.services import (
+    campaign_create,
+    campaign_pause,
+    campaign_resume,
+    campaign_start,
+    campaign_stop,
+)
+from coevo.errors import CoevoError, NotFound
+from coevo.evaluations.ledger import BudgetLimits
+from coevo.policies.models import PolicyVersion
+from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
+from coevo.suites.models import Suite
 from coevo.web.access import project_view
+from harness_store.models import Candidate
+from harness_store.selectors import candidate_get
 
 ACTIONS = {"pause": campaign_pause, "resume": campaign_resume}
+PATTERNS_TEMPLATE = "campaigns/_patterns.html"
+SEED_CHOICES = 200
+
+
+def can_run_campaigns(*, project: Project, user: Any) -> bool:
+    return project_user_has_role(project=project, user=user, role=Role.RESEARCHER)
 
 
 @project_view
@@ -34,27 +69,192 @@ def campaign_list_page(request: HttpRequest, project: Project) -> HttpResponse:
     return render(
         request,
         "campaigns/list.html",
-        {"project": project, "campaigns": campaign_list(project=project)[:100]},
+        {
+            "project": project,
+            "campaigns": campaign_list(project=project)[:100],
+            "can_run": can_run_campaigns(project=project, user=request.user),
+        },
     )
+
+
+# --- the campaign page -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProposalRow:
+    proposal: Proposal
+    stages: list[dict[str, Any]]  # {stage, ok, reason}
+    failed_stage: dict[str, Any] | None
+    outcome: str  # the validation outcome, in words
+    outcome_class: str  # pass | fail | neutral (the badge)
+    gap: float | None  # search − validation: how much the search split flattered it
+
+
+def proposal_rows(*, proposals: list[Proposal]) -> list[ProposalRow]:
+    """Each proposal with its stages and what validation made of it, in sequence order.
+    "new best" is judged as the runner does: a strictly higher validation score than every
+    earlier proposal's (the seed, proposal 0, is the first best)."""
+    rows = []
+    best: float | None = None
+    for p in sorted(proposals, key=lambda p: p.sequence):
+        stages = [s for s in (p.stages or []) if isinstance(s, dict)]
+        failed = next((s for s in stages if not s.get("ok")), None)
+        outcome, css = _outcome(p, failed, best)
+        if p.validation_score is not None and (best is None or p.validation_score > best):
+            best = p.validation_score
+        gap = None
+        if p.search_score is not None and p.validation_score is not None:
+            gap = p.search_score - p.validation_score
+        rows.append(ProposalRow(p, stages, failed, outcome, css, gap))
+    return rows
+
+
+def _outcome(p: Proposal, failed: dict[str, Any] | None, best: float | None) -> tuple[str, str]:
+    if p.state == ProposalState.INVALID:
+        where = failed.get("stage") if failed else "validation"
+        return f"rejected at {where}", "fail"
+    if p.state == ProposalState.FAILED:
+        return "not evaluated (failed)", "fail"
+    if p.state in (ProposalState.PROPOSED, ProposalState.EVALUATING):
+        return "in progress", "neutral"
+    if p.validation_score is None:
+        return "stopped on search (worse than its parent)", "neutral"
+    if p.kind == ProposerKind.SEED:
+        return "baseline", "neutral"
+    if best is None or p.validation_score > best:
+        return "new best", "pass"
+    return "no improvement", "neutral"
+
+
+def lineage_nodes(
+    *, project: Project, campaign: Campaign, proposals: list[Proposal]
+) -> list[LineageNode]:
+    """The seed and every candidate a proposal produced, with their git parents (a merge has
+    two); a candidate several proposals arrived at (a duplicate) appears once, first come."""
+    seed = campaign.seed_candidate
+    best_id = campaign.best_candidate_id
+
+    def href(candidate: Candidate) -> str:
+        return reverse("web:candidate", args=[project.slug, candidate.sha])
+
+    nodes = [
+        LineageNode(
+            sha=seed.sha,
+            parents=list(seed.parent_shas or []),
+            label="seed",
+            href=href(seed),
+            status="best" if best_id == seed.id else "seed",
+            title=seed.subject,
+        )
+    ]
+    for p in sorted(proposals, key=lambda p: p.sequence):
+        candidate = p.candidate
+        if candidate is None or p.kind == ProposerKind.SEED:
+            continue
+        if candidate.id == best_id:
+            status = "best"
+        elif p.state in (ProposalState.INVALID, ProposalState.FAILED):
+            status = "failed"
+        elif p.state in (ProposalState.PROPOSED, ProposalState.EVALUATING):
+            status = "open"
+        elif p.validation_score is None:
+            status = "pruned"
+        else:
+            status = "evaluated"
+        nodes.append(
+            LineageNode(
+                sha=candidate.sha,
+                parents=list(candidate.parent_shas or p.parent_shas or []),
+                label=f"#{p.sequence} {p.kind}",
+                href=href(candidate),
+                status=status,
+                title=candidate.subject,
+            )
+        )
+    return nodes
+
+
+def pareto_points(
+    *, project: Project, proposals: list[Proposal], front: list[Proposal]
+) -> list[ParetoPoint]:
+    front_ids = {p.id for p in front}
+    return [
+        ParetoPoint(
+            label=f"#{p.sequence} {p.candidate.short_sha}",
+            tokens_per_task=p.tokens_per_task,
+            validation_score=p.validation_score,
+            on_front=p.id in front_ids,
+            href=reverse("web:candidate", args=[project.slug, p.candidate.sha]),
+        )
+        for p in proposals
+        if p.state == ProposalState.EVALUATED
+        and p.candidate is not None
+        and p.validation_score is not None
+        and p.tokens_per_task is not None
+    ]
+
+
+def _patterns_template() -> str | None:
+    # The failure-patterns partial (coevo.campaigns.patterns' own, reading
+    # campaign.failure_patterns) is another module's; the page renders without it. It sits in
+    # the live part so new patterns appear while the campaign runs.
+    try:
+        get_template(PATTERNS_TEMPLATE)
+    except TemplateDoesNotExist:
+        return None
+    return PATTERNS_TEMPLATE
+
+
+def _bar(part: float, whole: float | None) -> int | None:
+    if not whole:
+        return None
+    return max(0, min(100, round(100 * part / whole)))
 
 
 @project_view
 def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -> HttpResponse:
     campaign = campaign_get(project=project, campaign_id=campaign_id)
     best = campaign_best_proposal(campaign=campaign)
+    proposals = list(proposal_list(campaign=campaign).select_related("candidate"))
+    front = campaign_pareto_front(campaign=campaign)
+    progress = campaign_progress(campaign=campaign)
+    spend = [
+        {
+            **row,
+            "spent_percent": _bar(row["spent"], row["limit"]),
+            "reserved_percent": _bar(row["reserved"], row["limit"]),
+        }
+        for row in progress.spend()
+    ]
+    # Plots are built here from escaped data (coevo.campaigns.plots escapes every string).
+    plots = {
+        "scores": mark_safe(scores_plot_svg(series=campaign_best_series(campaign=campaign))),
+        "pareto": mark_safe(
+            pareto_plot_svg(points=pareto_points(project=project, proposals=proposals, front=front))
+        ),
+        "lineage": mark_safe(
+            lineage_svg(
+                nodes=lineage_nodes(project=project, campaign=campaign, proposals=proposals)
+            )
+        ),
+    }
     context = {
         "project": project,
         "campaign": campaign,
-        "progress": campaign_progress(campaign=campaign),
+        "progress": progress,
+        "proposal_percent": _bar(progress.proposals, campaign.max_proposals),
+        "spend": spend,
         "best": best,
         "gap": (
             best.search_score - best.validation_score
             if best and best.search_score is not None and best.validation_score is not None
             else None
         ),
-        "front": campaign_pareto_front(campaign=campaign),
-        "proposals": proposal_list(campaign=campaign),
-        "can_run": project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER),
+        "front": front,
+        "plots": plots,
+        "rows": proposal_rows(proposals=proposals),
+        "patterns_template": _patterns_template(),
+        "can_run": can_run_campaigns(project=project, user=request.user),
     }
     # The polling request (htmx) gets only the live part; its final render stops the polling.
     partial = request.htmx and not request.htmx.history_restore_request
@@ -69,7 +269,7 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
 def campaign_action(
     request: HttpRequest, project: Project, campaign_id: UUID, action: str
 ) -> HttpResponse:
-    if not project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER):
+    if not can_run_campaigns(project=project, user=request.user):
         raise PermissionDenied("Pausing, resuming or stopping campaigns needs the researcher role.")
     campaign = campaign_get(project=project, campaign_id=campaign_id)
     if action not in ("pause", "resume", "stop"):
@@ -83,3 +283,140 @@ def campaign_action(
     except CoevoError as exc:
         messages.error(request, str(exc))
     return redirect("web:campaign", project.slug, campaign.id)
+
+
+# --- the start form --------------------------------------------------------------------------
+
+PROPOSER_CHOICES = [
+    (ProposerKind.CONFIG.value, "config: Optuna search over the manifest's knobs"),
+    (ProposerKind.LLM_PATCH.value, "llm-patch: a proposer model edits the harness code"),
+    (ProposerKind.MERGE.value, "merge: combine candidates that improved on different tasks"),
+]
+
+
+class CampaignStartForm(forms.Form):
+    name = forms.CharField(max_length=200, required=False, help_text="default: from the seed")
+    seed_candidate = forms.CharField(
+        max_length=40,
+        label="seed candidate",
+        help_text="a SHA or a unique prefix (at least 4 hex digits)",
+        widget=forms.TextInput(attrs={"list": "recent-candidates", "autocomplete": "off"}),
+    )
+    policy_version = forms.ModelChoiceField(queryset=PolicyVersion.objects.none())
+    suite = forms.ModelChoiceField(queryset=Suite.objects.none())
+    proposers = forms.MultipleChoiceField(
+        choices=PROPOSER_CHOICES,
+        widget=forms.CheckboxSelectMultiple,
+        initial=[ProposerKind.CONFIG.value],
+        help_text="they take turns, in this order",
+    )
+    llm_base_url = forms.URLField(
+        assume_scheme="http",
+        required=False,
+        label="llm-patch endpoint",
+        help_text="the proposer model's OpenAI-compatible base URL (default: the policy server)",
+    )
+    llm_model = forms.CharField(
+        max_length=200, required=False, label="llm-patch model", help_text="default: the policy's"
+    )
+    llm_api = forms.ChoiceField(
+        choices=[("completions", "completions"), ("chat", "chat")],
+        initial="completions",
+        label="llm-patch API",
+        help_text="chat for instruction-tuned proposer models, completions for base models",
+    )
+    max_proposals = forms.IntegerField(min_value=1, max_value=10_000, initial=10)
+    patience = forms.IntegerField(
+        min_value=1, required=False, help_text="stop after this many proposals without a new best"
+    )
+    target_score = forms.FloatField(
+        required=False, help_text="stop when the best validation score reaches it"
+    )
+    max_rollouts = forms.IntegerField(min_value=1, required=False, label="budget: rollouts")
+    max_tokens = forms.IntegerField(min_value=1, required=False, label="budget: policy tokens")
+    max_wall_s = forms.IntegerField(min_value=1, required=False, label="budget: wall time (s)")
+    epochs = forms.IntegerField(min_value=1, max_value=100, initial=1)
+    random_seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0, label="seed")
+
+    def __init__(self, *args: Any, project: Project, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.project = project
+        self.fields["suite"].queryset = Suite.objects.filter(project=project).order_by(
+            "name", "-created_at"
+        )
+        self.fields["suite"].label_from_instance = lambda s: f"{s.name} {s.version}"
+        self.fields["policy_version"].queryset = PolicyVersion.objects.order_by("name")
+
+    def clean_seed_candidate(self) -> Candidate:
+        try:
+            return candidate_get(project=self.project, sha=self.cleaned_data["seed_candidate"])
+        except NotFound as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def strategy(self) -> list[dict[str, Any]]:
+        data = self.cleaned_data
+        strategy = []
+        for kind in data["proposers"]:
+            options: dict[str, Any] = {}
+            if kind == ProposerKind.LLM_PATCH:
+                # Left out when blank: the proposer then defaults to the policy server's.
+                options = {"api": data["llm_api"]}
+                if data["llm_base_url"]:
+                    options["base_url"] = data["llm_base_url"]
+                if data["llm_model"]:
+                    options["model"] = data["llm_model"]
+            strategy.append({"kind": kind, "options": options})
+        return strategy
+
+
+@project_view
+def campaign_new(request: HttpRequest, project: Project) -> HttpResponse:
+    if not can_run_campaigns(project=project, user=request.user):
+        raise PermissionDenied("Starting a campaign needs the researcher role.")
+    if request.method == "POST":
+        form = CampaignStartForm(request.POST, project=project)
+        if form.is_valid():
+            data = form.cleaned_data
+            seed = data["seed_candidate"]
+            try:
+                campaign = campaign_create(
+                    project=project,
+                    name=data["name"] or f"{'+'.join(data['proposers'])} {seed.short_sha}",
+                    seed_candidate=seed,
+                    policy_version=data["policy_version"],
+                    suite=data["suite"],
+                    strategy=form.strategy(),
+                    budget_limits=BudgetLimits(
+                        rollouts=data["max_rollouts"],
+                        tokens=data["max_tokens"],
+                        wall_s=data["max_wall_s"],
+                    ),
+                    max_proposals=data["max_proposals"],
+                    patience=data["patience"],
+                    target_score=data["target_score"],
+                    epochs=data["epochs"],
+                    seed=data["random_seed"],
+                    created_by=request.user,
+                )
+                campaign_start(campaign=campaign)
+            except CoevoError as exc:
+                # Shown above the form: what the domain refused (a strategy the seed's manifest
+                # does not allow, a suite without a validation split, …) and how to fix it.
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, f"Campaign {campaign.name} started.")
+                return redirect("web:campaign", project.slug, campaign.id)
+    else:
+        # The configured policy exists as a version before anyone picks it.
+        default_policy = policy_version_get_default()
+        initial = {"policy_version": default_policy.pk}
+        if request.GET.get("seed"):
+            initial["seed_candidate"] = request.GET["seed"][:40]
+        form = CampaignStartForm(initial=initial, project=project)
+    recent = Candidate.objects.filter(project=project).order_by("-created_at")[:SEED_CHOICES]
+    return render(
+        request,
+        "campaigns/new.html",
+        {"project": project, "form": form, "recent_candidates": recent},
+        status=400 if request.method == "POST" else 200,
+    )

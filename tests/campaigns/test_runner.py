@@ -61,9 +61,11 @@ def good(proposal) -> bool:
     return proposal.candidate is not None and "good" in proposal.candidate.message
 
 
-def test_it_refuses_a_proposer_that_is_not_available_yet(project, seed, suite, policy_version):
-    with pytest.raises(InvalidInput, match="llm-patch proposer is not available yet"):
-        make(project, seed, suite, policy_version, strategy=[{"kind": "llm-patch"}])
+def test_it_refuses_a_strategy_it_cannot_run(project, seed, suite, policy_version):
+    with pytest.raises(InvalidInput, match="submitted"):
+        make(project, seed, suite, policy_version, strategy=[{"kind": "manual"}])
+    with pytest.raises(InvalidInput, match="unknown proposer"):
+        make(project, seed, suite, policy_version, strategy=[{"kind": "genetic"}])
     with pytest.raises(InvalidInput, match="not declared"):
         make(
             project,

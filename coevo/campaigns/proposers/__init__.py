@@ -1,7 +1,13 @@
-"""Proposers and the campaign strategy (which proposers, with which options)."""
+"""Proposers and the campaign strategy (which proposers, with which options).
+
+``manual`` is no strategy entry: a human's or CI's commit is submitted to a campaign
+(``coevo.campaigns.services.campaign_submit_candidate``), never proposed by the runner.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 from coevo.campaigns.models import Campaign, ProposerKind
@@ -9,20 +15,60 @@ from coevo.campaigns.proposers.base import Draft, Outcome, Proposer
 from coevo.errors import InvalidInput
 from workers.manifest import Manifest
 
-AVAILABLE = (ProposerKind.CONFIG,)
-NOT_YET = (ProposerKind.LLM_PATCH, ProposerKind.MERGE, ProposerKind.MANUAL)
+Validator = Callable[..., dict[str, Any]]
+
+
+def _merge_available() -> bool:
+    # The merge proposer lands in its own module; until it does, the strategy refuses it.
+    return importlib.util.find_spec("coevo.campaigns.proposers.merge") is not None
+
+
+def available_kinds() -> tuple[str, ...]:
+    kinds = [ProposerKind.CONFIG.value, ProposerKind.LLM_PATCH.value]
+    if _merge_available():
+        kinds.append(ProposerKind.MERGE.value)
+    return tuple(kinds)
+
+
+def _validator(kind: str) -> Validator:
+    if kind == ProposerKind.CONFIG:
+        from coevo.campaigns.proposers.config import config_options_validate
+
+        return config_options_validate
+    if kind == ProposerKind.LLM_PATCH:
+        from coevo.campaigns.proposers.llm_patch import llm_patch_options_validate
+
+        return llm_patch_options_validate
+    from coevo.campaigns.proposers.merge import merge_options_validate
+
+    return merge_options_validate
+
+
+def _build(kind: str, campaign: Campaign, options: dict[str, Any]) -> Proposer:
+    if kind == ProposerKind.CONFIG:
+        from coevo.campaigns.proposers.config import ConfigProposer
+
+        return ConfigProposer(campaign, options)
+    if kind == ProposerKind.LLM_PATCH:
+        from coevo.campaigns.proposers.llm_patch import LlmPatchProposer
+
+        return LlmPatchProposer(campaign, options)
+    if kind == ProposerKind.MERGE and _merge_available():
+        from coevo.campaigns.proposers.merge import MergeProposer
+
+        return MergeProposer(campaign, options)
+    raise InvalidInput(f"The {kind} proposer is not available.")
 
 
 def strategy_validate(*, strategy: Any, manifest: Manifest) -> list[dict[str, Any]]:
     """``[{"kind": "config", "options": {...}}, ...]`` checked against the seed's manifest."""
-    from coevo.campaigns.proposers.config import config_options_validate
-
     if strategy is None:
         strategy = [{"kind": ProposerKind.CONFIG.value}]
     if not isinstance(strategy, list) or not strategy:
         raise InvalidInput(
             'strategy must be a non-empty list of proposers, e.g. [{"kind": "config"}].'
         )
+    available = available_kinds()
     cleaned = []
     for i, entry in enumerate(strategy):
         if not isinstance(entry, dict) or not isinstance(entry.get("kind"), str):
@@ -34,39 +80,34 @@ def strategy_validate(*, strategy: Any, manifest: Manifest) -> list[dict[str, An
         options = entry.get("options") or {}
         if not isinstance(options, dict):
             raise InvalidInput(f"strategy[{i}] options: expected an object.")
-        if kind in NOT_YET:
+        if kind == ProposerKind.MANUAL:
             raise InvalidInput(
-                f"strategy[{i}]: the {kind} proposer is not available yet; use "
-                f"{', '.join(k.value for k in AVAILABLE)}."
+                f"strategy[{i}]: manual candidates are submitted to a running campaign (a human "
+                "or CI commit), not proposed; leave manual out of the strategy."
             )
-        if kind != ProposerKind.CONFIG:
+        if kind == ProposerKind.MERGE and kind not in available:
+            raise InvalidInput(f"strategy[{i}]: the merge proposer is not available yet.")
+        if kind not in available:
             raise InvalidInput(
-                f"strategy[{i}]: unknown proposer {kind!r} (available: "
-                f"{', '.join(k.value for k in AVAILABLE)}; coming: "
-                f"{', '.join(k.value for k in NOT_YET)})."
+                f"strategy[{i}]: unknown proposer {kind!r} (available: {', '.join(available)})."
             )
         cleaned.append(
-            {"kind": kind, "options": config_options_validate(manifest=manifest, options=options)}
+            {"kind": kind, "options": _validator(kind)(manifest=manifest, options=options)}
         )
     return cleaned
 
 
 def proposer_for(*, campaign: Campaign, sequence: int) -> Proposer:
     """The proposer of the ``sequence``-th proposal (the strategy's entries take turns)."""
-    from coevo.campaigns.proposers.config import ConfigProposer
-
     entry = campaign.strategy[(sequence - 1) % len(campaign.strategy)]
-    if entry["kind"] == ProposerKind.CONFIG:
-        return ConfigProposer(campaign, entry.get("options") or {})
-    raise InvalidInput(f"The {entry['kind']} proposer is not available yet.")
+    return _build(entry["kind"], campaign, entry.get("options") or {})
 
 
 def proposer_for_proposal(*, campaign: Campaign, kind: str) -> Proposer | None:
-    from coevo.campaigns.proposers.config import ConfigProposer
-
+    """The proposer to tell a proposal's outcome (None: its kind has no strategy entry)."""
     for entry in campaign.strategy:
-        if entry["kind"] == kind == ProposerKind.CONFIG:
-            return ConfigProposer(campaign, entry.get("options") or {})
+        if entry["kind"] == kind:
+            return _build(kind, campaign, entry.get("options") or {})
     return None
 
 
@@ -74,6 +115,7 @@ __all__ = [
     "Draft",
     "Outcome",
     "Proposer",
+    "available_kinds",
     "proposer_for",
     "proposer_for_proposal",
     "strategy_validate",

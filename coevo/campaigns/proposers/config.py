@@ -10,6 +10,7 @@ the campaign, so a resumed campaign, or another worker, continues the same study
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import logging
 import re
@@ -63,7 +64,9 @@ def optuna_storage_url(database: dict[str, Any] | None = None) -> str:
         name = str(db["NAME"])
         if name == ":memory:" or name.startswith("file:memorydb"):
             raise InvalidInput("The config proposer needs a database file, not in-memory SQLite.")
-        return f"sqlite:///{name}"
+        # A file of its own beside Django's: the runner holds SQLite's one write lock (IMMEDIATE
+        # transactions) while it asks the proposer, so a study in the same file would wait on it.
+        return f"sqlite:///{name}-optuna"
     raise InvalidInput(f"The config proposer cannot store its study in a {engine} database.")
 
 
@@ -231,7 +234,7 @@ class ConfigProposer:
             # Seeded, and offset by the trials so far: a resumed campaign must not draw the same
             # random start-up points again.
             study.sampler = optuna.samplers.TPESampler(
-                seed=(self.campaign.seed + len(study.trials)) % 2**32
+                seed=_sampler_seed(self.campaign.seed, len(study.trials))
             )
             self._study = study
         return self._study
@@ -320,3 +323,10 @@ def _describe(dist: BaseDistribution) -> dict[str, Any]:
     if isinstance(dist, FloatDistribution):
         return {"type": "float", "low": dist.low, "high": dist.high}
     return {"type": type(dist).__name__}
+
+
+def _sampler_seed(campaign_seed: int, trials: int) -> int:
+    """A seed per (campaign seed, trials so far), hashed: with ``seed + trials`` campaign seed s
+    at trial k would draw what seed s+1 draws at trial k-1."""
+    digest = hashlib.sha256(f"{campaign_seed}:{trials}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")

@@ -1,0 +1,523 @@
+"""API: campaigns (see docs/api.md, Campaigns). Included under ``projects/<slug:slug>/``.
+
+Starting, pausing, resuming, stopping and feeding a campaign a manual candidate need the
+``campaigns:run`` scope and the researcher role; every answer to those is ``202`` with the
+campaign's status URL (the work itself happens on the workers).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from uuid import UUID
+
+from django.db.models import QuerySet
+from django.urls import path
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.campaigns.models import (
+    Campaign,
+    CampaignState,
+    Proposal,
+    ProposalState,
+    ProposerKind,
+)
+from coevo.campaigns.selectors import (
+    campaign_best_proposal,
+    campaign_get,
+    campaign_list,
+    campaign_progress,
+)
+from coevo.campaigns.services import (
+    campaign_create,
+    campaign_pause,
+    campaign_resume,
+    campaign_start,
+    campaign_stop,
+)
+from coevo.errors import NotFound
+from coevo.evaluations.ledger import BudgetLimits
+from coevo.policies.models import PolicyVersion
+from coevo.policies.services import policy_version_get_default
+from coevo.projects.models import Role
+from coevo.suites.models import Suite
+from harness_store.selectors import candidate_get
+
+MAX_SEED = 2**31 - 1
+MAX_BUDGET = 2**62
+SHA = r"^[0-9a-fA-F]{7,40}$"
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+# --- serializers ------------------------------------------------------------------------------
+
+
+class StrategyEntryIn(serializers.Serializer):
+    # Checked by the strategy validation (400 naming the proposers available), not by an enum
+    # here: which proposers exist is the campaign engine's to say.
+    kind = serializers.CharField(max_length=32, help_text="config, llm-patch or merge.")
+    options = serializers.DictField(
+        required=False,
+        help_text="Per proposer: e.g. llm-patch {base_url, model, api, max_tokens, ...}.",
+    )
+
+
+class BudgetIn(serializers.Serializer):
+    rollouts = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
+    tokens = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
+    wall_s = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
+
+
+class CampaignStartIn(serializers.Serializer):
+    seed_candidate = serializers.RegexField(SHA, help_text="The seed candidate's SHA.")
+    suite = serializers.SlugField(max_length=64, help_text="Suite name (latest version).")
+    suite_version = serializers.CharField(max_length=32, required=False)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    policy_version = serializers.CharField(
+        max_length=100, required=False, help_text="Policy version name (default policy)."
+    )
+    strategy = StrategyEntryIn(
+        many=True, required=False, help_text='Default [{"kind": "config"}]; proposers take turns.'
+    )
+    max_proposals = serializers.IntegerField(min_value=1, max_value=10_000, default=10)
+    max_candidates = serializers.IntegerField(min_value=1, max_value=10_000, required=False)
+    patience = serializers.IntegerField(min_value=1, max_value=10_000, required=False)
+    target_score = serializers.FloatField(required=False)
+    epochs = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    seed = serializers.IntegerField(min_value=0, max_value=MAX_SEED, default=0)
+    budget = BudgetIn(required=False)
+
+    def validate_target_score(self, value: float) -> float:
+        if not math.isfinite(value):
+            raise serializers.ValidationError("target_score must be a finite number.")
+        return value
+
+
+class CampaignAcceptedOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.ChoiceField(choices=CampaignState.choices)
+    status_url = serializers.URLField()
+    dashboard_url = serializers.URLField()
+
+
+class CampaignOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    state = serializers.ChoiceField(choices=CampaignState.choices)
+    stop_reason = serializers.CharField()
+    seed_candidate = serializers.CharField(help_text="SHA.")
+    suite = serializers.CharField()
+    suite_version = serializers.CharField()
+    policy_version = serializers.CharField()
+    best_candidate = serializers.CharField(allow_null=True, help_text="SHA; chosen on validation.")
+    best_validation_score = serializers.FloatField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    url = serializers.URLField()
+    dashboard_url = serializers.URLField()
+
+
+class BestOut(serializers.Serializer):
+    candidate = serializers.CharField(help_text="SHA.")
+    proposal = serializers.IntegerField(help_text="Its proposal's sequence number.")
+    search_score = serializers.FloatField(allow_null=True)
+    validation_score = serializers.FloatField(allow_null=True)
+    gap = serializers.FloatField(allow_null=True, help_text="search_score − validation_score.")
+    dashboard_url = serializers.URLField()
+
+
+class SpendOut(serializers.Serializer):
+    spent = serializers.IntegerField()
+    reserved = serializers.IntegerField()
+    limit = serializers.IntegerField(allow_null=True)
+
+
+class SpendAllOut(serializers.Serializer):
+    rollouts = SpendOut()
+    tokens = SpendOut()
+    wall_s = SpendOut()
+
+
+class ProposalCountsOut(serializers.Serializer):
+    total = serializers.IntegerField(help_text="Proposals, the seed's evaluation excluded.")
+    by_state = serializers.DictField(child=serializers.IntegerField())
+
+
+class StopRulesOut(serializers.Serializer):
+    max_proposals = serializers.IntegerField()
+    max_candidates = serializers.IntegerField(allow_null=True)
+    patience = serializers.IntegerField(allow_null=True)
+    target_score = serializers.FloatField(allow_null=True)
+
+
+class CampaignDetailOut(CampaignOut):
+    state_detail = serializers.CharField()
+    search_split = serializers.CharField()
+    validation_split = serializers.CharField()
+    strategy = serializers.ListField(child=serializers.DictField())
+    stop_rules = StopRulesOut()
+    epochs = serializers.IntegerField()
+    seed = serializers.IntegerField()
+    proposals = ProposalCountsOut()
+    best = BestOut(allow_null=True)
+    spend = SpendAllOut(help_text="The campaign's ledger: spent, reserved and limit per unit.")
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    proposals_url = serializers.URLField()
+
+
+class StageOut(serializers.Serializer):
+    stage = serializers.CharField()
+    ok = serializers.BooleanField()
+    reason = serializers.CharField(allow_blank=True)
+
+
+class ProposalOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    sequence = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=ProposerKind.choices)
+    state = serializers.ChoiceField(choices=ProposalState.choices)
+    state_detail = serializers.CharField(allow_blank=True)
+    parents = serializers.ListField(child=serializers.CharField(), help_text="Parent SHAs.")
+    params = serializers.DictField()
+    stages = StageOut(many=True)
+    candidate = serializers.CharField(allow_null=True, help_text="SHA of the resulting commit.")
+    search_evaluation = serializers.UUIDField(allow_null=True)
+    validation_evaluation = serializers.UUIDField(allow_null=True)
+    search_score = serializers.FloatField(allow_null=True)
+    validation_score = serializers.FloatField(allow_null=True)
+    tokens_per_task = serializers.FloatField(allow_null=True)
+    proposer_tokens = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    diff_url = serializers.URLField(allow_null=True)
+    prompt = serializers.CharField(required=False, help_text="Only with ?detail=1.")
+    response = serializers.CharField(required=False, help_text="Only with ?detail=1.")
+    patch = serializers.CharField(required=False, help_text="Only with ?detail=1.")
+    shown = serializers.DictField(
+        required=False, help_text="What the proposer saw (search split only); ?detail=1."
+    )
+
+
+class ProposalFilterIn(serializers.Serializer):
+    detail = serializers.BooleanField(
+        default=False, help_text="Include prompt, response, patch and shown."
+    )
+
+
+class SubmitCandidateIn(serializers.Serializer):
+    sha = serializers.RegexField(SHA, help_text="A candidate of the project (import it first).")
+
+
+class ProposalAcceptedOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    sequence = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=ProposerKind.choices)
+    state = serializers.ChoiceField(choices=ProposalState.choices)
+    candidate = serializers.CharField()
+    status_url = serializers.URLField(help_text="The campaign's status.")
+    dashboard_url = serializers.URLField()
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _when(value: Any) -> str | None:
+    return serializers.DateTimeField().to_representation(value) if value else None
+
+
+def _policy_version(value: str | None) -> PolicyVersion:
+    if not value:
+        return policy_version_get_default()
+    version = PolicyVersion.objects.filter(name=value).first()
+    if version is None:
+        raise NotFound(f"No policy version {value!r}.")
+    return version
+
+
+class CampaignViewMixin(ApiView):
+    def campaign(self, campaign_id: Any) -> Campaign:
+        return campaign_get(project=self.project, campaign_id=campaign_id)
+
+    def links(self, campaign: Campaign) -> dict[str, str]:
+        slug = self.project.slug
+        return {
+            "url": self.absolute("api:campaign", slug, campaign.id),
+            "dashboard_url": self.absolute("web:campaign", slug, campaign.id),
+        }
+
+    def accepted(self, campaign: Campaign) -> Response:
+        links = self.links(campaign)
+        body = {
+            "id": str(campaign.id),
+            "state": campaign.state,
+            "status_url": links["url"],
+            "dashboard_url": links["dashboard_url"],
+        }
+        return Response(body, status=202, headers={"Location": links["url"]})
+
+    def campaign_out(self, campaign: Campaign) -> dict[str, Any]:
+        best = campaign.best_candidate
+        return {
+            "id": str(campaign.id),
+            "name": campaign.name,
+            "state": campaign.state,
+            "stop_reason": campaign.stop_reason,
+            "seed_candidate": campaign.seed_candidate.sha,
+            "suite": campaign.suite.name,
+            "suite_version": campaign.suite.version,
+            "policy_version": campaign.policy_version.name,
+            "best_candidate": best.sha if best else None,
+            "best_validation_score": _finite(campaign.best_validation_score),
+            "created_at": _when(campaign.created_at),
+            **self.links(campaign),
+        }
+
+
+def _campaigns(view: ApiView) -> QuerySet[Campaign]:
+    return campaign_list(project=view.project).select_related("policy_version")
+
+
+# --- views ------------------------------------------------------------------------------------
+
+
+class CampaignListView(CampaignViewMixin):
+    required_scopes = {"POST": "campaigns:run"}
+    required_roles = {"POST": Role.RESEARCHER}
+
+    @extend_schema(
+        operation_id="campaigns_list", parameters=PAGE_PARAMETERS, responses=paginated(CampaignOut)
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        return paginate(self, _campaigns(self), self.campaign_out)
+
+    @extend_schema(
+        operation_id="campaigns_start",
+        request=CampaignStartIn,
+        responses={202: CampaignAcceptedOut},
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = CampaignStartIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        seed = candidate_get(project=self.project, sha=values["seed_candidate"])
+        suites = Suite.objects.filter(project=self.project, name=values["suite"])
+        if values.get("suite_version"):
+            suites = suites.filter(version=values["suite_version"])
+        suite = suites.order_by("-created_at").first()
+        if suite is None:
+            raise NotFound(f"No suite {values['suite']!r} in project {self.project.slug}.")
+        budget = values.get("budget") or {}
+        strategy = values.get("strategy")
+        campaign = campaign_create(
+            project=self.project,
+            name=values.get("name") or f"campaign {seed.short_sha}",
+            seed_candidate=seed,
+            policy_version=_policy_version(values.get("policy_version")),
+            suite=suite,
+            strategy=[{"kind": e["kind"], "options": e.get("options") or {}} for e in strategy]
+            if strategy
+            else None,
+            budget_limits=BudgetLimits(
+                rollouts=budget.get("rollouts"),
+                tokens=budget.get("tokens"),
+                wall_s=budget.get("wall_s"),
+            ),
+            max_proposals=values["max_proposals"],
+            max_candidates=values.get("max_candidates"),
+            patience=values.get("patience"),
+            target_score=values.get("target_score"),
+            epochs=values["epochs"],
+            seed=values["seed"],
+            created_by=request.user,
+        )
+        return self.accepted(campaign_start(campaign=campaign))
+
+
+class CampaignDetailView(CampaignViewMixin):
+    @extend_schema(operation_id="campaigns_retrieve", responses=CampaignDetailOut)
+    def get(self, request: Request, slug: str, campaign_id: UUID) -> Response:
+        campaign = self.campaign(campaign_id)
+        progress = campaign_progress(campaign=campaign)
+        best = campaign_best_proposal(campaign=campaign)
+        budget = progress.budget
+        body = self.campaign_out(campaign)
+        body.update(
+            state_detail=campaign.state_detail,
+            search_split=campaign.search_split,
+            validation_split=campaign.validation_split,
+            strategy=list(campaign.strategy),
+            stop_rules={
+                "max_proposals": campaign.max_proposals,
+                "max_candidates": campaign.max_candidates,
+                "patience": campaign.patience,
+                "target_score": _finite(campaign.target_score),
+            },
+            epochs=campaign.epochs,
+            seed=campaign.seed,
+            proposals={"total": progress.proposals, "by_state": dict(progress.by_state)},
+            best=self.best_out(best) if best is not None else None,
+            spend={
+                unit: {
+                    "spent": getattr(budget, f"spent_{unit}"),
+                    "reserved": getattr(budget, f"reserved_{unit}"),
+                    "limit": getattr(budget, f"limit_{unit}"),
+                }
+                for unit in ("rollouts", "tokens", "wall_s")
+            },
+            started_at=_when(campaign.started_at),
+            finished_at=_when(campaign.finished_at),
+            proposals_url=self.absolute("api:campaign_proposals", self.project.slug, campaign.id),
+        )
+        return Response(body)
+
+    def best_out(self, best: Proposal) -> dict[str, Any]:
+        search, validation = _finite(best.search_score), _finite(best.validation_score)
+        return {
+            "candidate": best.candidate.sha,
+            "proposal": best.sequence,
+            "search_score": search,
+            "validation_score": validation,
+            "gap": search - validation if search is not None and validation is not None else None,
+            "dashboard_url": self.absolute("web:candidate", self.project.slug, best.candidate.sha),
+        }
+
+
+class CampaignProposalsView(CampaignViewMixin):
+    @extend_schema(
+        operation_id="campaigns_proposals",
+        parameters=[ProposalFilterIn, *PAGE_PARAMETERS],
+        responses=paginated(ProposalOut),
+    )
+    def get(self, request: Request, slug: str, campaign_id: UUID) -> Response:
+        query = ProposalFilterIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        detail = query.validated_data["detail"]
+        campaign = self.campaign(campaign_id)
+        proposals = Proposal.objects.filter(campaign=campaign).select_related("candidate")
+        if not detail:
+            # The prompt and response of an LLM proposer can be large: a list never loads them.
+            proposals = proposals.defer("shown", "prompt", "response", "patch")
+        return paginate(self, proposals, lambda p: self.proposal_out(p, detail=detail))
+
+    def proposal_out(self, p: Proposal, *, detail: bool) -> dict[str, Any]:
+        slug = self.project.slug
+        body: dict[str, Any] = {
+            "id": str(p.id),
+            "sequence": p.sequence,
+            "kind": p.kind,
+            "state": p.state,
+            "state_detail": p.state_detail,
+            "parents": [str(sha) for sha in (p.parent_shas or [])],
+            "params": dict(p.params or {}),
+            "stages": [
+                {
+                    "stage": str(s.get("stage", "")),
+                    "ok": bool(s.get("ok")),
+                    "reason": str(s.get("reason", "")),
+                }
+                for s in (p.stages or [])
+                if isinstance(s, dict)
+            ],
+            "candidate": p.candidate.sha if p.candidate else None,
+            "search_evaluation": str(p.search_evaluation_id) if p.search_evaluation_id else None,
+            "validation_evaluation": (
+                str(p.validation_evaluation_id) if p.validation_evaluation_id else None
+            ),
+            "search_score": _finite(p.search_score),
+            "validation_score": _finite(p.validation_score),
+            "tokens_per_task": _finite(p.tokens_per_task),
+            "proposer_tokens": p.proposer_tokens,
+            "created_at": _when(p.created_at),
+            "finished_at": _when(p.finished_at),
+            "diff_url": (
+                self.absolute("web:candidate_diff", slug, p.candidate.sha) if p.candidate else None
+            ),
+        }
+        if detail:
+            body.update(
+                prompt=p.prompt, response=p.response, patch=p.patch, shown=dict(p.shown or {})
+            )
+        return body
+
+
+class CampaignActionView(CampaignViewMixin):
+    required_scopes = {"POST": "campaigns:run"}
+    required_roles = {"POST": Role.RESEARCHER}
+
+
+class CampaignPauseView(CampaignActionView):
+    @extend_schema(
+        operation_id="campaigns_pause", request=None, responses={202: CampaignAcceptedOut}
+    )
+    def post(self, request: Request, slug: str, campaign_id: UUID) -> Response:
+        return self.accepted(campaign_pause(campaign=self.campaign(campaign_id)))
+
+
+class CampaignResumeView(CampaignActionView):
+    @extend_schema(
+        operation_id="campaigns_resume", request=None, responses={202: CampaignAcceptedOut}
+    )
+    def post(self, request: Request, slug: str, campaign_id: UUID) -> Response:
+        return self.accepted(campaign_resume(campaign=self.campaign(campaign_id)))
+
+
+class CampaignStopView(CampaignActionView):
+    @extend_schema(
+        operation_id="campaigns_stop", request=None, responses={202: CampaignAcceptedOut}
+    )
+    def post(self, request: Request, slug: str, campaign_id: UUID) -> Response:
+        campaign = self.campaign(campaign_id)
+        reason = f"stopped through the API by {request.user.get_username()}"
+        return self.accepted(campaign_stop(campaign=campaign, reason=reason))
+
+
+class CampaignCandidatesView(CampaignViewMixin):
+    required_scopes = {"POST": "campaigns:run"}
+    required_roles = {"POST": Role.RESEARCHER}
+
+    @extend_schema(
+        operation_id="campaigns_submit_candidate",
+        request=SubmitCandidateIn,
+        responses={202: ProposalAcceptedOut},
+    )
+    def post(self, request: Request, slug: str, campaign_id: UUID) -> Response:
+        from coevo.campaigns.services import campaign_submit_candidate
+
+        data = SubmitCandidateIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        campaign = self.campaign(campaign_id)
+        candidate = candidate_get(project=self.project, sha=data.validated_data["sha"])
+        proposal = campaign_submit_candidate(
+            campaign=campaign, candidate=candidate, submitted_by=request.user
+        )
+        links = self.links(campaign)
+        body = {
+            "id": str(proposal.id),
+            "sequence": proposal.sequence,
+            "kind": proposal.kind,
+            "state": proposal.state,
+            "candidate": candidate.sha,
+            "status_url": links["url"],
+            "dashboard_url": links["dashboard_url"],
+        }
+        return Response(body, status=202, headers={"Location": links["url"]})
+
+
+# Relative to projects/<slug:slug>/ (coevo/api/urls.py).
+_C = "campaigns/<uuid:campaign_id>/"
+urlpatterns = [
+    path("campaigns/", CampaignListView.as_view(), name="campaigns"),
+    path(_C, CampaignDetailView.as_view(), name="campaign"),
+    path(f"{_C}proposals/", CampaignProposalsView.as_view(), name="campaign_proposals"),
+    path(f"{_C}candidates/", CampaignCandidatesView.as_view(), name="campaign_candidates"),
+    path(f"{_C}pause/", CampaignPauseView.as_view(), name="campaign_pause"),
+    path(f"{_C}resume/", CampaignResumeView.as_view(), name="campaign_resume"),
+    path(f"{_C}stop/", CampaignStopView.as_view(), name="campaign_stop"),
+]

@@ -1,0 +1,373 @@
+"""What an llm-patch proposer sees: raw material from the campaign, rendered as one prompt.
+
+Meta-Harness's finding is that a proposer does better with the raw record (code, per-task
+results, failing traces) than with summaries of it, so this module hands over the record
+itself, cut to a character budget: the parent's editable files in full, the earlier
+proposals (their patches, search scores, per-task search results, why rejected ones were
+rejected), the traces of failed SEARCH-split tasks, and the campaign's failure patterns when
+that module exists.
+
+The sealed-split rule (DESIGN.md §8, AutoSaddler): only SEARCH-split material is read here.
+Every evaluation and rollout is filtered on the campaign's search split at the query, and no
+validation score is shown either: a proposer that saw validation scores would be searching on
+the split the campaign selects on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
+from coevo.evaluations.models import Outcome, Rollout, RolloutState
+from coevo.evaluations.selectors import evaluation_task_scores, rollout_trace
+from coevo.suites.models import Split
+from harness_store.models import Candidate
+from harness_store.selectors import candidate_files, candidate_read_file
+from workers.manifest import MANIFEST_NAME, Manifest
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUDGET_CHARS = 24_000
+MAX_FILE_CHARS = 12_000
+MAX_PATCH_CHARS = 3_000
+MAX_PROPOSALS_SHOWN = 12
+MAX_TRACES = 8
+MIN_TRACE_CHARS = 600
+MAX_TRACE_STEPS = 200
+STEP_TEXT_CHARS = 800
+
+INSTRUCTIONS = """You improve an LLM-agent harness: Python code and prompts that drive a small
+language model (the policy) to solve tasks. Read the harness files, the earlier attempts and
+the traces of failed tasks below, form ONE hypothesis about what makes tasks fail, and change
+the harness to fix it.
+
+Answer in this exact format and nothing else:
+
+HYPOTHESIS: <one line: what you change and why it should help>
+<<<<<<< SEARCH <path of a file listed under EDITABLE FILES>
+<lines copied exactly from the file>
+=======
+<the new lines>
+>>>>>>> REPLACE
+
+You may write several SEARCH/REPLACE blocks. Each SEARCH text must occur exactly once in its
+file, whitespace included; an empty SEARCH creates a new file inside a component directory.
+(A unified diff with '--- a/PATH' and '+++ b/PATH' headers is accepted instead.) Edit only
+the files and directories listed as components; keep `def run(task, ctx)` working."""
+
+
+@dataclass
+class Workspace:
+    """The rendered prompt and the record of what it contains (``Proposal.shown``)."""
+
+    text: str
+    shown: dict[str, Any]
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def workspace_build(
+    *,
+    campaign: Campaign,
+    parent: Candidate,
+    manifest: Manifest,
+    budget_chars: int = DEFAULT_BUDGET_CHARS,
+) -> Workspace:
+    """The workspace for a proposal derived from ``parent`` (whose manifest is ``manifest``)."""
+    files = _component_files(parent, manifest)
+    proposals = list(
+        Proposal.objects.filter(campaign=campaign)
+        .select_related("candidate")
+        .order_by("-sequence")[:MAX_PROPOSALS_SHOWN]
+    )
+    proposals.reverse()
+    task_scores = {
+        p.id: _search_scores(campaign, p) for p in proposals if p.search_evaluation_id is not None
+    }
+    patterns = _failure_patterns(campaign)
+
+    head = [
+        INSTRUCTIONS,
+        _section(
+            "MANIFEST",
+            f"entrypoint: {manifest.entrypoint}\npolicy_api: {manifest.policy_api}\n"
+            f"components (the only paths you may edit): {', '.join(manifest.components)}\n"
+            f"limits: {json.dumps(manifest.limits.as_dict())}",
+        ),
+        _section(
+            f"EDITABLE FILES of the parent candidate {parent.short_sha}",
+            "\n\n".join(
+                f"### {path}\n```\n{_cut(text, MAX_FILE_CHARS)}\n```"
+                for path, text in files.items()
+            )
+            or "(none)",
+        ),
+    ]
+    history = _section("EARLIER PROPOSALS (search split)", _render_history(proposals, task_scores))
+    pattern_text = (
+        _section(
+            "FAILURE PATTERNS",
+            "\n".join(_render_pattern(p) for p in patterns),
+        )
+        if patterns
+        else ""
+    )
+    fixed = "\n\n".join(part for part in [*head, history, pattern_text] if part)
+    if len(fixed) > budget_chars:
+        # The history goes first; the instructions and the files to edit must stay whole.
+        history = _section(
+            "EARLIER PROPOSALS (search split)", _cut(history, max(0, budget_chars // 4))
+        )
+        fixed = "\n\n".join(part for part in [*head, history, pattern_text] if part)
+    room = budget_chars - len(fixed) - 200
+    trace_text, trace_ids, trace_tasks = _render_traces(campaign, parent, proposals, room)
+    text = "\n\n".join(
+        part
+        for part in [
+            fixed,
+            _section("TRACES OF FAILED SEARCH TASKS", trace_text) if trace_text else "",
+            "Now write your answer (HYPOTHESIS line, then the edits).",
+        ]
+        if part
+    )
+    shown_tasks = sorted({key for scores in task_scores.values() for key in scores} | trace_tasks)
+    shown = {
+        "proposer": ProposerKind.LLM_PATCH.value,
+        "parent": parent.sha,
+        "files": sorted(files),
+        "candidates": [
+            {
+                "sha": p.candidate.sha,
+                "sequence": p.sequence,
+                "search_score": p.search_score,
+            }
+            for p in proposals
+            if p.candidate_id is not None
+        ],
+        "proposals": [p.sequence for p in proposals],
+        "task_keys": shown_tasks,
+        "trace_ids": trace_ids,
+        "failure_patterns": [str(p.get("id") or p.get("name")) for p in patterns],
+        "split": campaign.search_split,
+        "budget_chars": budget_chars,
+        "chars": len(text),
+    }
+    return Workspace(text=text, shown=shown, files=files)
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+def _section(title: str, body: str) -> str:
+    return f"== {title} ==\n{body.rstrip()}"
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    if limit <= 40:
+        return text[:limit]
+    return text[: limit - 30] + f"\n… [{len(text) - limit + 30} chars cut]"
+
+
+def _component_files(parent: Candidate, manifest: Manifest) -> dict[str, str]:
+    """The parent's text files inside the declared components."""
+    from coevo.campaigns.edits import EditRejected, path_check
+
+    files: dict[str, str] = {}
+    for entry in candidate_files(candidate=parent):
+        try:
+            path_check(entry.path, manifest.components)
+        except EditRejected:
+            continue
+        try:
+            files[entry.path] = candidate_read_file(candidate=parent, path=entry.path).decode()
+        except UnicodeDecodeError:
+            continue  # binary: not editable as text
+    if MANIFEST_NAME not in files:
+        # Read-only context: the knobs and limits the code refers to.
+        files[f"{MANIFEST_NAME} (read-only)"] = candidate_read_file(
+            candidate=parent, path=MANIFEST_NAME
+        ).decode()
+    return files
+
+
+def _search_scores(campaign: Campaign, proposal: Proposal) -> dict[str, float]:
+    evaluation = proposal.search_evaluation
+    if evaluation is None or evaluation.split != campaign.search_split:
+        return {}
+    return {
+        key: sum(values) / len(values)
+        for key, values in evaluation_task_scores(evaluation_id=evaluation.id).items()
+    }
+
+
+def _render_history(proposals: list[Proposal], task_scores: dict[Any, dict[str, float]]) -> str:
+    if not proposals:
+        return "(none yet)"
+    parts = []
+    for p in proposals:
+        sha = p.candidate.short_sha if p.candidate_id else "-"
+        score = "-" if p.search_score is None else f"{p.search_score:.3f}"
+        line = f"#{p.sequence} {p.kind} candidate {sha} state {p.state} search score {score}"
+        hypothesis = (p.params or {}).get("hypothesis")
+        if hypothesis:
+            line += f"\n  hypothesis: {hypothesis}"
+        elif p.candidate_id and p.kind != ProposerKind.SEED:
+            line += f"\n  message: {p.candidate.message.splitlines()[0][:200]}"
+        if p.state == ProposalState.INVALID:
+            line += f"\n  {p.state_detail[:400]}"
+        scores = task_scores.get(p.id) or {}
+        if scores:
+            line += "\n  per-task search scores: " + ", ".join(
+                f"{key}={value:.2f}" for key, value in sorted(scores.items())
+            )
+        if p.patch:
+            line += f"\n  patch:\n{_cut(p.patch, MAX_PATCH_CHARS)}"
+        parts.append(line)
+    return "\n\n".join(parts)
+
+
+def _render_pattern(pattern: dict[str, Any]) -> str:
+    line = (
+        f"- {pattern.get('name', '?')} [{pattern.get('status', 'open')}, "
+        f"{pattern.get('occurrences', '?')} occurrence(s)]"
+    )
+    if pattern.get("tasks"):
+        line += f" on tasks {', '.join(map(str, pattern['tasks']))}"
+    if pattern.get("addressed_by"):
+        line += f"; addressed by {str(pattern['addressed_by'])[:12]}"
+    if pattern.get("detail"):
+        line += f" ({_cut(str(pattern['detail']), 200)})"
+    for excerpt in pattern.get("excerpts") or []:
+        line += f"\n    > {_cut(str(excerpt), 300)}"
+    return line
+
+
+def _failure_patterns(campaign: Campaign) -> list[dict[str, Any]]:
+    try:
+        from coevo.campaigns.patterns import failure_patterns_for_proposer
+    except ImportError:
+        return []
+    try:
+        return list(failure_patterns_for_proposer(campaign=campaign))
+    except Exception:  # noqa: BLE001 - context for the proposer, never a reason to stop
+        logger.exception("campaign %s: failure patterns unavailable", campaign.id)
+        return []
+
+
+# --- traces --------------------------------------------------------------------------------
+
+
+def _failed_search_rollouts(
+    campaign: Campaign, parent: Candidate, proposals: list[Proposal]
+) -> list[Rollout]:
+    """Failed rollouts of SEARCH evaluations: the parent's first, then the newest proposals'."""
+    ordered = sorted(
+        (p for p in proposals if p.search_evaluation_id is not None),
+        key=lambda p: (p.candidate_id != parent.id, -p.sequence),
+    )
+    found: list[Rollout] = []
+    for proposal in ordered:
+        rows = (
+            Rollout.objects.filter(
+                evaluation_id=proposal.search_evaluation_id,
+                # Both the evaluation's and the task's split: belt and braces around the seal.
+                evaluation__split=campaign.search_split,
+                task__split=campaign.search_split,
+                state=RolloutState.DONE,
+                outcome__in=[Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR],
+            )
+            .exclude(task__split__in=[Split.HELDOUT, campaign.validation_split])
+            .select_related("task", "evaluation__candidate")
+            .defer("task__verifier")
+            .order_by("task__position", "epoch")
+        )
+        for rollout in rows:
+            found.append(rollout)
+            if len(found) >= MAX_TRACES:
+                return found
+    return found
+
+
+def _render_traces(
+    campaign: Campaign, parent: Candidate, proposals: list[Proposal], room: int
+) -> tuple[str, list[str], set[str]]:
+    if room < MIN_TRACE_CHARS:
+        return "", [], set()
+    rollouts = _failed_search_rollouts(campaign, parent, proposals)
+    if not rollouts:
+        return "", [], set()
+    count = max(1, min(len(rollouts), room // MIN_TRACE_CHARS))
+    share = room // count
+    parts, ids, tasks = [], [], set()
+    for rollout in rollouts[:count]:
+        body = _render_trace(rollout)
+        header = (
+            f"--- task {rollout.task.key} (candidate {rollout.evaluation.candidate.short_sha}, "
+            f"epoch {rollout.epoch}): {rollout.outcome}, score {rollout.score}"
+        )
+        inputs = _cut(json.dumps(rollout.task.inputs, ensure_ascii=False), 600)
+        parts.append(_cut(f"{header}\ntask inputs: {inputs}\n{body}", share))
+        ids.append(str(rollout.id))
+        tasks.add(rollout.task.key)
+    return "\n\n".join(parts), ids, tasks
+
+
+def _render_trace(rollout: Rollout) -> str:
+    page = rollout_trace(rollout=rollout, page_size=MAX_TRACE_STEPS)
+    lines = []
+    for step in page.steps:
+        line = _render_step(step.kind, step.payload if isinstance(step.payload, dict) else {})
+        if line:
+            lines.append(line)
+    if page.next_cursor is not None:
+        lines.append(f"… (trace continues beyond {MAX_TRACE_STEPS} steps)")
+    if rollout.detail:
+        lines.append(f"outcome detail: {_cut(rollout.detail, STEP_TEXT_CHARS)}")
+    return "\n".join(lines)
+
+
+def _render_step(kind: str, payload: dict[str, Any]) -> str:
+    def text(key: str, limit: int = STEP_TEXT_CHARS) -> str:
+        value = payload.get(key)
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            value = json.dumps(value, ensure_ascii=False)
+        return _tail(value, limit)
+
+    if kind == "model_call":
+        request = text("prompt") or text("messages")
+        return f"[model call] prompt (tail): {request}\n[model said] {text('completion')}"
+    if kind == "env_reset":
+        return f"[env reset] {text('observation')}"
+    if kind == "env_step":
+        return (
+            f"[env step {payload.get('index')}] action: {text('action', 200)} → reward "
+            f"{payload.get('reward')}, done {payload.get('done')}: {text('observation')}"
+        )
+    if kind == "log":
+        return f"[log] {text('message', 400)}"
+    if kind == "helper_call":
+        return f"[helper {payload.get('name')}] {text('result', 400)}"
+    if kind == "answer":
+        return f"[answer] {text('answer')}"
+    if kind == "verdict":
+        return (
+            f"[verdict] score {payload.get('score')}: {text('detail', 400)} {text('output', 400)}"
+        )
+    if kind == "harness_exception":
+        return f"[harness exception] {text('error', 400)}\n{text('traceback', 1200)}"
+    if kind == "error":
+        return f"[error] {text('outcome', 40)}: {text('message', 400)} {text('stderr', 600)}"
+    return ""
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of a long text: a prompt's end is where the model was left to continue."""
+    if len(text) <= limit:
+        return text
+    return "…" + text[-(limit - 1) :]

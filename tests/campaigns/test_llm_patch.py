@@ -1,0 +1,224 @@
+"""The llm-patch proposer against a scripted proposer server, with a real worker: one good
+patch is evaluated, each broken kind is rejected at its stage with its reason, and no invalid
+proposal reaches evaluation."""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+
+import pytest
+
+from coevo.campaigns.models import CampaignState, ProposalState, ProposerKind
+from coevo.campaigns.proposers import strategy_validate
+from coevo.campaigns.services import campaign_create, campaign_start
+from coevo.errors import InvalidInput
+from coevo.evaluations.models import Evaluation, TraceStep
+from tests.campaigns.support import MARKER, marked_suite, styled_seed
+from tests.conftest import wait_until_final
+from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
+from workers.manifest import parse_manifest
+
+
+class QueuedProposer(ScriptedPolicy):
+    """Answers with the next scripted text, whatever the prompt (a proposer model's turns)."""
+
+    def __init__(self, answers: list[str]) -> None:
+        super().__init__()
+        self.answers = list(answers)
+
+    def reply_for(self, text: str) -> str:
+        return self.answers.pop(0) if self.answers else "HYPOTHESIS: nothing left"
+
+
+def block(path: str, search: str, replace: str) -> str:
+    return f"<<<<<<< SEARCH {path}\n{search}=======\n{replace}>>>>>>> REPLACE\n"
+
+
+STYLE_LINE = '    prompt = "style=" + ctx.knobs["style"] + " " + task["input"]\n'
+ANSWERS = [
+    # 1 malformed: no hypothesis, no edit
+    "I think the prompt could be better.",
+    # 2 outside the components
+    "HYPOTHESIS: notes help\n" + block("notes.txt", "", "remember\n"),
+    # 3 invalid manifest
+    "HYPOTHESIS: hotter\n"
+    + block("harness.toml", "default = 0.0\nmin = 0.0\n", "default = 5.0\nmin = 0.0\n"),
+    # 4 does not import
+    "HYPOTHESIS: broken\n" + block("agent.py", STYLE_LINE, "    prompt = (\n"),
+    # 5 no-op: the same tree as the seed
+    "HYPOTHESIS: same\n" + block("agent.py", STYLE_LINE, STYLE_LINE),
+    # 6 crashes at run time
+    "HYPOTHESIS: crash\n" + block("agent.py", STYLE_LINE, '    raise RuntimeError("boom")\n'),
+    # 7 good: always the good style
+    "HYPOTHESIS: the good style answers right\n```\n"
+    + block("agent.py", STYLE_LINE, '    prompt = "style=good " + task["input"]\n')
+    + "```\n",
+]
+EXPECTED = [
+    ("applies", "no 'HYPOTHESIS: ...' line"),
+    ("applies", "'notes.txt' is outside the declared components"),
+    ("manifest", "outside [0.0, 1.0]"),
+    ("imports", "SyntaxError"),
+    ("duplicate", "the same tree as candidate"),
+    ("smoke", "RuntimeError"),
+]
+
+
+@pytest.fixture
+def proposer_server():
+    policy = QueuedProposer(ANSWERS)
+    policy.model = "proposer-model"
+    with ScriptedOpenAIServer(policy) as server:
+        policy.url = server.url
+        yield policy
+
+
+def test_it_validates_each_patch_and_evaluates_only_the_good_one(
+    celery_worker_thread, project, tmp_path, policy_version, scripted_policy, proposer_server
+):
+    from coevo.evaluations.services import evaluation_create
+
+    scripted_policy.rules.append(("style=good", "yes"))
+    scripted_policy.default = "no"
+    seed = styled_seed(project, tmp_path)
+    suite = marked_suite(project)
+    # Held-out material exists (a promotion-style evaluation of the seed) and must stay unseen.
+    heldout = evaluation_create(
+        candidate=seed, suite=suite, split="heldout", policy_version=policy_version,
+        purpose="promotion",
+    )  # fmt: skip
+    campaign = campaign_create(
+        project=project,
+        name="llm",
+        seed_candidate=seed,
+        policy_version=policy_version,
+        suite=suite,
+        strategy=[
+            {
+                "kind": "llm-patch",
+                "options": {"base_url": proposer_server.url, "model": "proposer-model"},
+            }
+        ],
+        max_proposals=len(ANSWERS),
+    )
+    campaign_start(campaign=campaign)
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        campaign.refresh_from_db()
+        if campaign.is_final:
+            break
+        time.sleep(0.5)
+    assert campaign.state == CampaignState.FINISHED, campaign.stop_reason
+
+    proposals = list(campaign.proposals.exclude(kind=ProposerKind.SEED).order_by("sequence"))
+    assert [p.kind for p in proposals] == [ProposerKind.LLM_PATCH] * len(ANSWERS)
+    for p, (stage_name, reason) in zip(proposals, EXPECTED, strict=False):
+        failed = next(s for s in p.stages if not s["ok"])
+        assert (p.state, failed["stage"]) == (ProposalState.INVALID, stage_name), p.stages
+        assert reason in failed["reason"], failed
+        assert p.validation_evaluation_id is None
+        if stage_name != "smoke":
+            assert p.search_evaluation_id is None
+            if stage_name in ("imports",):
+                # The commit exists (its import was checked) but was never evaluated.
+                assert not Evaluation.objects.filter(candidate=p.candidate).exists()
+    assert [s["stage"] for s in proposals[3].stages] == ["applies", "manifest", "imports"]
+    assert [s["stage"] for s in proposals[5].stages] == [
+        "applies", "manifest", "imports", "duplicate", "smoke",
+    ]  # fmt: skip
+
+    good = proposals[6]
+    assert good.state == ProposalState.EVALUATED, (good.stages, good.state_detail)
+    assert [s["stage"] for s in good.stages] == [
+        "applies", "manifest", "imports", "duplicate", "smoke",
+    ]  # fmt: skip
+    assert all(s["ok"] for s in good.stages)
+    assert good.search_score == 1.0 and good.validation_score == 1.0
+    assert campaign.best_candidate_id == good.candidate_id
+    assert good.candidate.message.startswith("llm-patch: the good style answers right")
+    assert good.params["hypothesis"] == "the good style answers right"
+    assert good.candidate.parent_shas == [seed.sha]
+    assert '+    prompt = "style=good " + task["input"]' in good.patch
+    assert good.response == ANSWERS[6]
+    assert good.proposer_tokens > 0 and good.params["usage"]["completion_tokens"] > 0
+    # The workspace showed the seed's code and its failed search traces; the policy's budget
+    # was not charged for the proposer's tokens.
+    assert STYLE_LINE.strip() in good.prompt
+    assert "[model said] no" in good.prompt and good.shown["trace_ids"]
+    assert "#6 llm-patch" in good.prompt and "RuntimeError" in good.prompt
+
+    # The seal: validation and held-out inputs and traces hold the marker; no proposer input does.
+    wait_until_final(heldout)
+    assert TraceStep.objects.filter(
+        rollout__task__split="validation", payload__icontains=MARKER
+    ).exists()
+    assert TraceStep.objects.filter(
+        rollout__task__split="heldout", payload__icontains=MARKER
+    ).exists()
+    assert len(proposer_server.requests) == len(ANSWERS)
+    for p in proposals:
+        assert MARKER not in json.dumps([p.prompt, p.shown])
+    for request in proposer_server.requests:
+        assert MARKER not in json.dumps(request)
+
+
+def test_it_validates_llm_patch_options(project, tmp_path):
+    from harness_store.selectors import candidate_read_file
+
+    seed = styled_seed(project, tmp_path)
+    manifest = parse_manifest(
+        tomllib.loads(candidate_read_file(candidate=seed, path="harness.toml").decode())
+    )
+    cleaned = strategy_validate(
+        strategy=[{"kind": "llm-patch", "options": {"base_url": "http://x:1/v1", "api": "chat"}}],
+        manifest=manifest,
+    )
+    assert cleaned[0]["options"]["api"] == "chat"
+    assert cleaned[0]["options"]["max_tokens"] == 1024
+    for options, message in (
+        ({"api": "rest"}, "api must be one of"),
+        ({"temperature": 3}, "temperature must be between"),
+        ({"base_url": "ftp://x"}, "http"),
+        ({"nope": 1}, "unknown options"),
+        ({"parent": "random"}, "parent must be one of"),
+    ):
+        with pytest.raises(InvalidInput, match=message):
+            strategy_validate(
+                strategy=[{"kind": "llm-patch", "options": options}], manifest=manifest
+            )
+    with pytest.raises(InvalidInput, match="manual candidates are submitted"):
+        strategy_validate(strategy=[{"kind": "manual"}], manifest=manifest)
+
+
+def test_it_asks_the_policy_endpoint_by_default_and_records_what_it_sent(
+    project, tmp_path, policy_version, scripted_policy
+):
+    from coevo.campaigns.proposers.llm_patch import LlmPatchProposer
+
+    scripted_policy.default = "Let me think about the harness."
+    seed = styled_seed(project, tmp_path)
+    campaign = campaign_create(
+        project=project,
+        name="defaults",
+        seed_candidate=seed,
+        policy_version=policy_version,
+        suite=marked_suite(project),
+        strategy=[{"kind": "llm-patch", "options": {"max_tokens": 64}}],
+    )
+    options = campaign.strategy[0]["options"]
+    assert "base_url" not in options and "model" not in options
+
+    draft = LlmPatchProposer(campaign, options).propose(history=[])
+
+    request = scripted_policy.requests[-1]
+    assert request["path"] == "/v1/completions"
+    assert request["model"] == policy_version.served_name and request["max_tokens"] == 64
+    assert request["prompt"] == draft.prompt and STYLE_LINE.strip() in draft.prompt
+    assert draft.response == "Let me think about the harness."
+    # The scripted server counts words: the prompt's and the answer's, both recorded.
+    assert draft.proposer_tokens == len(draft.prompt.split()) + len(draft.response.split())
+    assert draft.failed and draft.stages[0]["stage"] == "applies"
+    assert "no 'HYPOTHESIS: ...' line" in draft.stages[0]["reason"]
+    assert draft.changes == {} and draft.parents == [seed]

@@ -1,0 +1,332 @@
+"""The campaign page (plots, lineage with a merge, proposals), the start form, and who may
+see or act on them. Proposals are written straight to the database, shaped as the runner
+records them; the candidates are real commits (a merge has two parents)."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalState
+from coevo.campaigns.services import campaign_create
+from coevo.projects.models import Role
+from coevo.projects.services import membership_set
+from coevo.suites.jsonl import scorer_spec_build
+from coevo.suites.services import suite_import_jsonl
+from harness_store.derive import candidate_derive
+from harness_store.models import Candidate
+from tests.campaigns.support import AGENT, MANIFEST, marked_suite, styled_seed
+from tests.conftest import PASSWORD
+
+pytestmark = pytest.mark.django_db
+
+IMPORT_ERROR = "agent.py: SyntaxError: invalid syntax (line 3)"
+
+
+@dataclass
+class Data:
+    campaign: Campaign
+    seed: Candidate
+    knob_child: Candidate
+    code_child: Candidate
+    merge: Candidate
+
+
+def stage(name: str, ok: bool = True, reason: str = "") -> dict:
+    return {"stage": name, "ok": ok, "reason": reason or ("ok" if ok else "failed")}
+
+
+VALID = [stage(s) for s in ("applies", "manifest", "imports", "duplicate", "smoke")]
+
+
+def make_campaign_data(project, tmp_path, policy_version) -> Data:
+    seed = styled_seed(project, tmp_path)
+    campaign = campaign_create(
+        project=project,
+        name="paged",
+        seed_candidate=seed,
+        policy_version=policy_version,
+        suite=marked_suite(project),
+        max_proposals=8,
+    )
+    knob_child, _ = candidate_derive(
+        project=project,
+        parents=[seed],
+        changes={"harness.toml": MANIFEST.replace('default = "bad"', 'default = "good"').encode()},
+        message="config trial 0: style=good",
+        author_name="config proposer",
+    )
+    code_child, _ = candidate_derive(
+        project=project,
+        parents=[seed],
+        changes={"agent.py": ("# strip the answer twice\n" + AGENT).encode()},
+        message="llm-patch: strip answers",
+        author_name="llm-patch proposer",
+    )
+    merge, created = candidate_derive(
+        project=project,
+        parents=[knob_child, code_child],
+        changes={},
+        message="merge knob and code",
+        author_name="merge proposer",
+    )
+    assert created and merge.parent_shas == [knob_child.sha, code_child.sha]
+
+    def proposal(sequence, kind, **fields):
+        return Proposal.objects.create(campaign=campaign, sequence=sequence, kind=kind, **fields)
+
+    proposal(
+        0,
+        "seed",
+        parent_shas=[],
+        candidate=seed,
+        state=ProposalState.EVALUATED,
+        search_score=0.25,
+        validation_score=0.5,
+        tokens_per_task=30.0,
+    )
+    proposal(
+        1,
+        "config",
+        parent_shas=[seed.sha],
+        params={"style": "good"},
+        stages=VALID,
+        candidate=knob_child,
+        state=ProposalState.EVALUATED,
+        search_score=1.0,
+        validation_score=0.75,
+        tokens_per_task=40.0,
+    )
+    proposal(
+        2,
+        "llm-patch",
+        parent_shas=[seed.sha],
+        stages=[stage("applies"), stage("manifest"), stage("imports", False, IMPORT_ERROR)],
+        state=ProposalState.INVALID,
+        state_detail="rejected at imports",
+    )
+    proposal(
+        3,
+        "llm-patch",
+        parent_shas=[seed.sha],
+        stages=VALID,
+        candidate=code_child,
+        state=ProposalState.EVALUATED,
+        search_score=0.0,
+    )
+    proposal(
+        4,
+        "merge",
+        parent_shas=[knob_child.sha, code_child.sha],
+        stages=VALID,
+        candidate=merge,
+        state=ProposalState.EVALUATED,
+        search_score=0.75,
+        validation_score=0.5,
+        tokens_per_task=10.0,
+    )
+    Campaign.objects.filter(id=campaign.id).update(
+        state=CampaignState.RUNNING, best_candidate=knob_child, best_validation_score=0.75
+    )
+    campaign.refresh_from_db()
+    return Data(campaign, seed, knob_child, code_child, merge)
+
+
+@pytest.fixture
+def data(project, tmp_path, policy_version) -> Data:
+    return make_campaign_data(project, tmp_path, policy_version)
+
+
+def member(project, name: str, role: Role):
+    user = get_user_model().objects.create_user(name, f"{name}@example.com", PASSWORD)
+    membership_set(project=project, user=user, role=role)
+    return user
+
+
+def svg(content: str, element_id: str) -> ET.Element:
+    match = re.search(rf'<svg[^>]*id="{element_id}".*?</svg>', content, re.S)
+    assert match, f"no svg #{element_id}"
+    return ET.fromstring(match.group(0))
+
+
+NS = {"svg": "http://www.w3.org/2000/svg"}
+
+
+def test_it_shows_plots_lineage_with_a_merge_and_proposals(client, owner, data):
+    client.force_login(owner)
+    page = client.get(f"/p/demo/campaigns/{data.campaign.id}/")
+
+    assert page.status_code == 200
+    content = page.content.decode()
+    scores = svg(content, "plot-scores")
+    assert len(scores.findall(".//svg:circle[@class='point search']", NS)) == 4
+    pareto = svg(content, "plot-pareto")
+    # Front: #1 (0.75 at 40 tokens) and #4 (0.5 at 10); the seed (0.5 at 30) is dominated.
+    assert len(pareto.findall(".//svg:circle[@class='point front']", NS)) == 2
+    assert len(pareto.findall(".//svg:circle[@class='point dominated']", NS)) == 1
+
+    lineage = svg(content, "plot-lineage")
+    hrefs = {a.get("href") for a in lineage.findall(".//svg:a", NS)}
+    assert hrefs == {
+        f"/p/demo/c/{c.sha}/" for c in (data.seed, data.knob_child, data.code_child, data.merge)
+    }
+    into_merge = lineage.findall(f".//svg:path[@data-to='{data.merge.sha}']", NS)
+    assert {e.get("data-from") for e in into_merge} == {data.knob_child.sha, data.code_child.sha}
+    best = lineage.find(".//svg:g[@class='node status-best']", NS)
+    assert best.get("data-sha") == data.knob_child.sha
+
+    proposals = content[content.index('id="campaign-proposals"') :]
+    rows = {
+        int(m.group(1)): m.group(2)
+        for m in re.finditer(r'id="proposal-(\d+)">(.*?)</tr>', proposals, re.S)
+    }
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert "new best" in rows[1] and "0.250" in rows[1]  # gap: search 1.0 − validation 0.75
+    assert f'href="/p/demo/c/{data.knob_child.sha}/diff/"' in rows[1]
+    assert "✓ applies" in rows[1] and "✗" not in rows[1]
+    assert "✗ imports" in rows[2] and "SyntaxError: invalid syntax" in rows[2]
+    assert "rejected at imports" in rows[2]
+    assert "stopped on search" in rows[3]
+    assert "no improvement" in rows[4] and "+" in rows[4]  # two parents
+    assert 'id="campaign-spend"' in content and 'role="progressbar"' in content
+    assert 'hx-trigger="every 3s"' in content
+
+
+def test_it_renders_the_live_part_alone_for_htmx_and_stops_polling_when_final(client, owner, data):
+    client.force_login(owner)
+    url = f"/p/demo/campaigns/{data.campaign.id}/"
+    partial = client.get(url, HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" not in partial and 'id="plot-lineage"' in partial
+    Campaign.objects.filter(id=data.campaign.id).update(state=CampaignState.FINISHED)
+    assert b'hx-trigger="every 3s"' not in client.get(url, HTTP_HX_REQUEST="true").content
+
+
+def test_it_renders_a_campaign_without_proposals(client, owner, project, tmp_path, policy_version):
+    campaign = campaign_create(
+        project=project,
+        name="fresh",
+        seed_candidate=styled_seed(project, tmp_path),
+        policy_version=policy_version,
+        suite=marked_suite(project),
+    )
+    client.force_login(owner)
+    content = client.get(f"/p/demo/campaigns/{campaign.id}/").content.decode()
+    assert "no scored proposal yet" in content and "no validated proposal yet" in content
+    lineage = svg(content, "plot-lineage")
+    assert [g.get("class") for g in lineage.findall(".//svg:g[@data-sha]", NS)] == [
+        "node status-seed"
+    ]
+
+
+def test_a_viewer_sees_the_page_but_cannot_start_or_pause(client, project, data):
+    viewer = member(project, "viewer", Role.VIEWER)
+    client.force_login(viewer)
+    page = client.get(f"/p/demo/campaigns/{data.campaign.id}/")
+    assert page.status_code == 200 and b'id="pause-campaign"' not in page.content
+    assert b'id="new-campaign"' not in client.get("/p/demo/campaigns/").content
+    assert client.get("/p/demo/campaigns/new/").status_code == 403
+    assert client.post("/p/demo/campaigns/new/", {}).status_code == 403
+    assert client.post(f"/p/demo/campaigns/{data.campaign.id}/pause/").status_code == 403
+    data.campaign.refresh_from_db()
+    assert data.campaign.state == CampaignState.RUNNING
+
+
+def test_an_outsider_gets_404_everywhere(client, outsider, data):
+    client.force_login(outsider)
+    for url in (
+        f"/p/demo/campaigns/{data.campaign.id}/",
+        "/p/demo/campaigns/new/",
+        "/p/demo/campaigns/",
+    ):
+        assert client.get(url).status_code == 404, url
+    assert client.post(f"/p/demo/campaigns/{data.campaign.id}/stop/").status_code == 404
+
+
+# --- the start form --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def researcher(project):
+    return member(project, "researcher", Role.RESEARCHER)
+
+
+def form_data(seed, suite, policy_version, **overrides) -> dict:
+    values = {
+        "name": "from the form",
+        "seed_candidate": seed.sha[:10],
+        "policy_version": str(policy_version.pk),
+        "suite": str(suite.pk),
+        "proposers": ["config"],
+        "llm_api": "completions",
+        "max_proposals": "3",
+        "patience": "2",
+        "target_score": "0.9",
+        "max_rollouts": "50",
+        "max_tokens": "",
+        "max_wall_s": "600",
+        "epochs": "2",
+        "random_seed": "7",
+    }
+    values.update(overrides)
+    return values
+
+
+def test_it_starts_a_campaign_from_the_form(client, researcher, project, tmp_path, policy_version):
+    seed = styled_seed(project, tmp_path)
+    suite = marked_suite(project)
+    client.force_login(researcher)
+    form = client.get(f"/p/demo/campaigns/new/?seed={seed.sha}")
+    assert form.status_code == 200
+    assert f'value="{seed.sha}"'.encode() in form.content  # prefilled, and in the datalist
+
+    response = client.post(
+        "/p/demo/campaigns/new/",
+        form_data(seed, suite, policy_version, proposers=["config", "llm-patch"]),
+    )
+
+    campaign = Campaign.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/p/demo/campaigns/{campaign.id}/"
+    assert campaign.state == CampaignState.RUNNING and campaign.created_by == researcher
+    assert (campaign.max_proposals, campaign.patience, campaign.target_score) == (3, 2, 0.9)
+    assert (campaign.epochs, campaign.seed, campaign.seed_candidate) == (2, 7, seed)
+    assert [e["kind"] for e in campaign.strategy] == ["config", "llm-patch"]
+    assert campaign.strategy[1]["options"]["api"] == "completions"
+    budget = campaign.budget
+    assert (budget.limit_rollouts, budget.limit_tokens, budget.limit_wall_s) == (50, None, 600)
+
+
+def test_it_shows_form_errors_inline(client, researcher, project, tmp_path, policy_version):
+    seed = styled_seed(project, tmp_path)
+    suite = marked_suite(project)
+    client.force_login(researcher)
+
+    bad = client.post(
+        "/p/demo/campaigns/new/",
+        form_data(seed, suite, policy_version, seed_candidate="beef", max_proposals="0"),
+    )
+    assert bad.status_code == 400
+    content = bad.content.decode()
+    assert 'id="error-seed_candidate"' in content and "No candidate beef" in content
+    assert 'id="error-max_proposals"' in content
+
+    # The domain refuses what the form cannot see: a suite with no validation tasks.
+    search_only, _ = suite_import_jsonl(
+        project=project,
+        name="search-only",
+        data="\n".join(
+            json.dumps({"id": f"s{i}", "input": "q", "expected": "yes", "split": "search"})
+            for i in range(3)
+        ).encode(),
+        scorer=scorer_spec_build(kind="exact"),
+    )
+    refused = client.post(
+        "/p/demo/campaigns/new/", form_data(seed, search_only, policy_version)
+    ).content.decode()
+    assert 'id="form-errors"' in refused and "no tasks in the validation split" in refused
+    assert not Campaign.objects.exists()
