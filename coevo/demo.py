@@ -2,8 +2,11 @@
 
 Starts the policy server (llama.cpp + Gemma 3 270M, unless COEVO_POLICY_URL is set), a real
 Celery worker and the web server; creates a demo project, imports the seed harness and
-HumanEval, evaluates the seed on a small search split, prints a one-line summary and the
-dashboard URL, and keeps serving until Ctrl-C (or exits at once with ``--once``).
+HumanEval, evaluates the seed on a small search split and prints a one-line summary. Then it
+runs a short config campaign (Optuna over the knobs of ``examples/textworld-basic``) on a few
+TextWorld games, where the harness visibly moves Gemma's score (DESIGN.md §5), and prints the
+seed's score, the best validation score, proposals and rollouts used, and the campaign's URL.
+It keeps serving until Ctrl-C (or exits at once with ``--once``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ from coevo.config import BASE_DIR
 from coevo.errors import CoevoError
 
 SEED_HARNESS = BASE_DIR / "examples" / "humaneval-basic"
+TEXTWORLD_HARNESS = BASE_DIR / "examples" / "textworld-basic"
+# The knobs the demo's campaign searches. list_commands is left out: free-text commands are
+# known to score nothing with a 270M base model (DESIGN.md §5), so a short demo budget is better
+# spent elsewhere; ``order`` stays in, so the search can see what the priority order is worth.
+CAMPAIGN_KNOBS = ["history", "max_listed", "order", "temperature"]
+# Seconds between the demo's own nudges of the campaign (what beat does in production): the
+# evaluation_finished signal drives it, this only covers a lost message.
+CAMPAIGN_NUDGE_S = 30
 
 
 @dataclass
@@ -34,6 +45,12 @@ class DemoOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     policy_port: int = 8089
+    campaign: bool = True
+    campaign_proposals: int = 4
+    # Games in each of the campaign's search and validation splits.
+    campaign_tasks: int = 3
+    campaign_max_steps: int = 20
+    campaign_seed: int = 0
 
 
 def say(message: str) -> None:
@@ -157,6 +174,33 @@ def run_demo(options: DemoOptions) -> int:
         _wait_for(evaluation, services)
         print(_summary_line(evaluation, time.monotonic() - eval_started), flush=True)
         print(f"Dashboard: {url}  (login {user.username} / {password})", flush=True)
+        if options.campaign:
+            campaign = _demo_campaign(options, user)
+            campaign_url = f"{base}/p/{campaign.project.slug}/campaigns/{campaign.id}/"
+            say(
+                f"config campaign on TextWorld: up to {options.campaign_proposals} proposals "
+                f"over {', '.join(CAMPAIGN_KNOBS)}; {options.campaign_tasks} search and "
+                f"{options.campaign_tasks} validation games, {options.campaign_max_steps} "
+                f"steps a game (seed {options.campaign_seed})"
+            )
+            say(f"watch it live: {campaign_url}")
+            campaign_started = time.monotonic()
+            try:
+                _wait_for_campaign(campaign, services)
+            except KeyboardInterrupt:
+                # Left running, the next demo's worker would go on with it unseen.
+                from coevo.campaigns.services import campaign_stop
+
+                print()
+                campaign_stop(campaign=campaign, reason="the demo was interrupted")
+                say(f"stopped the campaign; its proposals so far are at {campaign_url}")
+                return 130
+            for line in _campaign_summary(campaign, time.monotonic() - campaign_started):
+                print(line, flush=True)
+            print(
+                f"Campaign dashboard: {campaign_url}  (login {user.username} / {password})",
+                flush=True,
+            )
         say(f"total time {time.monotonic() - started:.0f}s")
         if options.once:
             return 0
@@ -301,3 +345,169 @@ def _summary_line(evaluation, elapsed_s: float) -> str:
         f" ({progress.harness_errors} harness errors, {progress.infra_errors} infra errors)"
         f" · {progress.total_tokens:,} tokens · {minutes}m{seconds:02d}s"
     )
+
+
+# --- the campaign --------------------------------------------------------------------------
+
+
+def _demo_campaign(options: DemoOptions, user):
+    from coevo.campaigns.services import campaign_create, campaign_start
+    from coevo.policies.services import policy_version_get_default
+    from coevo.projects.models import Project
+    from harness_store.services import candidate_import_directory
+
+    project = Project.objects.get(slug="demo")
+    seed, created = candidate_import_directory(
+        project=project,
+        directory=TEXTWORLD_HARNESS,
+        message="Seed harness: numbered choice among admissible commands, priority order",
+        author_name="coevo demo",
+        author_email="demo@localhost",
+        created_by=user,
+    )
+    say(
+        f"TextWorld seed harness {'imported as' if created else 'already imported:'} {seed.short_sha}"
+    )
+    suite = demo_textworld_suite(
+        project=project, games=options.campaign_tasks, max_steps=options.campaign_max_steps
+    )
+    number = project.campaigns.count() + 1
+    campaign = campaign_create(
+        project=project,
+        name=f"demo {number}: TextWorld config search (seed {options.campaign_seed})",
+        seed_candidate=seed,
+        policy_version=policy_version_get_default(),
+        suite=suite,
+        strategy=[{"kind": "config", "options": {"knobs": CAMPAIGN_KNOBS}}],
+        max_proposals=options.campaign_proposals,
+        seed=options.campaign_seed,
+        created_by=user,
+    )
+    return campaign_start(campaign=campaign)
+
+
+def demo_textworld_suite(*, project, games: int, max_steps: int):
+    """(Also used by tests/integration/test_campaign_gemma.py.) A small TextWorld suite for the demo: the first ``games`` search-split and ``games``
+    validation-split games (in the shipped order: easy cooking games first) of the full suite.
+
+    The campaign evaluates whole splits, and the full suite's 36 search games would take Gemma
+    on two cores most of an hour per proposal. The subset is content-hashed like any suite
+    (the full suite's hash plus the chosen keys), so a second run with the same flags reuses it.
+    """
+    import hashlib
+
+    from django.db import transaction
+
+    from coevo.suites.models import Split, Suite, Task
+    from coevo.suites.textworld import suite_import_textworld
+
+    full, _ = suite_import_textworld(project=project, max_steps=max_steps)
+    chosen = []
+    for split in (Split.SEARCH, Split.VALIDATION):
+        picked = list(full.tasks.filter(split=split).order_by("position")[:games])
+        if len(picked) < games:
+            raise CoevoError(
+                f"The TextWorld suite has only {len(picked)} {split} games; use "
+                f"--campaign-tasks {len(picked)} or fewer."
+            )
+        chosen += picked
+    keys = ",".join(task.key for task in chosen)
+    content_hash = hashlib.sha256(f"{full.content_hash}\x00{keys}".encode()).hexdigest()
+    name = f"textworld-demo-{games}x{max_steps}"
+    with transaction.atomic():
+        suite, created = Suite.objects.get_or_create(
+            project=project,
+            name=name,
+            content_hash=content_hash,
+            split_seed=full.split_seed,
+            defaults={
+                "kind": full.kind,
+                "version": full.version,
+                "scorer": full.scorer,
+                "description": (
+                    f"The demo's slice of {full.name}: {games} search and {games} validation "
+                    f"games ({', '.join(task.key for task in chosen)}). {full.description}"
+                ),
+            },
+        )
+        if created:
+            Task.objects.bulk_create(
+                Task(
+                    suite=suite,
+                    key=task.key,
+                    split=task.split,
+                    position=position,
+                    inputs=task.inputs,
+                    verifier=task.verifier,
+                )
+                for position, task in enumerate(chosen)
+            )
+    say(f"TextWorld suite {name} {'imported' if created else 'already imported'}")
+    return suite
+
+
+def _wait_for_campaign(campaign, services: Services) -> None:
+    from coevo.campaigns.models import PROPOSAL_OPEN_STATES, ProposerKind
+    from coevo.campaigns.tasks import campaign_advance_enqueue
+    from coevo.evaluations.selectors import evaluation_progress
+
+    last = None
+    nudged = time.monotonic()
+    tty = sys.stdout.isatty()
+    while True:
+        services.check_alive()
+        campaign.refresh_from_db()
+        proposals = campaign.proposals.exclude(kind=ProposerKind.SEED)
+        ended = proposals.exclude(state__in=PROPOSAL_OPEN_STATES).count()
+        best = campaign.best_validation_score
+        line = (
+            f"  {ended}/{campaign.max_proposals} proposals ended"
+            f", best validation {'n/a' if best is None else f'{best:.1%}'}"
+        )
+        current = campaign.proposals.filter(state__in=PROPOSAL_OPEN_STATES).first()
+        if current is not None:
+            evaluation_id = current.validation_evaluation_id or current.search_evaluation_id
+            label = "seed" if current.kind == ProposerKind.SEED else f"proposal {current.sequence}"
+            if evaluation_id is not None:
+                evaluation = current.validation_evaluation or current.search_evaluation
+                progress = evaluation_progress(evaluation=evaluation)
+                split = "validation" if current.validation_evaluation_id else "search"
+                line += f"; {label}: {split} {progress.done}/{progress.total} games"
+            else:
+                line += f"; {label}: starting"
+        if line != last:
+            print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n", flush=True)
+            last = line
+        if campaign.is_final:
+            if tty:
+                print()
+            return
+        if time.monotonic() - nudged > CAMPAIGN_NUDGE_S:
+            campaign_advance_enqueue(campaign_id=campaign.id)
+            nudged = time.monotonic()
+        time.sleep(1)
+
+
+def _campaign_summary(campaign, elapsed_s: float) -> list[str]:
+    from coevo.campaigns.models import ProposalState, ProposerKind
+    from coevo.campaigns.selectors import campaign_progress
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1%}"
+
+    seed = campaign.proposals.filter(kind=ProposerKind.SEED).first()
+    progress = campaign_progress(campaign=campaign)
+    evaluated = progress.by_state.get(ProposalState.EVALUATED, 0)
+    best = campaign.best_candidate
+    best_label = "n/a"
+    if best is not None:
+        best_label = "the seed" if best.id == campaign.seed_candidate_id else best.short_sha
+    minutes, seconds = divmod(int(elapsed_s), 60)
+    return [
+        f"Campaign {campaign.state}: {campaign.stop_reason}",
+        f"Campaign summary: seed score {pct(seed and seed.search_score)} search, "
+        f"{pct(seed and seed.validation_score)} validation"
+        f" · best validation {pct(campaign.best_validation_score)} ({best_label})"
+        f" · {progress.proposals} proposals ({evaluated} evaluated)"
+        f" · {progress.budget.spent_rollouts} rollouts · {minutes}m{seconds:02d}s",
+    ]

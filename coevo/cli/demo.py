@@ -10,13 +10,36 @@ from typing import Any
 def register(commands: Any) -> None:
     demo = commands.add_parser(
         "demo",
-        help="run the whole system on the embedded default and evaluate the seed harness",
+        help="run the whole system on the embedded default, evaluate the seed harness and run "
+        "a short config campaign on TextWorld",
     )
     demo.add_argument("--tasks", type=int, default=20, help="search-split tasks to evaluate")
     demo.add_argument("--once", action="store_true", help="exit after the summary")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000, help="web server port")
     demo.add_argument("--policy-port", type=int, default=8089, help="llama.cpp server port")
+    campaign = demo.add_argument_group("the TextWorld config campaign (after the evaluation)")
+    campaign.add_argument(
+        "--no-campaign", dest="campaign", action="store_false", help="skip the campaign"
+    )
+    campaign.add_argument(
+        "--campaign-proposals", type=int, default=4, help="proposals after the seed (default 4)"
+    )
+    campaign.add_argument(
+        "--campaign-tasks",
+        type=int,
+        default=3,
+        help="games in each of the search and validation splits (default 3)",
+    )
+    campaign.add_argument(
+        "--campaign-max-steps", type=int, default=20, help="step limit per game (default 20)"
+    )
+    campaign.add_argument(
+        "--campaign-seed",
+        type=int,
+        default=0,
+        help="seeds the Optuna sampler and the evaluations (default 0)",
+    )
     demo.set_defaults(handler=run)
 
 
@@ -26,6 +49,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     if args.tasks < 1:
         parser.error("--tasks must be at least 1")
+    if args.campaign_proposals < 1:
+        parser.error("--campaign-proposals must be at least 1")
+    if args.campaign_tasks < 1:
+        parser.error("--campaign-tasks must be at least 1")
     try:
         return run_demo(
             DemoOptions(
@@ -34,6 +61,11 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 host=args.host,
                 port=args.port,
                 policy_port=args.policy_port,
+                campaign=args.campaign,
+                campaign_proposals=args.campaign_proposals,
+                campaign_tasks=args.campaign_tasks,
+                campaign_max_steps=args.campaign_max_steps,
+                campaign_seed=args.campaign_seed,
             )
         )
     except CoevoError as exc:
