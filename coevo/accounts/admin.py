@@ -86,5 +86,5 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected tokens")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
-        revoked = sum(token_revoke(token=token) for token in queryset)
+        revoked = sum(token_revoke(token=token, actor=request.user) for token in queryset)
         self.message_user(request, f"{revoked} token(s) revoked.")

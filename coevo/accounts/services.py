@@ -18,6 +18,7 @@ from coevo.accounts.models import (
     ApiToken,
     TokenKind,
 )
+from coevo.audit.services import audit_record
 from coevo.errors import InvalidInput, NotAuthenticated, PermissionDenied
 from coevo.projects.models import Membership, Role
 
@@ -99,6 +100,13 @@ def token_create(
                     created_by=created_by,
                     expires_at=expires_at,
                 )
+                audit_record(
+                    actor=created_by,
+                    project=None,
+                    action="token.created",
+                    target=token,
+                    after={"user": user.get_username(), "kind": kind, "scopes": chosen},
+                )
         except IntegrityError:
             # Another token drew the same 32-bit prefix: draw again.
             continue
@@ -106,10 +114,22 @@ def token_create(
     raise InvalidInput("Could not draw an unused token prefix; try again.")
 
 
-def token_revoke(*, token: ApiToken) -> bool:
-    """Revoke the token (at once, for every later request); False if it already was."""
+def token_revoke(*, token: ApiToken, actor: AbstractBaseUser | None = None) -> bool:
+    """Revoke the token (at once, for every later request); False if it already was.
+
+    ``actor`` defaults to the token's user (the dashboard lets users revoke only their own)."""
     now = timezone.now()
-    moved = ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(revoked_at=now)
+    with transaction.atomic():
+        moved = ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(revoked_at=now)
+        if moved == 1:
+            audit_record(
+                actor=actor if actor is not None else token.user,
+                project=None,
+                action="token.revoked",
+                target=token,
+                before={"revoked_at": None},
+                after={"revoked_at": now},
+            )
     token.refresh_from_db(fields=["revoked_at"])
     return moved == 1
 

@@ -49,6 +49,6 @@ def token_revoke_view(request: HttpRequest, token_id: str) -> HttpResponse:
         token = token_get_for_user(user=request.user, token_id=token_id)
     except NotFound as exc:
         raise Http404(str(exc)) from None
-    if token_revoke(token=token):
+    if token_revoke(token=token, actor=request.user):
         messages.success(request, f"Token {token.name} ({token.prefix}…) revoked.")
     return redirect("accounts:tokens")

@@ -128,6 +128,7 @@ class SuiteImportJsonlView(ApiView):
             scorer=scorer,
             description=values.get("description", ""),
             split_seed=values.get("split_seed") or "0",
+            actor=request.user,
         )
         suite = suite_summaries(project=self.project).get(pk=suite.pk)
         return Response(suite_out(self, suite), status=201 if created else 200)

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import re
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
+from coevo.audit.services import audit_record
 from coevo.projects.models import Project
 from coevo.suites.humaneval import VERSION, humaneval_problems
 from coevo.suites.jsonl import (
@@ -20,7 +22,9 @@ MAX_VERIFIER_COPIES_BYTES = 512 * 1024**2
 SUITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
 
-def suite_import_humaneval(*, project: Project, split_seed: str = "0") -> tuple[Suite, bool]:
+def suite_import_humaneval(
+    *, project: Project, split_seed: str = "0", actor: AbstractBaseUser | None = None
+) -> tuple[Suite, bool]:
     """Import HumanEval into a project; importing the same data and seed again returns it."""
     problems, content_hash = humaneval_problems()
     existing = Suite.objects.filter(
@@ -50,6 +54,7 @@ def suite_import_humaneval(*, project: Project, split_seed: str = "0") -> tuple[
             )
             for position, problem in enumerate(problems)
         )
+        suite_audit(actor=actor, suite=suite, action="suite.imported")
     return suite, True
 
 
@@ -61,6 +66,7 @@ def suite_import_jsonl(
     scorer: ScorerSpec,
     description: str = "",
     split_seed: str = "0",
+    actor: AbstractBaseUser | None = None,
 ) -> tuple[Suite, bool]:
     """Import a custom suite from JSONL bytes; returns (suite, created).
 
@@ -131,10 +137,30 @@ def suite_import_jsonl(
             ),
             batch_size=1000,
         )
+        suite_audit(actor=actor, suite=suite, action="suite.imported")
     return suite, True
 
 
-def suite_delete(*, suite: Suite) -> None:
+def suite_audit(*, actor: AbstractBaseUser | None, suite: Suite, action: str) -> None:
+    state = {
+        "name": suite.name,
+        "version": suite.version,
+        "kind": suite.kind,
+        "content_hash": suite.content_hash,
+        "split_seed": suite.split_seed,
+    }
+    deleted = action == "suite.deleted"
+    audit_record(
+        actor=actor,
+        project=suite.project,
+        action=action,
+        target=suite,
+        before=state if deleted else None,
+        after=None if deleted else state,
+    )
+
+
+def suite_delete(*, suite: Suite, actor: AbstractBaseUser | None = None) -> None:
     """Delete a suite no evaluation has used (raises SuiteInUse otherwise)."""
     with transaction.atomic():
         locked = Suite.objects.select_for_update().get(pk=suite.pk)
@@ -143,4 +169,5 @@ def suite_delete(*, suite: Suite) -> None:
                 f"Suite {locked} has been used by an evaluation and cannot be deleted: its "
                 "evaluations' scores refer to its tasks."
             )
+        suite_audit(actor=actor, suite=locked, action="suite.deleted")
         locked.delete()

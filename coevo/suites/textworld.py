@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 from coevo.errors import CoevoError, InvalidInput
 
 if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
     from coevo.projects.models import Project
     from coevo.suites.models import Suite
 
@@ -197,6 +199,7 @@ def suite_import_textworld(
     split_seed: str = "0",
     admissible_commands: bool = True,
     max_steps: int = DEFAULT_MAX_STEPS,
+    actor: AbstractBaseUser | None = None,
 ) -> tuple[Suite, bool]:
     """Import the shipped TextWorld games; the same games, seed and config return the same suite.
 
@@ -208,6 +211,7 @@ def suite_import_textworld(
     from django.db import transaction
 
     from coevo.suites.models import Suite, SuiteKind, Task
+    from coevo.suites.services import suite_audit
     from coevo.suites.splits import split_for
 
     low, high = MAX_STEPS_RANGE
@@ -253,6 +257,7 @@ def suite_import_textworld(
             )
             for position, game in enumerate(games)
         )
+    suite_audit(actor=actor, suite=suite, action="suite.imported")
     return suite, True
 
 

@@ -13,6 +13,7 @@ from uuid import UUID
 
 from django import forms
 from django.contrib import messages
+from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
@@ -127,9 +128,9 @@ def suite_import_page(request: HttpRequest, project: Project) -> HttpResponse:
         try:
             if kind == "jsonl":
                 form = JsonlImportForm(request.POST, request.FILES)
-                suite, created = _import_jsonl(project=project, form=form)
+                suite, created = _import_jsonl(project=project, form=form, actor=request.user)
             else:
-                suite, created = _import_bundled(project=project, kind=kind)
+                suite, created = _import_bundled(project=project, kind=kind, actor=request.user)
         except SuiteImportError as exc:
             errors, total_errors = exc.errors[:MAX_ERRORS_SHOWN], exc.total
         except CoevoError as exc:
@@ -151,7 +152,9 @@ def suite_import_page(request: HttpRequest, project: Project) -> HttpResponse:
     )
 
 
-def _import_jsonl(*, project: Project, form: JsonlImportForm) -> tuple[Suite, bool]:
+def _import_jsonl(
+    *, project: Project, form: JsonlImportForm, actor: AbstractBaseUser
+) -> tuple[Suite, bool]:
     from coevo.suites.services import suite_import_jsonl
 
     if not form.is_valid():
@@ -182,14 +185,15 @@ def _import_jsonl(*, project: Project, form: JsonlImportForm) -> tuple[Suite, bo
         scorer=scorer,
         description=data["description"],
         split_seed=data["split_seed"] or "0",
+        actor=actor,
     )
 
 
-def _import_bundled(*, project: Project, kind: str) -> tuple[Suite, bool]:
+def _import_bundled(*, project: Project, kind: str, actor: AbstractBaseUser) -> tuple[Suite, bool]:
     if kind == "humaneval":
         from coevo.suites.services import suite_import_humaneval
 
-        return suite_import_humaneval(project=project)
+        return suite_import_humaneval(project=project, actor=actor)
     if kind == "textworld":
         try:
             from coevo.suites.textworld import suite_import_textworld
@@ -198,7 +202,7 @@ def _import_bundled(*, project: Project, kind: str) -> tuple[Suite, bool]:
                 "TextWorld suites are not available on this server: install coevo's "
                 f"textworld dependencies ({exc})."
             ) from exc
-        return suite_import_textworld(project=project)
+        return suite_import_textworld(project=project, actor=actor)
     raise SuiteImportError([f"kind: unknown suite kind {kind!r}"])
 
 
