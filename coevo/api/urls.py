@@ -12,6 +12,8 @@ urlpatterns = [
     # Other work plugs its resources in here (same framework: coevo.api.base.ApiView).
     path("projects/<slug:slug>/", include("coevo.api.gates")),
     path("projects/<slug:slug>/", include("coevo.api.channels")),
+    path("projects/<slug:slug>/", include("coevo.api.campaigns")),
+    path("projects/<slug:slug>/", include("coevo.api.promotions")),
     *projects.urlpatterns,
     *candidates.urlpatterns,
     *suites.urlpatterns,

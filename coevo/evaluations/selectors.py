@@ -27,6 +27,7 @@ from coevo.evaluations.stats import (
 from coevo.evaluations.traces import PAGE_SIZE as TRACE_PAGE_SIZE
 from coevo.evaluations.traces import Cursor, TracePage, trace_page
 from coevo.projects.models import Project
+from coevo.suites.models import Split
 from harness_store.models import Candidate
 
 
@@ -56,21 +57,33 @@ class EvaluationProgress:
 
 
 def evaluation_list(
-    *, project: Project, candidate: Candidate | None = None
+    *, project: Project, candidate: Candidate | None = None, include_heldout: bool = True
 ) -> QuerySet[Evaluation]:
+    """``include_heldout=False`` for every view outside promotion requests: held-out results
+    are sealed (DESIGN.md §8)."""
     qs = Evaluation.objects.filter(project=project).select_related("candidate", "suite")
     if candidate is not None:
         qs = qs.filter(candidate=candidate)
+    if not include_heldout:
+        qs = qs.exclude(split=Split.HELDOUT)
     return qs
 
 
-def evaluation_get(*, project: Project, evaluation_id: Any) -> Evaluation:
+def evaluation_get(
+    *, project: Project, evaluation_id: Any, include_heldout: bool = True
+) -> Evaluation:
+    """``include_heldout=False``: a held-out evaluation is answered as not found."""
+    qs = Evaluation.objects.select_related("candidate", "suite", "policy_version")
+    if not include_heldout:
+        qs = qs.exclude(split=Split.HELDOUT)
     try:
-        return Evaluation.objects.select_related("candidate", "suite", "policy_version").get(
-            project=project, id=evaluation_id
-        )
+        return qs.get(project=project, id=evaluation_id)
     except (Evaluation.DoesNotExist, ValueError, TypeError):
-        raise NotFound(f"No evaluation {evaluation_id} in project {project.slug}.") from None
+        raise NotFound(
+            f"No evaluation {evaluation_id} in project {project.slug}"
+            + ("" if include_heldout else " outside the sealed held-out split")
+            + "."
+        ) from None
 
 
 def evaluation_progress(*, evaluation: Evaluation) -> EvaluationProgress:
@@ -111,12 +124,16 @@ class EvaluationSummary:
 
 
 def evaluation_summaries(
-    *, project: Project, candidate: Candidate | None = None, limit: int = 20
+    *,
+    project: Project,
+    candidate: Candidate | None = None,
+    limit: int = 20,
+    include_heldout: bool = False,
 ) -> list[EvaluationSummary]:
     """The latest evaluations with their pass rate (counted as evaluation_progress counts),
-    in one query."""
+    in one query. Held-out evaluations only when asked for (they are sealed)."""
     rows = (
-        evaluation_list(project=project, candidate=candidate)
+        evaluation_list(project=project, candidate=candidate, include_heldout=include_heldout)
         .select_related("policy_version")
         .annotate(**_rollout_counts("rollouts__"))[:limit]
     )

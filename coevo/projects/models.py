@@ -13,9 +13,18 @@ class Project(TimeStampedModel):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
+    # How many reviewers (other than the requester) must approve a promotion request; each
+    # request copies it when created, so a later change does not move an open request's bar.
+    required_approvals = models.PositiveSmallIntegerField(default=1)
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(required_approvals__gte=1),
+                name="project_required_approvals_positive",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.slug

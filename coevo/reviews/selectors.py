@@ -1,12 +1,23 @@
-"""Channel reads."""
+"""Channel and promotion reads."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.db.models import QuerySet
 
 from coevo.errors import NotFound
+from coevo.evaluations.models import Evaluation
 from coevo.projects.models import Project
-from coevo.reviews.models import Channel, ChannelMove
+from coevo.reviews.models import (
+    Approval,
+    Channel,
+    ChannelMove,
+    Decision,
+    PromotionRequest,
+    ReviewComment,
+)
+from coevo.suites.models import Split
 from harness_store.models import Candidate
 
 
@@ -36,3 +47,78 @@ def channel_history(*, channel: Channel) -> QuerySet[ChannelMove]:
         "to_policy_version",
         "moved_by",
     )
+
+
+# --- promotions -------------------------------------------------------------------------------
+
+
+def promotion_list_for_project(*, project: Project) -> QuerySet[PromotionRequest]:
+    return PromotionRequest.objects.filter(project=project).select_related(
+        "channel",
+        "candidate",
+        "policy_version",
+        "holder_candidate",
+        "holder_policy_version",
+        "requester",
+        "suite",
+    )
+
+
+def promotion_get(*, project: Project, request_id: Any) -> PromotionRequest:
+    try:
+        return promotion_list_for_project(project=project).get(id=request_id)
+    except (PromotionRequest.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"No promotion request {request_id} in project {project.slug}.") from None
+
+
+def promotion_is_stale(*, request: PromotionRequest) -> bool:
+    """Whether the channel moved since the request's holder was taken: its evidence compares
+    against a holder that no longer holds. (Read from the database, not the cached channel.)"""
+    generation = (
+        Channel.objects.filter(id=request.channel_id).values_list("generation", flat=True).first()
+    )
+    return generation is not None and generation != request.holder_generation
+
+
+def promotion_approvals(*, request: PromotionRequest) -> QuerySet[Approval]:
+    return Approval.objects.filter(request=request).select_related("reviewer")
+
+
+def promotion_approval_count(*, request: PromotionRequest) -> int:
+    return Approval.objects.filter(request=request, decision=Decision.APPROVE).count()
+
+
+def promotion_comments(*, request: PromotionRequest) -> QuerySet[ReviewComment]:
+    return ReviewComment.objects.filter(request=request).select_related("author")
+
+
+def heldout_looks(*, project: Project, campaign: Any = None) -> int:
+    """How many held-out evaluations the project has run (all of them, whatever their end),
+    or, with ``campaign``, how many of them evaluated a candidate that campaign produced.
+
+    Each is a look at sealed scores; reviewers see the count, because choosing among candidates
+    by repeated held-out looks overfits the held-out split too.
+    """
+    evaluations = Evaluation.objects.filter(project=project, split=Split.HELDOUT)
+    if campaign is not None:
+        from coevo.campaigns.models import Proposal
+
+        evaluations = evaluations.filter(
+            candidate_id__in=Proposal.objects.filter(
+                campaign=campaign, candidate__isnull=False
+            ).values("candidate_id")
+        )
+    return evaluations.count()
+
+
+def candidate_campaign(*, candidate: Candidate) -> Any:
+    """The campaign that produced the candidate (its first proposal's), or None."""
+    from coevo.campaigns.models import Proposal
+
+    proposal = (
+        Proposal.objects.filter(candidate=candidate)
+        .select_related("campaign")
+        .order_by("created_at")
+        .first()
+    )
+    return proposal.campaign if proposal else None

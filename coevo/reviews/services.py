@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from coevo.errors import InvalidInput, InvalidState
+from coevo.errors import InvalidInput, InvalidState, PermissionDenied
 from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Project
 from coevo.reviews.models import Channel, ChannelMove
@@ -62,13 +62,16 @@ def channel_move(
     policy_version: PolicyVersion | None,
     moved_by: AbstractBaseUser | None,
     reason: str = "",
+    reverts: ChannelMove | None = None,
 ) -> ChannelMove:
     """Point ``channel`` at ``candidate`` (and ``policy_version``), record the move and tag it.
 
     Compare-and-swap on the channel as the caller loaded it: if it moved in the meantime the
     move is refused (InvalidState), so a reviewer never overwrites a move they did not see.
     The git tags are written inside the transaction, after the swap: a failing tag rolls the
-    move back, and a losing concurrent move never reaches git.
+    move back, and a losing concurrent move never reaches git. The audit event is written in
+    the same transaction; webhooks (``channel.moved``) are notified once it commits.
+    ``reverts`` marks a rollback (see channel_rollback).
     """
     from harness_store.services import project_repo
 
@@ -109,12 +112,14 @@ def channel_move(
             moved_by=moved_by,
             reason=reason.strip(),
             tag=history_tag,
+            reverts=reverts,
         )
         repo = project_repo(project=channel.project)
         # force on the numbered tag too: a move whose transaction rolled back after tagging
         # leaves its number free, and the next move reuses it.
         repo.tag(history_tag, candidate.sha, force=True)
         repo.tag(moving_tag, candidate.sha, force=True)
+        _record_move(channel=channel, move=move, moved_by=moved_by)
     channel.refresh_from_db()
     logger.info(
         "channel %s moved to %s (move %d, by %s)",
@@ -124,3 +129,108 @@ def channel_move(
         moved_by.get_username() if moved_by else "system",
     )
     return move
+
+
+def _holder_dict(candidate_id: object, policy_version_id: object, generation: int) -> dict:
+    sha = (
+        Candidate.objects.filter(id=candidate_id).values_list("sha", flat=True).first()
+        if candidate_id
+        else None
+    )
+    name = (
+        PolicyVersion.objects.filter(id=policy_version_id).values_list("name", flat=True).first()
+        if policy_version_id
+        else None
+    )
+    return {"candidate": sha, "policy_version": name, "generation": generation}
+
+
+def _record_move(*, channel: Channel, move: ChannelMove, moved_by: AbstractBaseUser | None) -> None:
+    """Audit the move (inside its transaction) and notify webhooks once it commits."""
+    from coevo.audit.services import audit_record
+
+    before = _holder_dict(move.from_candidate_id, move.from_policy_version_id, move.number - 1)
+    after = _holder_dict(move.to_candidate_id, move.to_policy_version_id, move.number)
+    rollback = move.reverts_id is not None
+    audit_record(
+        actor=moved_by,
+        project=channel.project,
+        action="channel.rolled_back" if rollback else "channel.moved",
+        target=channel,
+        before=before,
+        after={**after, "reason": move.reason, "tag": move.tag},
+    )
+    payload = {
+        "project": channel.project.slug,
+        "channel": channel.name,
+        "move": move.number,
+        "kind": "rollback" if rollback else "move",
+        "from": before,
+        "to": after,
+        "tag": move.tag,
+        "reason": move.reason,
+        "moved_by": moved_by.get_username() if moved_by else None,
+        "moved_at": move.created_at.isoformat(),
+    }
+    project = channel.project
+    transaction.on_commit(lambda: _notify_webhooks(project=project, payload=payload))
+
+
+def _notify_webhooks(*, project: Project, payload: dict) -> None:
+    from coevo.audit.webhooks import webhooks_notify
+
+    try:
+        webhooks_notify(project=project, event="channel.moved", payload=payload)
+    except Exception:  # the move is committed: a notification failure must not undo or hide it
+        logger.exception("channel %s: could not notify webhooks of move", payload["channel"])
+
+
+def channel_rollback_target(*, channel: Channel) -> ChannelMove | None:
+    """The move a rollback would undo: the newest move not already undone by a rollback
+    (rollbacks themselves are skipped), so repeated rollbacks walk back through the holders
+    instead of flipping between the last two. None when there is nothing to go back to."""
+    undone: set[object] = set()
+    for move in ChannelMove.objects.filter(channel=channel).order_by("-number"):
+        if move.reverts_id is not None:
+            undone.add(move.reverts_id)
+            continue
+        if move.id in undone:
+            continue
+        return move if move.from_candidate_id is not None else None
+    return None
+
+
+def channel_rollback(*, channel: Channel, by: AbstractBaseUser, reason: str = "") -> ChannelMove:
+    """Move ``channel`` back to its previous holder (candidate and policy version) in one
+    action, recorded as a move (``reverts`` = the move undone) and audited as a rollback.
+
+    Reviewers and admins of the project only. Refused on a channel with no previous holder.
+    """
+    from coevo.projects.models import Role
+    from coevo.projects.selectors import project_user_has_role
+
+    if not project_user_has_role(project=channel.project, user=by, role=Role.REVIEWER):
+        raise PermissionDenied(
+            f"Only reviewers and admins of project {channel.project.slug} can roll back a "
+            "channel: ask one of them."
+        )
+    channel = Channel.objects.select_related("project").get(id=channel.id)
+    undo = channel_rollback_target(channel=channel)
+    if undo is None:
+        raise InvalidState(f"Channel {channel.name} has no previous holder to roll back to.")
+    # from_candidate is RESTRICT-protected: the previous holder still exists.
+    previous = Candidate.objects.get(id=undo.from_candidate_id)
+    previous_policy = (
+        PolicyVersion.objects.get(id=undo.from_policy_version_id)
+        if undo.from_policy_version_id
+        else None
+    )
+    note = reason.strip()
+    return channel_move(
+        channel=channel,
+        candidate=previous,
+        policy_version=previous_policy,
+        moved_by=by,
+        reason=f"rollback of move {undo.number}" + (f": {note}" if note else ""),
+        reverts=undo,
+    )

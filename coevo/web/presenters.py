@@ -5,6 +5,7 @@ Every function takes an already permission-checked project (or a row reached thr
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,5 +74,8 @@ def trace_viewer(*, rollout: Rollout, cursor: str | None = None, query: str = ""
 def task_prompt(*, rollout: Rollout) -> str:
     """What the harness was shown. Only ``inputs``: the verifier never reaches a page."""
     inputs: dict[str, Any] = rollout.task.inputs or {}
-    prompt = inputs.get("prompt")
-    return prompt if isinstance(prompt, str) else ""
+    # HumanEval tasks carry a "prompt"; custom JSONL tasks an "input" (text or any JSON value).
+    prompt = inputs.get("prompt", inputs.get("input"))
+    if prompt is None:
+        return ""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, indent=2, ensure_ascii=False)

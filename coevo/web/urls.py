@@ -1,6 +1,15 @@
 from django.urls import path, register_converter
 
-from coevo.web import campaign_views, gate_views, suite_views, views
+from coevo.web import (
+    audit_views,
+    campaign_views,
+    gate_views,
+    member_views,
+    promotion_views,
+    suite_views,
+    views,
+    webhook_views,
+)
 
 
 class ShaConverter:
@@ -42,6 +51,7 @@ urlpatterns = [
     path("p/<slug:slug>/suites/import/", suite_views.suite_import_page, name="suite_import"),
     path("p/<slug:slug>/suites/<uuid:suite_id>/", suite_views.suite_detail, name="suite"),
     path("p/<slug:slug>/campaigns/", campaign_views.campaign_list_page, name="campaigns"),
+    path("p/<slug:slug>/campaigns/new/", campaign_views.campaign_new, name="campaign_new"),
     path(
         "p/<slug:slug>/campaigns/<uuid:campaign_id>/",
         campaign_views.campaign_detail,
@@ -51,5 +61,44 @@ urlpatterns = [
         "p/<slug:slug>/campaigns/<uuid:campaign_id>/<str:action>/",
         campaign_views.campaign_action,
         name="campaign_action",
+    ),
+    path("p/<slug:slug>/channels/", promotion_views.channel_list_page, name="channels"),
+    path(
+        "p/<slug:slug>/channels/<slug:name>/rollback/",
+        promotion_views.channel_rollback_action,
+        name="channel_rollback",
+    ),
+    path("p/<slug:slug>/promotions/", promotion_views.promotion_list_page, name="promotions"),
+    path("p/<slug:slug>/promotions/new/", promotion_views.promotion_new, name="promotion_new"),
+    path(
+        "p/<slug:slug>/promotions/<uuid:request_id>/",
+        promotion_views.promotion_detail,
+        name="promotion",
+    ),
+    path(
+        "p/<slug:slug>/promotions/<uuid:request_id>/r/<uuid:rollout_id>/",
+        promotion_views.promotion_rollout,
+        name="promotion_rollout",
+    ),
+    path(
+        "p/<slug:slug>/promotions/<uuid:request_id>/<str:action>/",
+        promotion_views.promotion_action,
+        name="promotion_action",
+    ),
+    # Audit log, members and webhooks (coevo/audit).
+    path("audit/", audit_views.global_audit, name="global_audit"),
+    path("p/<slug:slug>/audit/", audit_views.project_audit, name="audit"),
+    path("p/<slug:slug>/members/", member_views.member_list_page, name="members"),
+    path("p/<slug:slug>/members/<str:action>/", member_views.member_action, name="member_action"),
+    path("p/<slug:slug>/webhooks/", webhook_views.webhook_list_page, name="webhooks"),
+    path(
+        "p/<slug:slug>/webhooks/<uuid:webhook_id>/<str:action>/",
+        webhook_views.webhook_action,
+        name="webhook_action",
+    ),
+    path(
+        "p/<slug:slug>/webhooks/deliveries/<uuid:delivery_id>/redeliver/",
+        webhook_views.webhook_redeliver_action,
+        name="webhook_redeliver",
     ),
 ]

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 
 from coevo.errors import CoevoError, HarnessStoreError
 from coevo.evaluations.lifecycle import evaluation_cancel, evaluation_resume
+from coevo.evaluations.models import Rollout
 from coevo.evaluations.selectors import (
     evaluation_budget,
     evaluation_compare,
@@ -134,7 +135,7 @@ def candidate_diff_page(request: HttpRequest, project: Project, sha: str) -> Htt
 
 @project_view
 def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUID) -> HttpResponse:
-    evaluation = evaluation_get(project=project, evaluation_id=evaluation_id)
+    evaluation = evaluation_get(project=project, evaluation_id=evaluation_id, include_heldout=False)
     context = {
         "project": project,
         "evaluation": evaluation,
@@ -145,7 +146,7 @@ def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUI
         "errors": evaluation_errors(evaluation=evaluation),
         "rollouts": rollout_list(evaluation=evaluation),
         "can_run": project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER),
-        "comparable": evaluation_list(project=project)
+        "comparable": evaluation_list(project=project, include_heldout=False)
         .filter(suite=evaluation.suite, split=evaluation.split)
         .exclude(id=evaluation.id)[:20],
     }
@@ -163,8 +164,15 @@ def rollout_detail(request: HttpRequest, project: Project, rollout_id: UUID) -> 
     with ``?q=``; htmx's "load more" gets only the next page's steps."""
     rollout = rollout_get(project=project, rollout_id=rollout_id)
     # Held-out inputs are sealed (DESIGN.md §8): the prompt is in the task and in every model
-    # call of the trace, so neither is shown.
-    sealed = task_is_sealed(task=rollout.task)
+    # call of the trace, so neither is shown. Reviewers reach held-out rollouts only through a
+    # promotion request (coevo.web.promotion_views.promotion_rollout), which unseals them.
+    return rollout_page(request, project, rollout, sealed=task_is_sealed(task=rollout.task))
+
+
+def rollout_page(
+    request: HttpRequest, project: Project, rollout: Rollout, *, sealed: bool
+) -> HttpResponse:
+    """Render a rollout's page; ``sealed`` hides the task's inputs and the trace."""
     trace = None
     if not sealed:
         trace = trace_viewer(
@@ -193,7 +201,7 @@ def evaluation_action(
     """Cancel or resume an evaluation (researchers and above)."""
     if not project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER):
         raise PermissionDenied("Cancelling or resuming evaluations needs the researcher role.")
-    evaluation = evaluation_get(project=project, evaluation_id=evaluation_id)
+    evaluation = evaluation_get(project=project, evaluation_id=evaluation_id, include_heldout=False)
     if action not in ("cancel", "resume"):
         raise Http404(f"No action {action!r}.")
     try:
@@ -213,8 +221,13 @@ def evaluation_action(
 @project_view
 def evaluation_comparison(request: HttpRequest, project: Project) -> HttpResponse:
     """Two evaluations of the same suite split, task by task: ``?reference=…&candidate=…``."""
-    reference = evaluation_get(project=project, evaluation_id=request.GET.get("reference"))
-    candidate = evaluation_get(project=project, evaluation_id=request.GET.get("candidate"))
+    # Held-out comparisons are part of a promotion request's evidence, never shown here.
+    reference = evaluation_get(
+        project=project, evaluation_id=request.GET.get("reference"), include_heldout=False
+    )
+    candidate = evaluation_get(
+        project=project, evaluation_id=request.GET.get("candidate"), include_heldout=False
+    )
     context: dict[str, object] = {
         "project": project,
         "reference": reference,

@@ -22,7 +22,12 @@ def start_body(seed_candidate, humaneval_suite, policy_version):
 
 def _evaluation(candidate, suite, policy_version, split="validation", finish=None):
     evaluation = evaluation_create(
-        candidate=candidate, suite=suite, split=split, policy_version=policy_version, task_limit=3
+        candidate=candidate,
+        suite=suite,
+        split=split,
+        policy_version=policy_version,
+        task_limit=3,
+        purpose="promotion" if split == "heldout" else "evaluation",
     )
     if finish is not None:
         for rollout, outcome in zip(

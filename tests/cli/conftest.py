@@ -161,7 +161,7 @@ def api(monkeypatch) -> ScriptedApi:
     monkeypatch.setenv("COEVO_PROJECT", "demo")
     # Retries and polling without the waits.
     monkeypatch.setattr("coevo.cli.client.sleep", lambda seconds: None)
-    monkeypatch.setattr("coevo.cli.remote.sleep", lambda seconds: None)
+    monkeypatch.setattr("coevo.cli.remote.common.sleep", lambda seconds: None)
     yield scripted
     server.shutdown()
     server.server_close()

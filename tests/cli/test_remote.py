@@ -234,7 +234,7 @@ def test_it_stops_waiting_at_the_timeout(api, capsys, monkeypatch):
     started(api)
     api.on("GET", EVALUATION_URL, (200, evaluation("running", 1)))
     clock = iter(range(0, 10_000, 10))
-    monkeypatch.setattr("coevo.cli.remote.monotonic", lambda: next(clock))
+    monkeypatch.setattr("coevo.cli.remote.common.monotonic", lambda: next(clock))
 
     argv = ["evaluate", "--candidate", "a" * 40, "--suite", "s", "--wait", "--timeout", "30"]
     assert main(argv) == 1
@@ -479,7 +479,7 @@ def test_a_gate_that_outlives_the_timeout_exits_3(api, capsys, monkeypatch):
     gate_created(api)
     api.on("GET", GATE_URL, (200, gate_object("running", None)))
     clock = iter(range(0, 10_000, 100))
-    monkeypatch.setattr("coevo.cli.remote.monotonic", lambda: next(clock))
+    monkeypatch.setattr("coevo.cli.remote.common.monotonic", lambda: next(clock))
 
     assert main([*GATE_ARGS, "--wait", "--timeout", "150"]) == 3
 

@@ -194,9 +194,15 @@ def test_the_installed_console_script_submits(cli_env, user_repo, project):
     assert unauthorized.stderr.strip().endswith("(not_authenticated)")
 
 
-@pytest.mark.parametrize("module", ["client", "gitlocal", "remote"])
+REMOTE_MODULES = sorted(
+    str(path.relative_to(REPO_ROOT / "coevo" / "cli"))
+    for path in (REPO_ROOT / "coevo" / "cli" / "remote").glob("*.py")
+)
+
+
+@pytest.mark.parametrize("module", ["client.py", "gitlocal.py", *REMOTE_MODULES])
 def test_the_remote_commands_do_not_import_django_or_gitpython(module):
-    tree = ast.parse((REPO_ROOT / "coevo" / "cli" / f"{module}.py").read_text())
+    tree = ast.parse((REPO_ROOT / "coevo" / "cli" / module).read_text())
     imported = {
         alias.name
         for node in ast.walk(tree)

@@ -211,7 +211,11 @@ def test_it_never_logs_held_out_contents_or_a_token(
     )  # fmt: skip
     app.control.purge()
     evaluation = evaluation_create(
-        candidate=candidate, suite=suite, split="heldout", policy_version=version
+        candidate=candidate,
+        suite=suite,
+        split="heldout",
+        policy_version=version,
+        purpose="promotion",
     )
     rollout = Rollout.objects.get(evaluation=evaluation)
 

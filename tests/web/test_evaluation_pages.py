@@ -10,6 +10,7 @@ from coevo.evaluations.lifecycle import evaluation_advance
 from coevo.evaluations.models import EvaluationState, Outcome, Rollout, RolloutState
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.services import evaluation_create, rollout_claim, rollout_finish
+from coevo.evaluations.services.evaluations import HELDOUT_PURPOSE
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.suites.models import Split, Task
@@ -153,7 +154,12 @@ def test_it_never_shows_a_held_out_tasks_inputs_or_trace(
         inputs={**task.inputs, "prompt": task.inputs["prompt"] + marker}
     )
     sealed = evaluation(
-        seed_candidate, humaneval_suite, policy_version, task_limit=1, split=Split.HELDOUT
+        seed_candidate,
+        humaneval_suite,
+        policy_version,
+        task_limit=1,
+        split=Split.HELDOUT,
+        purpose=HELDOUT_PURPOSE,
     )
     rollout = sealed.rollouts.get()
     assert rollout.task_id == task.id
@@ -166,12 +172,31 @@ def test_it_never_shows_a_held_out_tasks_inputs_or_trace(
     rollout_finish(rollout=claimed, outcome=Outcome.PASSED, score=1.0, detail="ok")
     evaluation_advance(evaluation_id=sealed.id)
     client.force_login(owner)
-    for url in (
-        reverse("web:rollout", args=[project.slug, rollout.id]),
-        reverse("web:evaluation", args=[project.slug, sealed.id]),
+    response = client.get(reverse("web:rollout", args=[project.slug, rollout.id]))
+    assert response.status_code == 200
+    assert marker not in text(response)
+    assert "sealed" in plain(response)
+    # Held-out results (even per-task scores) belong to promotion requests only: outside them the
+    # evaluation does not exist, for its admin as for anyone.
+    assert client.get(reverse("web:evaluation", args=[project.slug, sealed.id])).status_code == 404
+    other = evaluation(
+        seed_candidate,
+        humaneval_suite,
+        policy_version,
+        task_limit=1,
+        split=Split.HELDOUT,
+        purpose=HELDOUT_PURPOSE,
+    )
+    compare = client.get(
+        reverse("web:comparison", args=[project.slug]),
+        {"reference": other.id, "candidate": sealed.id},
+    )
+    assert compare.status_code == 404
+    for page in (
+        reverse("web:project", args=[project.slug]),
+        reverse("web:candidate", args=[project.slug, seed_candidate.sha]),
     ):
-        response = client.get(url)
-        assert response.status_code == 200
-        assert marker not in text(response)
-    assert "sealed" in plain(client.get(reverse("web:rollout", args=[project.slug, rollout.id])))
+        body = text(client.get(page))
+        assert str(sealed.id)[:8] not in body
+        assert marker not in body
     assert Rollout.objects.get(id=rollout.id).state == RolloutState.DONE

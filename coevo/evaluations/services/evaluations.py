@@ -12,7 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from coevo.errors import InvalidInput, InvalidManifest
+from coevo.errors import InvalidInput, InvalidManifest, PermissionDenied
 from coevo.evaluations.cache import cache_lookup, rollout_cache_key
 from coevo.evaluations.ledger import (
     Amount,
@@ -35,6 +35,9 @@ from harness_store.selectors import candidate_export
 
 logger = logging.getLogger(__name__)
 
+# The only purpose that may evaluate the held-out split (see evaluation_create).
+HELDOUT_PURPOSE = "promotion"
+
 
 def evaluation_create(
     *,
@@ -52,11 +55,22 @@ def evaluation_create(
     parent_budget: Budget | None = None,
     use_cache: bool = True,
     created_by: AbstractBaseUser | None = None,
+    purpose: str = "evaluation",
 ) -> Evaluation:
     """Create the evaluation, its stages and rollouts, reserve its budget, and start it once the
     transaction commits. Refused (nothing created) when the budget cannot cover the worst case.
+
+    The held-out split is sealed (DESIGN.md §8): only a promotion request runs it, and says so
+    with ``purpose="promotion"`` (coevo.reviews.promotions), so every held-out look is one the
+    request counts and shows to its reviewers.
     """
     plan = plan or EvaluationPlan()
+    if split == Split.HELDOUT and purpose != HELDOUT_PURPOSE:
+        raise PermissionDenied(
+            "Held-out evaluations run only inside a promotion request (its held-out looks are "
+            "counted and shown to reviewers): request a promotion, or use the search or "
+            "validation split."
+        )
     if suite.project_id != candidate.project_id:
         raise InvalidInput("The suite and the candidate belong to different projects.")
     if split not in Split.values:

@@ -1,0 +1,275 @@
+"""API: promotion requests (see docs/api.md, Promotions). Included under
+``projects/<slug:slug>/``.
+
+Held-out per-task details (flips and their rollouts) are sealed (DESIGN.md §8): the evidence
+goes out whole only to reviewers' personal tokens (``ApiView.can_see_heldout``); everyone else
+gets the aggregates. Approve/reject need the ``promotions:approve`` scope, which
+``coevo.accounts`` never grants to CI tokens, and the reviewer role; the service refuses the
+requester (and the database refuses it again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.urls import path
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.errors import InvalidInput, NotFound
+from coevo.policies.models import PolicyVersion
+from coevo.projects.models import Project, Role
+from coevo.reviews import promotions as review_promotions
+from coevo.reviews import selectors as review_selectors
+from coevo.reviews import services as review_services
+from coevo.suites.models import Split, Suite
+from coevo.suites.selectors import suite_get
+from harness_store.selectors import candidate_get
+
+# Evidence keys that carry per-task held-out results; removed for everyone but reviewers.
+SEALED_COMPARISON_KEYS = ("flips", "flipped_tasks", "dropped")
+
+
+class PromotionIn(serializers.Serializer):
+    candidate = serializers.RegexField(r"^[0-9a-fA-F]{7,40}$", help_text="The candidate's SHA.")
+    channel = serializers.SlugField(max_length=64, default="production")
+    suite = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="Suite name (its latest version); its held-out split decides. Default: the "
+        "project's only suite with held-out tasks.",
+    )
+    policy_version = serializers.CharField(
+        max_length=100,
+        required=False,
+        help_text="Policy version name (default: the channel's, else the configured one).",
+    )
+    epochs = serializers.IntegerField(min_value=1, max_value=20, default=1)
+
+
+class DecisionIn(serializers.Serializer):
+    comment = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+
+
+class PromotionCreatedOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.CharField()
+    status_url = serializers.URLField()
+    dashboard_url = serializers.URLField()
+
+
+class ApprovalOut(serializers.Serializer):
+    reviewer = serializers.CharField()
+    decision = serializers.CharField()
+    comment = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class PromotionOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.CharField()
+    state_detail = serializers.CharField()
+    stale = serializers.BooleanField(help_text="The holder changed: refresh before approval.")
+    candidate = serializers.CharField()
+    channel = serializers.CharField()
+    policy_version = serializers.CharField(allow_null=True)
+    suite = serializers.CharField()
+    epochs = serializers.IntegerField()
+    requester = serializers.CharField(allow_null=True)
+    evidence = serializers.DictField(
+        help_text="Scores, the paired held-out comparison, gap, cost, errors, held-out looks; "
+        "per-task held-out details only for reviewers' personal tokens."
+    )
+    approvals = ApprovalOut(many=True)
+    created_at = serializers.DateTimeField()
+    url = serializers.URLField()
+    dashboard_url = serializers.URLField()
+
+
+_when = serializers.DateTimeField().to_representation
+
+
+def sealed_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
+    """The evidence without per-task held-out results (what non-reviewers may see)."""
+    evidence = dict(evidence or {})
+    comparison = evidence.get("comparison")
+    if isinstance(comparison, dict):
+        evidence["comparison"] = {
+            key: value for key, value in comparison.items() if key not in SEALED_COMPARISON_KEYS
+        }
+    return evidence
+
+
+def promotion_out(view: ApiView, promotion: Any, *, heldout: bool) -> dict[str, Any]:
+    slug = view.project.slug
+    evidence = dict(promotion.evidence or {}) if heldout else sealed_evidence(promotion.evidence)
+    return {
+        "id": str(promotion.id),
+        "state": promotion.state,
+        "state_detail": promotion.state_detail,
+        "stale": review_selectors.promotion_is_stale(request=promotion),
+        "candidate": promotion.candidate.sha,
+        "channel": promotion.channel.name,
+        "policy_version": promotion.policy_version.name if promotion.policy_version else None,
+        "suite": f"{promotion.suite.name}@{promotion.suite.version}",
+        "epochs": promotion.epochs,
+        "requester": promotion.requester.get_username() if promotion.requester else None,
+        "evidence": evidence,
+        "approvals": [
+            {
+                "reviewer": approval.reviewer.get_username(),
+                "decision": approval.decision,
+                "comment": approval.comment,
+                "created_at": _when(approval.created_at),
+            }
+            for approval in review_selectors.promotion_approvals(request=promotion)
+        ],
+        "created_at": _when(promotion.created_at),
+        "url": view.absolute("api:promotion", slug, promotion.id),
+        "dashboard_url": view.absolute("web:promotion", slug, promotion.id),
+    }
+
+
+def _default_suite(project: Project) -> Suite:
+    """The project's one suite (latest version of one name) with held-out tasks."""
+    names = sorted(
+        set(
+            Suite.objects.filter(project=project, tasks__split=Split.HELDOUT).values_list(
+                "name", flat=True
+            )
+        )
+    )
+    if len(names) != 1:
+        found = ", ".join(names) if names else "none"
+        raise InvalidInput(
+            f"Name the suite whose held-out split decides the promotion (suites with held-out "
+            f"tasks: {found})."
+        )
+    return suite_get(project=project, name=names[0])
+
+
+class PromotionListView(ApiView):
+    required_scopes = {"POST": "promotions:request"}
+    required_roles = {"POST": Role.RESEARCHER}
+
+    @extend_schema(
+        operation_id="promotions_list",
+        parameters=PAGE_PARAMETERS,
+        responses=paginated(PromotionOut),
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        heldout = self.can_see_heldout()
+        return paginate(
+            self,
+            review_selectors.promotion_list_for_project(project=self.project),
+            lambda promotion: promotion_out(self, promotion, heldout=heldout),
+        )
+
+    @extend_schema(
+        operation_id="promotions_create", request=PromotionIn, responses={202: PromotionCreatedOut}
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = PromotionIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        policy_version = None
+        if values.get("policy_version"):
+            policy_version = PolicyVersion.objects.filter(name=values["policy_version"]).first()
+            if policy_version is None:
+                raise NotFound(f"No policy version {values['policy_version']!r}.")
+        candidate = candidate_get(project=self.project, sha=values["candidate"])
+        suite = (
+            suite_get(project=self.project, name=values["suite"])
+            if values.get("suite")
+            else _default_suite(self.project)
+        )
+        channel = review_services.channel_get_or_create(
+            project=self.project, name=values["channel"]
+        )
+        if policy_version is None:
+            # Like gates: the channel's policy version, else the configured default.
+            from coevo.policies.services import policy_version_get_default
+
+            policy_version = channel.policy_version or policy_version_get_default()
+        promotion = review_promotions.promotion_request_create(
+            channel=channel,
+            candidate=candidate,
+            policy_version=policy_version,
+            requester=request.user,
+            suite=suite,
+            epochs=values["epochs"],
+        )
+        status_url = self.absolute("api:promotion", self.project.slug, promotion.id)
+        body = {
+            "id": str(promotion.id),
+            "state": promotion.state,
+            "status_url": status_url,
+            "dashboard_url": self.absolute("web:promotion", self.project.slug, promotion.id),
+        }
+        return Response(body, status=202, headers={"Location": status_url})
+
+
+class PromotionDetailView(ApiView):
+    @extend_schema(operation_id="promotions_retrieve", responses=PromotionOut)
+    def get(self, request: Request, slug: str, request_id: UUID) -> Response:
+        promotion = review_selectors.promotion_get(project=self.project, request_id=request_id)
+        return Response(promotion_out(self, promotion, heldout=self.can_see_heldout()))
+
+
+class PromotionDecisionView(ApiView):
+    """POST .../approve/ or .../reject/ (the URL names the decision)."""
+
+    required_scopes = {"POST": "promotions:approve"}
+    required_roles = {"POST": Role.REVIEWER}
+    decision = "approve"
+
+    @extend_schema(request=DecisionIn, responses=PromotionOut)
+    def post(self, request: Request, slug: str, request_id: UUID) -> Response:
+        data = DecisionIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        promotion = review_selectors.promotion_get(project=self.project, request_id=request_id)
+        review_promotions.promotion_decide(
+            request=promotion,
+            reviewer=request.user,
+            decision=self.decision,
+            comment=data.validated_data.get("comment", ""),
+        )
+        promotion = review_selectors.promotion_get(project=self.project, request_id=request_id)
+        return Response(promotion_out(self, promotion, heldout=self.can_see_heldout()))
+
+
+class PromotionApproveView(PromotionDecisionView):
+    decision = "approve"
+
+    @extend_schema(operation_id="promotions_approve", request=DecisionIn, responses=PromotionOut)
+    def post(self, request: Request, slug: str, request_id: UUID) -> Response:
+        return super().post(request, slug, request_id)
+
+
+class PromotionRejectView(PromotionDecisionView):
+    decision = "reject"
+
+    @extend_schema(operation_id="promotions_reject", request=DecisionIn, responses=PromotionOut)
+    def post(self, request: Request, slug: str, request_id: UUID) -> Response:
+        return super().post(request, slug, request_id)
+
+
+# Relative to projects/<slug:slug>/ (coevo/api/urls.py).
+urlpatterns = [
+    path("promotions/", PromotionListView.as_view(), name="promotions"),
+    path("promotions/<uuid:request_id>/", PromotionDetailView.as_view(), name="promotion"),
+    path(
+        "promotions/<uuid:request_id>/approve/",
+        PromotionApproveView.as_view(),
+        name="promotion_approve",
+    ),
+    path(
+        "promotions/<uuid:request_id>/reject/",
+        PromotionRejectView.as_view(),
+        name="promotion_reject",
+    ),
+]
