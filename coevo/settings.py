@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "coevo.policies",
     "coevo.evaluations",
     "coevo.reviews",
+    "coevo.audit",
     "coevo.gates",
     "coevo.campaigns",
     "coevo.api",
@@ -249,6 +250,9 @@ SPECTACULAR_SETTINGS = {
         "SplitEnum": "coevo.suites.models.Split",
         "GateStateEnum": "coevo.gates.models.GateState",
         "VerdictEnum": "coevo.gates.models.Verdict",
+        "CampaignStateEnum": "coevo.campaigns.models.CampaignState",
+        "ProposalStateEnum": "coevo.campaigns.models.ProposalState",
+        "ProposerKindEnum": "coevo.campaigns.models.ProposerKind",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
@@ -286,6 +290,14 @@ COEVO_BACKUP_DIR = env_path("COEVO_BACKUP_DIR", COEVO_HOME / "backups")
 # `coevo doctor`: free space under COEVO_HOME and the harness store below these warns / fails.
 COEVO_DISK_WARN_GIB = env_float("COEVO_DISK_WARN_GIB", 5.0, minimum=0)
 COEVO_DISK_FAIL_GIB = env_float("COEVO_DISK_FAIL_GIB", 1.0, minimum=0)
+# Webhooks (coevo/audit): attempts per delivery, and the first retry delay (doubles each time).
+COEVO_WEBHOOK_MAX_ATTEMPTS = env_int("COEVO_WEBHOOK_MAX_ATTEMPTS", 6, minimum=1, maximum=20)
+COEVO_WEBHOOK_BACKOFF_S = env_float("COEVO_WEBHOOK_BACKOFF_S", 30.0, minimum=0)
+COEVO_WEBHOOK_TIMEOUT_S = env_float("COEVO_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
+CELERY_BEAT_SCHEDULE["webhooks-requeue-due"] = {
+    "task": "coevo.audit.tasks.webhooks_requeue_due",
+    "schedule": 300.0,
+}
 CELERY_BEAT_SCHEDULE["traces-retention"] = {
     "task": "coevo.ops.tasks.traces_prune",
     "schedule": float(COEVO_TRACE_RETENTION_INTERVAL_S),
@@ -298,6 +310,11 @@ CELERY_BEAT_SCHEDULE["harness-store-fsck"] = {
 CELERY_BEAT_SCHEDULE["campaigns-advance"] = {
     "task": "coevo.campaigns.tasks.campaigns_advance_running",
     "schedule": 30.0,
+}
+# Promotion requests finish on evaluation_finished; this catches a lost signal.
+CELERY_BEAT_SCHEDULE["promotions-refresh"] = {
+    "task": "coevo.reviews.tasks.promotions_refresh_open",
+    "schedule": float(COEVO_WATCHDOG_INTERVAL_S),
 }
 
 LOGGING = {
