@@ -93,3 +93,9 @@ class ScopeMissing(PermissionDenied):
     """The token's user may do this, but the token was not given the scope for it."""
 
     code = "scope_missing"
+
+
+class AdapterLoadFailed(PolicyUnavailable):
+    """A policy version's LoRA adapter could not be loaded on a vLLM endpoint (infra_error)."""
+
+    code = "adapter_load_failed"

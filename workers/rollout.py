@@ -376,6 +376,7 @@ class _Runner:
                         "api": wanted,
                         "model": completion.model,
                         "policy_version": self.inputs.policy_version,
+                        "endpoint": completion.endpoint,
                         **request,
                         "sampling": sample.as_params(),
                         "sample": i,

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from coevo.errors import PolicyRequestRejected, PolicyUnavailable
+from coevo.errors import AdapterLoadFailed, PolicyRequestRejected, PolicyUnavailable
 from coevo.ops import metrics
 from coevo.policies.concurrency import EndpointLimiter, limiter_slot
 
@@ -60,6 +61,8 @@ class Completion:
     latency_ms: int
     model: str
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    # The endpoint that answered (its /v1 base URL), recorded on the model-call step.
+    endpoint: str = ""
 
 
 class PolicyClient:
@@ -95,8 +98,23 @@ class PolicyClient:
         self.close()
 
     def models(self) -> list[str]:
+        return [m.get("id", "") for m in self.model_entries()]
+
+    def model_entries(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``'s entries (vLLM lists loaded LoRA adapters with a ``parent``)."""
         body = self._request("GET", "/models")
-        return [m.get("id", "") for m in body.get("data", [])]
+        return [m for m in body.get("data", []) if isinstance(m, dict)]
+
+    def lora_load(self, *, name: str, path: str) -> str:
+        """vLLM's ``POST /v1/load_lora_adapter`` (needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and
+        --enable-lora); returns the server's message. vLLM answers plain text, not JSON."""
+        return self._request(
+            "POST", "/load_lora_adapter", json={"lora_name": name, "lora_path": path}, text=True
+        )
+
+    def lora_unload(self, *, name: str) -> str:
+        """vLLM's ``POST /v1/unload_lora_adapter``; returns the server's message."""
+        return self._request("POST", "/unload_lora_adapter", json={"lora_name": name}, text=True)
 
     def complete(self, prompt: str, sampling: Sampling) -> Completion:
         payload = {"model": self.model, "prompt": prompt, **sampling.as_params()}
@@ -118,6 +136,7 @@ class PolicyClient:
             latency_ms=latency_ms,
             model=body.get("model", self.model),
             raw=body,
+            endpoint=self.base_url,
             **_usage(body),
         )
 
@@ -142,10 +161,11 @@ class PolicyClient:
             latency_ms=latency_ms,
             model=body.get("model", self.model),
             raw=body,
+            endpoint=self.base_url,
             **_usage(body),
         )
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _request(self, method: str, path: str, *, text: bool = False, **kwargs: Any) -> Any:
         last_error = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -179,6 +199,8 @@ class PolicyClient:
                     f"The policy server at {self.base_url} rejected {method} {path} with "
                     f"HTTP {response.status_code}: {response.text[:500]}"
                 )
+            if text:
+                return response.text
             try:
                 return response.json()
             except ValueError:
@@ -213,3 +235,97 @@ def _usage(body: dict[str, Any]) -> dict[str, int]:
         "prompt_tokens": int(usage.get("prompt_tokens") or 0),
         "completion_tokens": int(usage.get("completion_tokens") or 0),
     }
+
+
+@dataclass
+class Route:
+    """One endpoint a routed client may send to. ``prepare`` runs once before its first request
+    (say, loading a LoRA adapter); ``on_ok``/``on_down`` report its health back."""
+
+    client: PolicyClient
+    name: str
+    prepare: Callable[[PolicyClient], None] | None = None
+    on_ok: Callable[[], None] | None = None
+    on_down: Callable[[str], None] | None = None
+    prepared: bool = False
+
+
+class RoutedPolicyClient:
+    """The client for a policy version served by several endpoints, in order of preference.
+
+    It sticks to the first route that answers; when a route cannot answer (PolicyUnavailable,
+    after its own retries) it reports it down and fails over to the next, so a replica that dies
+    mid-rollout costs a retry, not the rollout. With no route left it raises PolicyUnavailable:
+    the worker's policy-outage path (attempt forgiven; the evaluation pauses past a threshold).
+    A 4xx (PolicyRequestRejected) is the request's fault and is not retried elsewhere.
+    """
+
+    def __init__(self, routes: list[Route], *, model: str, unavailable: str = "") -> None:
+        self.routes = routes
+        self._model = model
+        # Why there are no routes at all (every endpoint marked unhealthy), for the error.
+        self.unavailable = unavailable
+        self._errors: list[str] = []
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @model.setter
+    def model(self, value: str) -> None:
+        self._model = value
+        for route in self.routes:
+            route.client.model = value
+
+    @property
+    def base_url(self) -> str:
+        return self.routes[0].client.base_url if self.routes else ""
+
+    def close(self) -> None:
+        for route in self.routes:
+            route.client.close()
+
+    def __enter__(self) -> RoutedPolicyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def models(self) -> list[str]:
+        return self._call(lambda client: client.models())
+
+    def complete(self, prompt: str, sampling: Sampling) -> Completion:
+        return self._call(lambda client: client.complete(prompt, sampling))
+
+    def chat(self, messages: list[dict[str, Any]], sampling: Sampling) -> Completion:
+        return self._call(lambda client: client.chat(messages, sampling))
+
+    def _call(self, send: Callable[[PolicyClient], Any]) -> Any:
+        while self.routes:
+            route = self.routes[0]
+            try:
+                if not route.prepared:
+                    if route.prepare is not None:
+                        route.prepare(route.client)
+                    route.prepared = True
+                result = send(route.client)
+            except PolicyUnavailable as exc:
+                self._errors.append(f"{route.name}: {exc}")
+                # An adapter that will not load is not a dead server: keep it healthy.
+                if route.on_down is not None and not isinstance(exc, AdapterLoadFailed):
+                    route.on_down(str(exc))
+                route.client.close()
+                self.routes.pop(0)
+                if self.routes:
+                    logger.warning(
+                        "policy endpoint %s failed; failing over to %s",
+                        route.name,
+                        self.routes[0].name,
+                    )
+                continue
+            if route.on_ok is not None:
+                route.on_ok()
+                route.on_ok = None  # once per route is enough to clear a stale failure
+            return result
+        detail = "; ".join(self._errors) or self.unavailable or "no endpoint serves it"
+        raise PolicyUnavailable(f"No policy endpoint could answer for {self._model}: {detail}")

@@ -1,6 +1,7 @@
 import uuid
 
 from django.db import models
+from django.db.models import F, Q
 
 from coevo.db import TimeStampedModel
 
@@ -12,33 +13,94 @@ class EndpointKind(models.TextChoices):
 
 
 class PolicyEndpoint(TimeStampedModel):
-    """An OpenAI-compatible server. Workers bound their own concurrency against it."""
+    """An OpenAI-compatible server. Workers bound their own concurrency against it.
+
+    Health is written by the beat job ``policy_endpoints_check`` (and by workers when a request
+    fails over): an unhealthy endpoint receives no rollouts. A new endpoint counts as healthy
+    until its first check, so nothing waits for beat before the first evaluation.
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.SlugField(max_length=64, unique=True)
     base_url = models.URLField(max_length=500)
     kind = models.CharField(max_length=32, choices=EndpointKind.choices)
     max_concurrency = models.PositiveIntegerField(default=1)
+    healthy = models.BooleanField(default=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    # When it last failed (None: never), for operators; routing is round robin among the healthy.
+    failed_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.base_url})"
 
 
 class PolicyVersion(TimeStampedModel):
-    """The model weights that answer: a served model name on an endpoint."""
+    """The model weights that answer: a base model, optionally with a LoRA adapter, served
+    under ``served_name`` on its primary ``endpoint`` and any ``replicas``.
+
+    An adapter version is addressed by its adapter name (vLLM's ``lora_name``), so its
+    ``served_name`` is the adapter name; ``adapter_path`` is where the *server* reads it.
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.SlugField(max_length=100, unique=True)
     base_model = models.CharField(max_length=200)
     served_name = models.CharField(max_length=200)
     endpoint = models.ForeignKey(PolicyEndpoint, on_delete=models.PROTECT, related_name="versions")
+    # More servers with the same weights: rollouts are routed to a healthy one.
+    replicas = models.ManyToManyField(PolicyEndpoint, blank=True, related_name="replica_versions")
+    adapter_name = models.CharField(max_length=200, blank=True, default="")
+    adapter_path = models.CharField(max_length=1000, blank=True, default="")
+    parent = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="children"
+    )
+    # Where the weights came from: {"export": <id>, "trainer_command": [...], "output_dir": ...,
+    # "created_at": ...}; free-form beyond those keys.
+    provenance = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["endpoint", "served_name"], name="policy_version_unique_served_name"
             ),
+            models.CheckConstraint(
+                condition=Q(adapter_name="", adapter_path="")
+                | (~Q(adapter_name="") & ~Q(adapter_path="")),
+                name="policy_version_adapter_name_and_path_together",
+            ),
+            models.CheckConstraint(
+                condition=Q(adapter_name="") | Q(served_name=F("adapter_name")),
+                name="policy_version_adapter_served_by_its_name",
+            ),
         ]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def has_adapter(self) -> bool:
+        return bool(self.adapter_name)
+
+
+class LoadedAdapter(TimeStampedModel):
+    """An adapter coevo loaded on a vLLM endpoint, with its last use: the beat job unloads
+    adapters idle longer than COEVO_ADAPTER_IDLE_S (vLLM holds at most ``--max-loras``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    endpoint = models.ForeignKey(PolicyEndpoint, on_delete=models.CASCADE, related_name="adapters")
+    adapter_name = models.CharField(max_length=200)
+    adapter_path = models.CharField(max_length=1000)
+    last_used_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["endpoint", "adapter_name"], name="loaded_adapter_unique_per_endpoint"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.adapter_name} on {self.endpoint.name}"

@@ -1,9 +1,38 @@
-from django.conf import settings
+"""Policy versions and endpoints: the default version, version registration, routing a
+version's requests to a healthy endpoint, endpoint health, and vLLM LoRA adapters."""
 
-from coevo.errors import PolicyUnavailable
-from coevo.policies.client import PolicyClient, normalize_base_url
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from coevo.errors import (
+    AdapterLoadFailed,
+    InvalidInput,
+    PolicyRequestRejected,
+    PolicyUnavailable,
+)
+from coevo.policies.client import PolicyClient, Route, RoutedPolicyClient, normalize_base_url
 from coevo.policies.concurrency import EndpointLimiter
-from coevo.policies.models import EndpointKind, PolicyEndpoint, PolicyVersion
+from coevo.policies.models import EndpointKind, LoadedAdapter, PolicyEndpoint, PolicyVersion
+
+logger = logging.getLogger(__name__)
+
+_LORA_FIX = (
+    "Start vLLM with --enable-lora (and --max-loras/--max-lora-rank large enough) and the "
+    "environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and check that the adapter "
+    "path exists on the vLLM machine (docs/deployment.md)."
+)
 
 
 def policy_version_get_default() -> PolicyVersion:
@@ -29,14 +58,109 @@ def policy_version_get_default() -> PolicyVersion:
     return version
 
 
-def policy_client_for(*, version: PolicyVersion) -> PolicyClient:
-    """A client for the version's endpoint that holds one of the endpoint's slots per request."""
-    endpoint = version.endpoint
-    return PolicyClient(
+def policy_version_create(
+    *,
+    name: str,
+    endpoint: PolicyEndpoint,
+    base_model: str = "",
+    served_name: str = "",
+    adapter_name: str = "",
+    adapter_path: str = "",
+    parent: PolicyVersion | None = None,
+    provenance: dict[str, Any] | None = None,
+    replicas: Iterable[PolicyEndpoint] = (),
+) -> PolicyVersion:
+    """Register a policy version: a base model, or a LoRA adapter on top of ``parent``.
+
+    An adapter version is served under its adapter name (that is how vLLM addresses a LoRA),
+    inherits the parent's base model, and records where it came from in ``provenance``
+    (export id, trainer command, output dir…; ``created_at`` is added).
+    """
+    if bool(adapter_name) != bool(adapter_path):
+        raise InvalidInput("An adapter needs both adapter_name and adapter_path.")
+    if adapter_name:
+        if served_name and served_name != adapter_name:
+            raise InvalidInput(
+                f"An adapter version is served under its adapter name {adapter_name!r}; "
+                f"leave served_name empty or set it to {adapter_name!r}."
+            )
+        served_name = adapter_name
+        base_model = base_model or (parent.base_model if parent else "")
+    if not base_model:
+        raise InvalidInput("A policy version needs a base_model (or a parent to inherit it from).")
+    with transaction.atomic():
+        version = PolicyVersion.objects.create(
+            name=name,
+            endpoint=endpoint,
+            base_model=base_model,
+            served_name=served_name or base_model,
+            adapter_name=adapter_name,
+            adapter_path=adapter_path,
+            parent=parent,
+            provenance={"created_at": timezone.now().isoformat(), **(provenance or {})},
+        )
+        extra = [e for e in replicas if e.pk != endpoint.pk]
+        if extra:
+            version.replicas.add(*extra)
+    return version
+
+
+def policy_version_endpoints(*, version: PolicyVersion) -> list[PolicyEndpoint]:
+    """The endpoints serving a version: its primary endpoint first, then its replicas."""
+    endpoints = [version.endpoint]
+    if version.pk is not None and not version._state.adding:
+        endpoints += [e for e in version.replicas.all() if e.pk != version.endpoint_id]
+    return endpoints
+
+
+# Round robin among healthy endpoints, per worker process (so replicas share the load).
+_turn = itertools.count()
+
+
+def policy_client_for(*, version: PolicyVersion) -> RoutedPolicyClient:
+    """A client for the version that sends to a healthy endpoint serving it, holding one of
+    that endpoint's concurrency slots per request, and fails over to the next healthy one.
+
+    Unhealthy endpoints get no requests. With none healthy, the client raises PolicyUnavailable
+    on its first request: the worker's policy-outage path. A version with a LoRA adapter on a
+    vLLM endpoint gets the adapter loaded (and verified) before the first request it sends there.
+    """
+    endpoints = policy_version_endpoints(version=version)
+    # Health as written now (the version may have been loaded long before, with its endpoint).
+    fresh = PolicyEndpoint.objects.in_bulk([e.pk for e in endpoints if e.pk is not None])
+    endpoints = [fresh.get(e.pk, e) for e in endpoints]
+    healthy = [e for e in endpoints if e.healthy]
+    if healthy:
+        shift = next(_turn) % len(healthy)
+        healthy = healthy[shift:] + healthy[:shift]
+    routes = [
+        _route(
+            endpoint=endpoint,
+            version=version,
+            # With a replica to fail over to, one retry is enough: waiting out a dead server's
+            # backoff only delays the rollout.
+            retries=settings.COEVO_POLICY_RETRIES
+            if i == len(healthy) - 1
+            else min(1, settings.COEVO_POLICY_RETRIES),
+        )
+        for i, endpoint in enumerate(healthy)
+    ]
+    unavailable = ""
+    if not routes:
+        unavailable = (
+            "every endpoint serving it is marked unhealthy ("
+            + "; ".join(f"{e.name}: {e.last_error[:200] or 'no answer'}" for e in endpoints)
+            + "); they are checked again every COEVO_ENDPOINT_HEALTH_S seconds"
+        )
+    return RoutedPolicyClient(routes, model=version.served_name, unavailable=unavailable)
+
+
+def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int) -> Route:
+    client = PolicyClient(
         endpoint.base_url,
         model=version.served_name,
         timeout_s=settings.COEVO_POLICY_TIMEOUT_S,
-        retries=settings.COEVO_POLICY_RETRIES,
+        retries=retries,
         limiter=EndpointLimiter(
             endpoint_id=str(endpoint.id),
             limit=endpoint.max_concurrency,
@@ -45,20 +169,170 @@ def policy_client_for(*, version: PolicyVersion) -> PolicyClient:
             lease_s=settings.COEVO_POLICY_TIMEOUT_S * (settings.COEVO_POLICY_RETRIES + 1) + 60,
         ),
     )
+    prepare = None
+    if version.has_adapter and endpoint.kind == EndpointKind.VLLM:
+
+        def prepare(client: PolicyClient) -> None:
+            policy_adapter_ensure(endpoint=endpoint, version=version, client=client)
+
+    def on_down(error: str) -> None:
+        policy_endpoint_health_record(endpoint=endpoint, ok=False, error=error)
+
+    def on_ok() -> None:
+        policy_endpoint_health_record(endpoint=endpoint, ok=True)
+
+    return Route(
+        client=client,
+        name=endpoint.name,
+        prepare=prepare,
+        on_down=on_down,
+        # A healthy endpoint with no failures has nothing to clear: no write per rollout.
+        on_ok=on_ok if endpoint.consecutive_failures else None,
+    )
+
+
+def policy_endpoint_health_record(
+    *, endpoint: PolicyEndpoint, ok: bool, error: str = "", latency_ms: int | None = None
+) -> None:
+    """Write one health observation of an endpoint (from beat, a probe, or a failover)."""
+    now = timezone.now()
+    if ok:
+        fields: dict[str, Any] = {
+            "healthy": True,
+            "checked_at": now,
+            "consecutive_failures": 0,
+            "last_error": "",
+        }
+        if latency_ms is not None:
+            fields["latency_ms"] = latency_ms
+    else:
+        fields = {
+            "healthy": False,
+            "checked_at": now,
+            "failed_at": now,
+            "consecutive_failures": F("consecutive_failures") + 1,
+            "last_error": error[:2000],
+            "latency_ms": None,
+        }
+    PolicyEndpoint.objects.filter(pk=endpoint.pk).update(**fields)
+    if ok and not endpoint.healthy:
+        logger.info("policy endpoint %s is healthy again", endpoint.name)
+    elif not ok and endpoint.healthy:
+        logger.warning("policy endpoint %s is unhealthy: %s", endpoint.name, error[:300])
+
+
+def _probe(endpoint: PolicyEndpoint, timeout_s: float) -> tuple[bool, str, int]:
+    """(answered, error, latency in ms) for ``GET /v1/models``: one try, short timeout."""
+    started = time.monotonic()
+    client = PolicyClient(endpoint.base_url, model="", timeout_s=timeout_s, retries=0)
+    try:
+        client.models()
+    except PolicyUnavailable as exc:
+        return False, str(exc), 0
+    except PolicyRequestRejected:
+        pass  # it answered, if not as we hoped (a 4xx): reachable
+    finally:
+        client.close()
+    return True, "", int((time.monotonic() - started) * 1000)
+
+
+def policy_endpoints_check(*, timeout_s: float = 5.0) -> dict[str, bool]:
+    """Probe every endpoint (in parallel) and record its health; {endpoint name: healthy}."""
+    endpoints = list(PolicyEndpoint.objects.all())
+    if not endpoints:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(endpoints))) as pool:
+        results = list(pool.map(lambda e: _probe(e, timeout_s), endpoints))
+    for endpoint, (ok, error, latency_ms) in zip(endpoints, results, strict=True):
+        policy_endpoint_health_record(endpoint=endpoint, ok=ok, error=error, latency_ms=latency_ms)
+    return {e.name: ok for e, (ok, _, _) in zip(endpoints, results, strict=True)}
 
 
 def policy_endpoint_reachable(*, version: PolicyVersion, timeout_s: float = 5.0) -> bool:
-    """Whether the endpoint answers ``GET /v1/models`` now (one try, short timeout)."""
-    client = PolicyClient(
-        version.endpoint.base_url, model=version.served_name, timeout_s=timeout_s, retries=0
+    """Whether any endpoint serving the version answers ``GET /v1/models`` now (one try each,
+    short timeout); records what it saw as the endpoints' health."""
+    for endpoint in policy_version_endpoints(version=version):
+        ok, error, latency_ms = _probe(endpoint, timeout_s)
+        if endpoint.pk is not None and not endpoint._state.adding:
+            policy_endpoint_health_record(
+                endpoint=endpoint, ok=ok, error=error, latency_ms=latency_ms
+            )
+        if ok:
+            return True
+    return False
+
+
+# --- LoRA adapters on vLLM ---------------------------------------------------------------------
+
+
+def policy_adapter_ensure(
+    *, endpoint: PolicyEndpoint, version: PolicyVersion, client: PolicyClient | None = None
+) -> bool:
+    """Make sure the version's adapter is loaded on a vLLM endpoint; True if it loaded it now.
+
+    ``/v1/models`` lists it → nothing to do; else ``POST /v1/load_lora_adapter`` and verify via
+    ``/v1/models``. The last use is recorded first, so the idle unloader never takes an adapter
+    a rollout is about to use. Raises AdapterLoadFailed (an infra error) naming the adapter and
+    the server's message.
+    """
+    if not version.has_adapter:
+        return False
+    name, path = version.adapter_name, version.adapter_path
+    LoadedAdapter.objects.update_or_create(
+        endpoint=endpoint,
+        adapter_name=name,
+        defaults={"adapter_path": path, "last_used_at": timezone.now()},
+    )
+    own = client is None
+    client = client or PolicyClient(
+        endpoint.base_url, model=name, timeout_s=settings.COEVO_POLICY_TIMEOUT_S, retries=1
     )
     try:
-        client.models()
-    except PolicyUnavailable:
-        return False
-    except Exception:
-        # It answered, if not as we hoped (a 4xx): reachable.
+        if name in client.models():
+            return False
+        try:
+            message = client.lora_load(name=name, path=path)
+        except (PolicyRequestRejected, PolicyUnavailable) as exc:
+            # Another worker may have loaded it a moment ago (vLLM answers 400 "already loaded").
+            if name in client.models():
+                return False
+            raise AdapterLoadFailed(
+                f"Could not load the LoRA adapter {name!r} ({path}) of policy version "
+                f"{version.name} on {endpoint.name}: {exc}. {_LORA_FIX}"
+            ) from exc
+        if name not in client.models():
+            raise AdapterLoadFailed(
+                f"The vLLM server at {endpoint.base_url} accepted the LoRA adapter {name!r} "
+                f"({message.strip()[:300]!r}) but does not list it in /v1/models. {_LORA_FIX}"
+            )
+        logger.info("loaded LoRA adapter %s (%s) on %s", name, path, endpoint.name)
         return True
     finally:
-        client.close()
-    return True
+        if own:
+            client.close()
+
+
+def policy_adapters_unload_idle(*, now: datetime | None = None) -> list[str]:
+    """Unload adapters not used for COEVO_ADAPTER_IDLE_S; returns ``name@endpoint`` of each."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.COEVO_ADAPTER_IDLE_S)
+    unloaded = []
+    for loaded in LoadedAdapter.objects.filter(last_used_at__lt=cutoff).select_related("endpoint"):
+        # Compare-and-swap on the last use: a rollout that touched it since keeps it.
+        if not LoadedAdapter.objects.filter(pk=loaded.pk, last_used_at__lt=cutoff).delete()[0]:
+            continue
+        endpoint = loaded.endpoint
+        client = PolicyClient(endpoint.base_url, model="", timeout_s=30, retries=1)
+        try:
+            client.lora_unload(name=loaded.adapter_name)
+        except PolicyRequestRejected as exc:
+            # Not loaded any more (the server restarted): nothing to unload.
+            logger.info("adapter %s on %s: %s", loaded.adapter_name, endpoint.name, exc)
+        except PolicyUnavailable as exc:
+            logger.warning(
+                "could not unload adapter %s on %s: %s", loaded.adapter_name, endpoint.name, exc
+            )
+            continue
+        finally:
+            client.close()
+        unloaded.append(f"{loaded.adapter_name}@{endpoint.name}")
+    return unloaded

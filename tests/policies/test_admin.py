@@ -30,3 +30,26 @@ def test_it_lets_an_operator_set_an_endpoints_concurrency(client, operator, poli
     assert PolicyEndpoint.objects.get(id=endpoint.id).max_concurrency == 16
     for name in ("admin:policies_policyversion_changelist", "admin:evaluations_budget_changelist"):
         assert client.get(reverse(name)).status_code == 200
+
+
+def test_it_shows_a_versions_adapter_and_provenance_and_an_endpoints_health(
+    client, operator, policy_version
+):
+    from coevo.policies.services import policy_endpoint_health_record, policy_version_create
+
+    child = policy_version_create(
+        name="ft-1",
+        endpoint=policy_version.endpoint,
+        parent=policy_version,
+        adapter_name="ft-1-lora",
+        adapter_path="/adapters/ft-1",
+        provenance={"export": "export-123"},
+    )
+    policy_endpoint_health_record(endpoint=policy_version.endpoint, ok=False, error="refused")
+    client.force_login(operator)
+
+    page = client.get(reverse("admin:policies_policyversion_change", args=[child.id]))
+    assert page.status_code == 200
+    assert b"/adapters/ft-1" in page.content and b"export-123" in page.content
+    listing = client.get(reverse("admin:policies_policyendpoint_changelist")).content.decode()
+    assert "icon-no.svg" in listing  # the endpoint shows as unhealthy

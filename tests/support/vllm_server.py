@@ -1,0 +1,117 @@
+"""A test server speaking vLLM's runtime LoRA endpoints, beside the scripted OpenAI server.
+
+It answers like ``vllm serve BASE --enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``:
+``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` answers plain text on success, a
+JSON error (400) when the name is already loaded or the path holds no adapter;
+``POST /v1/unload_lora_adapter`` ``{"lora_name"}`` answers 404 for an unknown name;
+``GET /v1/models`` lists the base model and each loaded adapter with ``parent`` (the base) and
+``root`` (its path); completions for a model name that is not loaded answer 404. With
+``runtime_lora=False`` the LoRA endpoints do not exist (404), as in vLLM without the variable.
+An adapter path "exists" when it is a directory holding ``adapter_config.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy, _Handler, _Server
+
+
+@dataclass
+class VLLMPolicy(ScriptedPolicy):
+    model: str = "base-model"
+    runtime_lora: bool = True
+    adapters: dict[str, str] = field(default_factory=dict)
+    # Accept a load but do not list the adapter afterwards (a server that misbehaves).
+    forget_loads: bool = False
+
+
+def _error(message: str, code: int) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": "BadRequestError", "code": code}
+
+
+class _VLLMHandler(_Handler):
+    policy: VLLMPolicy
+
+    def _text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") != "/v1/models":
+            return super().do_GET()
+        policy = self.policy
+        data = [{"id": policy.model, "object": "model", "root": policy.model, "parent": None}]
+        with policy._lock:
+            data += [
+                {"id": name, "object": "model", "root": path, "parent": policy.model}
+                for name, path in policy.adapters.items()
+            ]
+        self._json(200, {"object": "list", "data": data})
+
+    def do_POST(self) -> None:
+        policy = self.policy
+        if self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            with policy._lock:
+                policy.requests.append({"path": self.path, **body})
+            if not policy.runtime_lora:
+                self._json(404, {"detail": "Not Found"})
+                return
+            name = body.get("lora_name") or ""
+            with policy._lock:
+                if self.path == "/v1/load_lora_adapter":
+                    path = body.get("lora_path") or ""
+                    if name in policy.adapters:
+                        msg = f"The lora adapter '{name}' has already been loaded."
+                        self._json(400, _error(msg, 400))
+                    elif not (Path(path) / "adapter_config.json").is_file():
+                        msg = f"Loading lora {name} failed: No adapter found for {path}"
+                        self._json(400, _error(msg, 400))
+                    else:
+                        if not policy.forget_loads:
+                            policy.adapters[name] = path
+                        self._text(200, f"Success: LoRA adapter '{name}' added successfully.")
+                elif name not in policy.adapters:
+                    self._json(404, _error(f"The lora adapter '{name}' cannot be found.", 404))
+                else:
+                    del policy.adapters[name]
+                    self._text(200, f"Success: LoRA adapter '{name}' removed successfully.")
+            return
+        if self.path in ("/v1/completions", "/v1/chat/completions"):
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) or b"{}"
+            model = json.loads(raw).get("model")
+            if model != policy.model and model not in policy.adapters:
+                self._json(404, _error(f"The model `{model}` does not exist.", 404))
+                return
+            # Hand the body back to the scripted handler, which reads it again.
+            self.rfile = io.BytesIO(raw)
+        return super().do_POST()
+
+
+class VLLMTestServer(ScriptedOpenAIServer):
+    def __init__(self, policy: VLLMPolicy | None = None, *, port: int = 0) -> None:
+        self.policy = policy or VLLMPolicy()
+        self._handler = type("Handler", (_VLLMHandler,), {"policy": self.policy})
+        self._server: _Server | None = _Server(("127.0.0.1", port), self._handler)
+        self.port = self._server.server_address[1]
+        self._thread = None
+
+
+def make_adapter(directory: Path, *, rank: int = 8) -> Path:
+    """A directory that the test server (like vLLM) accepts as a LoRA adapter."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 16, "target_modules": ["q"]})
+    )
+    return directory
