@@ -1,0 +1,211 @@
+"""API: trajectory exports (see docs/api.md, Exports). Included under ``projects/<slug:slug>/``."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.http import HttpResponse
+from django.urls import path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.errors import NotFound
+from coevo.evaluations.models import Evaluation
+from coevo.exports.models import ExportFormat, ExportState, TrajectoryExport
+from coevo.exports.selectors import (
+    trajectory_export_file,
+    trajectory_export_get,
+    trajectory_export_list,
+)
+from coevo.exports.services import trajectory_export_create
+from coevo.policies.models import PolicyVersion
+from coevo.projects.models import Role
+from coevo.suites.models import Suite
+from coevo.suites.selectors import suite_get
+from coevo.web.export_views import export_file_response
+from harness_store.selectors import candidate_get
+
+
+class ExportIn(serializers.Serializer):
+    format = serializers.ChoiceField(choices=ExportFormat.choices, default=ExportFormat.CHAT)
+    splits = serializers.ListField(
+        child=serializers.CharField(max_length=16),
+        min_length=1,
+        max_length=3,
+        default=lambda: ["search"],
+        help_text="search (default) and/or validation; heldout is refused.",
+    )
+    candidate = serializers.RegexField(
+        r"^[0-9a-fA-F]{7,40}$",
+        required=False,
+        help_text="Harness-matched: only rollouts produced under this candidate.",
+    )
+    policy_version = serializers.CharField(max_length=100, required=False)
+    suite = serializers.CharField(max_length=64, required=False)
+    suite_version = serializers.CharField(max_length=32, required=False)
+    successful_only = serializers.BooleanField(default=False)
+    min_score = serializers.FloatField(required=False, min_value=0.0, max_value=1.0)
+    last_turns = serializers.IntegerField(required=False, min_value=1, max_value=10_000)
+    evaluations = serializers.ListField(
+        child=serializers.UUIDField(), required=False, max_length=1000
+    )
+
+
+class ExportCreatedOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.ChoiceField(choices=ExportState.choices)
+    status_url = serializers.URLField()
+    dashboard_url = serializers.URLField()
+
+
+class ExportOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    format = serializers.ChoiceField(choices=ExportFormat.choices)
+    filters = serializers.DictField()
+    state = serializers.ChoiceField(choices=ExportState.choices)
+    state_detail = serializers.CharField()
+    sha256 = serializers.CharField(allow_null=True)
+    size_bytes = serializers.IntegerField()
+    rows = serializers.IntegerField()
+    rollouts = serializers.IntegerField()
+    evaluations = serializers.ListField(child=serializers.UUIDField())
+    created_by = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    url = serializers.URLField()
+    download_url = serializers.URLField(allow_null=True)
+    dashboard_url = serializers.URLField()
+
+
+def export_out(view: ApiView, export: TrajectoryExport) -> dict:
+    slug = view.project.slug
+    when = serializers.DateTimeField().to_representation
+    ready = export.state == ExportState.READY
+    return {
+        "id": str(export.id),
+        "format": export.format,
+        "filters": dict(export.filters),
+        "state": export.state,
+        "state_detail": export.state_detail,
+        "sha256": export.sha256 or None,
+        "size_bytes": export.size_bytes,
+        "rows": export.rows,
+        "rollouts": export.rollouts,
+        "evaluations": [
+            str(i) for i in export.evaluations.order_by("created_at").values_list("id", flat=True)
+        ],
+        "created_by": export.created_by.get_username() if export.created_by else None,
+        "created_at": when(export.created_at),
+        "finished_at": when(export.finished_at) if export.finished_at else None,
+        "url": view.absolute("api:export", slug, export.id),
+        "download_url": view.absolute("api:export_download", slug, export.id) if ready else None,
+        "dashboard_url": view.absolute("web:exports", slug),
+    }
+
+
+class ExportListView(ApiView):
+    required_scopes = {"POST": "evaluations:run"}
+    required_roles = {"POST": Role.RESEARCHER}
+
+    @extend_schema(
+        operation_id="exports_list", parameters=PAGE_PARAMETERS, responses=paginated(ExportOut)
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        return paginate(
+            self, trajectory_export_list(project=self.project), lambda e: export_out(self, e)
+        )
+
+    @extend_schema(
+        operation_id="exports_create", request=ExportIn, responses={202: ExportCreatedOut}
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = ExportIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        policy_version = None
+        if values.get("policy_version"):
+            policy_version = PolicyVersion.objects.filter(name=values["policy_version"]).first()
+            if policy_version is None:
+                raise NotFound(f"No policy version {values['policy_version']!r}.")
+        suite = None
+        if values.get("suite"):
+            suite = suite_get(project=self.project, name=values["suite"])
+            if values.get("suite_version"):
+                suite = Suite.objects.filter(
+                    project=self.project, name=values["suite"], version=values["suite_version"]
+                ).first()
+                if suite is None:
+                    raise NotFound(
+                        f"No suite {values['suite']!r} version {values['suite_version']!r}."
+                    )
+        evaluations = None
+        if "evaluations" in values:
+            wanted = set(values["evaluations"])
+            evaluations = list(Evaluation.objects.filter(project=self.project, id__in=wanted))
+            missing = wanted - {e.id for e in evaluations}
+            if missing:
+                raise NotFound(f"No evaluation {sorted(missing)[0]} in project {slug}.")
+        export = trajectory_export_create(
+            project=self.project,
+            format=values["format"],
+            splits=list(values["splits"]),
+            candidate=(
+                candidate_get(project=self.project, sha=values["candidate"])
+                if values.get("candidate")
+                else None
+            ),
+            policy_version=policy_version,
+            suite=suite,
+            successful_only=values["successful_only"],
+            min_score=values.get("min_score"),
+            last_turns=values.get("last_turns"),
+            evaluations=evaluations,
+            created_by=request.user,
+        )
+        status_url = self.absolute("api:export", slug, export.id)
+        body = {
+            "id": str(export.id),
+            "state": export.state,
+            "status_url": status_url,
+            "dashboard_url": self.absolute("web:exports", slug),
+        }
+        return Response(body, status=202, headers={"Location": status_url})
+
+
+class ExportDetailView(ApiView):
+    @extend_schema(operation_id="exports_retrieve", responses=ExportOut)
+    def get(self, request: Request, slug: str, export_id: UUID) -> Response:
+        export = trajectory_export_get(project=self.project, export_id=export_id)
+        return Response(export_out(self, export))
+
+
+class ExportDownloadView(ApiView):
+    @extend_schema(
+        operation_id="exports_download",
+        responses={
+            (200, "application/x-ndjson"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="The export's JSONL, streamed."
+            )
+        },
+    )
+    def get(self, request: Request, slug: str, export_id: UUID) -> HttpResponse:
+        export = trajectory_export_get(project=self.project, export_id=export_id)
+        return export_file_response(
+            path=trajectory_export_file(export=export), filename=export.filename
+        )
+
+
+# Relative to projects/<slug:slug>/ (coevo/api/urls.py).
+urlpatterns = [
+    path("exports/", ExportListView.as_view(), name="exports"),
+    path("exports/<uuid:export_id>/", ExportDetailView.as_view(), name="export"),
+    path(
+        "exports/<uuid:export_id>/download/",
+        ExportDownloadView.as_view(),
+        name="export_download",
+    ),
+]

@@ -1,0 +1,15 @@
+"""Trace retention keeps the traces of every evaluation an export was built from: an export
+can be rebuilt (or audited against its rollouts) only while those traces exist."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from coevo.ops.retention import protect_evaluations
+
+
+@protect_evaluations
+def _exported_evaluations() -> QuerySet:
+    from coevo.exports.models import TrajectoryExport
+
+    return TrajectoryExport.evaluations.through.objects.values("evaluation_id")

@@ -1,0 +1,17 @@
+"""Export tasks (``default`` queue): take an id, call the service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from coevo.exports import services
+
+
+@shared_task(
+    name="coevo.exports.tasks.trajectory_export_build",
+    acks_late=True,
+    soft_time_limit=1800,
+    time_limit=2160,
+)
+def trajectory_export_build(export_id: str) -> None:
+    services.trajectory_export_build(export_id=export_id)
