@@ -387,8 +387,9 @@ def _demo_campaign(options: DemoOptions, user):
 
 
 def demo_textworld_suite(*, project, games: int, max_steps: int):
-    """(Also used by tests/integration/test_campaign_gemma.py.) A small TextWorld suite for the demo: the first ``games`` search-split and ``games``
-    validation-split games (in the shipped order: easy cooking games first) of the full suite.
+    """A small TextWorld suite for the demo (also used by tests/integration/test_campaign_gemma.py):
+    ``games`` search-split and ``games`` validation-split games of the full suite, medium and easy
+    cooking games in turn.
 
     The campaign evaluates whole splits, and the full suite's 36 search games would take Gemma
     on two cores most of an hour per proposal. The subset is content-hashed like any suite
@@ -404,7 +405,14 @@ def demo_textworld_suite(*, project, games: int, max_steps: int):
     full, _ = suite_import_textworld(project=project, max_steps=max_steps)
     chosen = []
     for split in (Split.SEARCH, Split.VALIDATION):
-        picked = list(full.tasks.filter(split=split).order_by("position")[:games])
+        # Medium and easy cooking games in turn: the seed harness wins the easy ones outright, so
+        # a slice of easy games alone leaves a campaign nothing to improve.
+        in_split = list(full.tasks.filter(split=split).order_by("position"))
+        levels = [
+            [task for task in in_split if task.key.startswith(level)]
+            for level in ("cooking-medium-", "cooking-easy-")
+        ]
+        picked = [task for pair in zip(*levels, strict=False) for task in pair][:games]
         if len(picked) < games:
             raise CoevoError(
                 f"The TextWorld suite has only {len(picked)} {split} games; use "

@@ -51,6 +51,8 @@ INSTALLED_APPS = [
     "coevo.audit",
     "coevo.gates",
     "coevo.campaigns",
+    "coevo.exports",
+    "coevo.matrices",
     "coevo.api",
     "coevo.ops",
     "coevo.web",
@@ -253,6 +255,9 @@ SPECTACULAR_SETTINGS = {
         "CampaignStateEnum": "coevo.campaigns.models.CampaignState",
         "ProposalStateEnum": "coevo.campaigns.models.ProposalState",
         "ProposerKindEnum": "coevo.campaigns.models.ProposerKind",
+        "ExportStateEnum": "coevo.exports.models.ExportState",
+        "MatrixStateEnum": "coevo.matrices.models.MatrixState",
+        "OpenSplitEnum": "coevo.api.matrices.OPEN_SPLITS",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
@@ -287,6 +292,7 @@ COEVO_TRACE_RETENTION_DAYS = env_int("COEVO_TRACE_RETENTION_DAYS", 90, minimum=0
 COEVO_TRACE_RETENTION_INTERVAL_S = env_int("COEVO_TRACE_RETENTION_INTERVAL_S", 86400, minimum=60)
 COEVO_FSCK_INTERVAL_S = env_int("COEVO_FSCK_INTERVAL_S", 86400, minimum=60)
 COEVO_BACKUP_DIR = env_path("COEVO_BACKUP_DIR", COEVO_HOME / "backups")
+COEVO_EXPORT_DIR = env_path("COEVO_EXPORT_DIR", COEVO_HOME / "exports")  # coevo/exports files
 # `coevo doctor`: free space under COEVO_HOME and the harness store below these warns / fails.
 COEVO_DISK_WARN_GIB = env_float("COEVO_DISK_WARN_GIB", 5.0, minimum=0)
 COEVO_DISK_FAIL_GIB = env_float("COEVO_DISK_FAIL_GIB", 1.0, minimum=0)
@@ -315,6 +321,14 @@ CELERY_BEAT_SCHEDULE["campaigns-advance"] = {
 CELERY_BEAT_SCHEDULE["promotions-refresh"] = {
     "task": "coevo.reviews.tasks.promotions_refresh_open",
     "schedule": float(COEVO_WATCHDOG_INTERVAL_S),
+}
+# Policy endpoints: health from GET /v1/models every COEVO_ENDPOINT_HEALTH_S (unhealthy ones get
+# no rollouts); LoRA adapters coevo loaded on vLLM are unloaded after COEVO_ADAPTER_IDLE_S unused.
+COEVO_ENDPOINT_HEALTH_S = env_int("COEVO_ENDPOINT_HEALTH_S", 30, minimum=1)
+COEVO_ADAPTER_IDLE_S = env_int("COEVO_ADAPTER_IDLE_S", 1800, minimum=1)
+CELERY_BEAT_SCHEDULE["policy-endpoints-check"] = {
+    "task": "coevo.policies.tasks.policy_endpoints_check",
+    "schedule": float(COEVO_ENDPOINT_HEALTH_S),
 }
 
 LOGGING = {

@@ -187,9 +187,7 @@ class PromotionListView(ApiView):
             if values.get("suite")
             else _default_suite(self.project)
         )
-        channel = review_services.channel_get_or_create(
-            project=self.project, name=values["channel"]
-        )
+        channel = review_services.channel_for_request(project=self.project, name=values["channel"])
         if policy_version is None:
             # Like gates: the channel's policy version, else the configured default.
             from coevo.policies.services import policy_version_get_default

@@ -10,6 +10,7 @@ from coevo.evaluations.models import (
     Budget,
     Evaluation,
     EvaluationStage,
+    EvaluationState,
     Outcome,
     Rollout,
     RolloutState,
@@ -355,3 +356,55 @@ def evaluation_compare(*, reference: Evaluation, candidate: Evaluation) -> Evalu
         for key, name in sorted(flipped.items(), key=lambda item: (item[1], item[0]))
     ]
     return EvaluationComparison(reference, candidate, statistics, rows)
+
+
+@dataclass(frozen=True)
+class SplitGap:
+    """A candidate's latest finished search and validation scores on one suite and policy: the
+    gap is how much of its search score did not carry over (AutoSaddler, HDA)."""
+
+    suite: str
+    policy_version: str
+    search: Evaluation
+    validation: Evaluation
+    search_mean: float | None
+    validation_mean: float | None
+
+    @property
+    def gap(self) -> float | None:
+        if self.search_mean is None or self.validation_mean is None:
+            return None
+        return self.search_mean - self.validation_mean
+
+
+def candidate_split_gaps(*, candidate: Candidate) -> list[SplitGap]:
+    latest: dict[tuple[Any, Any, str], Evaluation] = {}
+    finished = (
+        Evaluation.objects.filter(
+            candidate=candidate,
+            state=EvaluationState.FINISHED,
+            split__in=(Split.SEARCH, Split.VALIDATION),
+        )
+        .select_related("suite", "policy_version")
+        .order_by("created_at")
+    )
+    for evaluation in finished:
+        latest[(evaluation.suite_id, evaluation.policy_version_id, evaluation.split)] = evaluation
+    gaps = []
+    for (suite_id, policy_id, split), search in latest.items():
+        if split != Split.SEARCH:
+            continue
+        validation = latest.get((suite_id, policy_id, Split.VALIDATION))
+        if validation is None:
+            continue
+        gaps.append(
+            SplitGap(
+                suite=search.suite.name,
+                policy_version=search.policy_version.name,
+                search=search,
+                validation=validation,
+                search_mean=evaluation_statistics(evaluation=search).mean.mean,
+                validation_mean=evaluation_statistics(evaluation=validation).mean.mean,
+            )
+        )
+    return gaps

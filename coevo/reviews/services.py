@@ -55,6 +55,38 @@ def channel_get_or_create(*, project: Project, name: str) -> Channel:
         return Channel.objects.get(project=project, name=name)
 
 
+# Every project has these; any other channel is created by a project admin (channel_create).
+STANDARD_CHANNELS = ("production", "staging")
+
+
+def channel_for_request(*, project: Project, name: str) -> Channel:
+    """The channel a promotion request or gate names: a standard one (created empty on first
+    use) or one a project admin created; anything else is refused, so a typo never makes a new
+    channel."""
+    if name in STANDARD_CHANNELS or not CHANNEL_NAME.match(name):
+        return channel_get_or_create(project=project, name=name)  # or its name's error
+    channel = Channel.objects.filter(project=project, name=name).first()
+    if channel is None:
+        raise InvalidInput(
+            f"Project {project.slug} has no channel {name!r}: use production or staging, or ask "
+            "a project admin to create it on the channels page."
+        )
+    return channel
+
+
+def channel_create(*, project: Project, name: str, by: AbstractBaseUser) -> Channel:
+    """A new, empty channel (project admins; the caller checks the role). Audited."""
+    from coevo.audit.services import audit_record
+
+    if Channel.objects.filter(project=project, name=name).exists():
+        raise InvalidInput(f"Project {project.slug} already has a channel {name!r}.")
+    channel = channel_get_or_create(project=project, name=name)
+    audit_record(
+        actor=by, project=project, action="channel.created", target=channel, after={"name": name}
+    )
+    return channel
+
+
 def channel_move(
     *,
     channel: Channel,

@@ -70,8 +70,23 @@ def channel_list_page(request: HttpRequest, project: Project) -> HttpResponse:
             "project": project,
             "channels": channels,
             "can_rollback": _has_role(request, project, Role.REVIEWER),
+            "can_create": _has_role(request, project, Role.ADMIN),
         },
     )
+
+
+@require_POST
+@project_view
+def channel_create_action(request: HttpRequest, project: Project) -> HttpResponse:
+    _require_role(request, project, Role.ADMIN, "Creating a channel")
+    name = request.POST.get("name", "").strip()
+    try:
+        channel = review_services.channel_create(project=project, name=name, by=request.user)
+    except CoevoError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Channel {channel.name} created; a promotion request fills it.")
+    return redirect("web:channels", project.slug)
 
 
 @require_POST
@@ -166,7 +181,7 @@ def _create_from_form(*, project: Project, values: dict[str, str], user: Any) ->
         raise InvalidInput("Epochs is a whole number (1 to 20).") from exc
     if not 1 <= epochs <= 20:
         raise InvalidInput("Epochs is a whole number (1 to 20).")
-    channel = review_services.channel_get_or_create(
+    channel = review_services.channel_for_request(
         project=project, name=values["channel"] or "production"
     )
     if policy_version is None:

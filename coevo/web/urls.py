@@ -3,7 +3,9 @@ from django.urls import path, register_converter
 from coevo.web import (
     audit_views,
     campaign_views,
+    export_views,
     gate_views,
+    matrix_views,
     member_views,
     promotion_views,
     suite_views,
@@ -51,6 +53,12 @@ urlpatterns = [
     path("p/<slug:slug>/suites/import/", suite_views.suite_import_page, name="suite_import"),
     path("p/<slug:slug>/suites/<uuid:suite_id>/", suite_views.suite_detail, name="suite"),
     path("p/<slug:slug>/campaigns/", campaign_views.campaign_list_page, name="campaigns"),
+    path("p/<slug:slug>/exports/", export_views.exports_page, name="exports"),
+    path(
+        "p/<slug:slug>/exports/<uuid:export_id>/download",
+        export_views.export_download,
+        name="export_download",
+    ),
     path("p/<slug:slug>/campaigns/new/", campaign_views.campaign_new, name="campaign_new"),
     path(
         "p/<slug:slug>/campaigns/<uuid:campaign_id>/",
@@ -62,7 +70,14 @@ urlpatterns = [
         campaign_views.campaign_action,
         name="campaign_action",
     ),
+    path("p/<slug:slug>/matrices/", matrix_views.matrix_list_page, name="matrices"),
+    path("p/<slug:slug>/matrices/<uuid:matrix_id>/", matrix_views.matrix_detail, name="matrix"),
     path("p/<slug:slug>/channels/", promotion_views.channel_list_page, name="channels"),
+    path(
+        "p/<slug:slug>/channels/new/",
+        promotion_views.channel_create_action,
+        name="channel_create",
+    ),
     path(
         "p/<slug:slug>/channels/<slug:name>/rollback/",
         promotion_views.channel_rollback_action,

@@ -21,6 +21,7 @@ from coevo.errors import CoevoError, HarnessStoreError
 from coevo.evaluations.lifecycle import evaluation_cancel, evaluation_resume
 from coevo.evaluations.models import Rollout
 from coevo.evaluations.selectors import (
+    candidate_split_gaps,
     evaluation_budget,
     evaluation_compare,
     evaluation_errors,
@@ -90,6 +91,7 @@ def candidate_detail(request: HttpRequest, project: Project, sha: str) -> HttpRe
             "parent": candidate_parent(candidate=candidate),
             "files": candidate_files(candidate=candidate),
             "evaluations": evaluation_summaries(project=project, candidate=candidate, limit=50),
+            "gaps": candidate_split_gaps(candidate=candidate),
         },
     )
 

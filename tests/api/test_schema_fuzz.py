@@ -89,6 +89,23 @@ def seeded(seed_candidate, policy_version, owner):
         requester=owner,
         suite=promotion_suite,
     )
+    # A trajectory export (pending: no worker here), so export operations reach their code.
+    from coevo.exports.services import trajectory_export_create
+
+    export = trajectory_export_create(
+        project=seed_candidate.project, format="chat", created_by=owner
+    )
+    # A compatibility matrix (one cell), so matrix operations reach their code.
+    from coevo.matrices.services import matrix_create
+
+    matrix = matrix_create(
+        project=seed_candidate.project,
+        candidates=[seed_candidate],
+        policy_versions=[policy_version],
+        suite=campaign_suite,
+        split="search",
+        created_by=owner,
+    )
     return {
         "slug": "demo",
         "sha": seed_candidate.sha,
@@ -96,6 +113,8 @@ def seeded(seed_candidate, policy_version, owner):
         "name": suite.name,
         "campaign_id": str(campaign.id),
         "request_id": str(promotion.id),
+        "matrix_id": str(matrix.id),
+        "export_id": str(export.id),
     }
 
 

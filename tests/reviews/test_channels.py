@@ -137,3 +137,28 @@ def test_the_command_explains_an_unknown_candidate(project):
             "channel_move", "--project", project.slug, "--channel", "production", "--candidate",
             "deadbeef",
         )  # fmt: skip
+
+
+def test_it_lets_only_admins_create_channels_and_refuses_unknown_ones(client, project, owner):
+    from django.contrib.auth import get_user_model
+    from django.urls import reverse
+
+    from coevo.projects.models import Role
+    from coevo.projects.services import membership_set
+    from coevo.reviews.models import Channel
+    from coevo.reviews.services import channel_for_request
+
+    # A typo in a promotion request never makes a new channel; the standard ones always exist.
+    with pytest.raises(InvalidInput, match="ask a project admin"):
+        channel_for_request(project=project, name="canary")
+    assert channel_for_request(project=project, name="staging").name == "staging"
+
+    researcher = get_user_model().objects.create_user("res", "res@example.com", "pw-123456789")
+    membership_set(project=project, user=researcher, role=Role.RESEARCHER)
+    url = reverse("web:channel_create", args=[project.slug])
+    client.force_login(researcher)
+    assert client.post(url, {"name": "canary"}).status_code == 403
+    client.force_login(owner)
+    assert client.post(url, {"name": "canary"}).status_code == 302
+    assert channel_for_request(project=project, name="canary").name == "canary"
+    assert Channel.objects.filter(project=project, name="canary").count() == 1

@@ -200,3 +200,26 @@ def test_it_never_shows_a_held_out_tasks_inputs_or_trace(
         assert str(sealed.id)[:8] not in body
         assert marker not in body
     assert Rollout.objects.get(id=rollout.id).state == RolloutState.DONE
+
+
+def test_the_candidate_page_shows_its_search_vs_validation_gap(
+    client, owner, project, seed_candidate, humaneval_suite, policy_version
+):
+    search = evaluation(seed_candidate, humaneval_suite, policy_version, task_limit=2)
+    validation = evaluation(
+        seed_candidate, humaneval_suite, policy_version, task_limit=2, split=Split.VALIDATION
+    )
+    for rollout, outcome in zip(
+        list(search.rollouts.order_by("id")) + list(validation.rollouts.order_by("id")),
+        (Outcome.PASSED, Outcome.PASSED, Outcome.PASSED, Outcome.TASK_FAILURE),
+        strict=True,
+    ):
+        run(rollout, outcome)
+    for done in (search, validation):
+        evaluation_advance(evaluation_id=done.id)
+        done.refresh_from_db()
+        assert done.state == EvaluationState.FINISHED
+    client.force_login(owner)
+    page = plain(client.get(reverse("web:candidate", args=[project.slug, seed_candidate.sha])))
+    assert "Search vs validation" in page
+    assert "1.000" in page and "0.500" in page  # search 2/2, validation 1/2: gap 0.500

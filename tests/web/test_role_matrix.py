@@ -76,11 +76,21 @@ MATRIX: dict[str, Entry] = {
     "web:campaigns": Entry(_p(), MEMBER_PAGE),
     "web:campaign_new": Entry(_p(), (OK, OK, OK, FORBIDDEN, GONE, LOGIN)),
     "web:campaign": Entry(_p(campaign_id=MISSING), MISSING_OBJECT),
+    "web:matrices": Entry(_p(), MEMBER_PAGE),
+    "web:matrix": Entry(_p(matrix_id=MISSING), MISSING_OBJECT),
     # The role is checked before the object is looked up: viewers are refused outright.
     "web:campaign_action": Entry(
         _p(campaign_id=MISSING, action="pause"), (GONE, GONE, GONE, FORBIDDEN, GONE, LOGIN), "post"
     ),
+    "web:exports": Entry(_p(), MEMBER_PAGE),
+    "web:export_download": Entry(_p(export_id=MISSING), MISSING_OBJECT),
     "web:channels": Entry(_p(), MEMBER_PAGE),
+    "web:channel_create": Entry(
+        _p(),
+        (FOUND, FORBIDDEN, FORBIDDEN, FORBIDDEN, GONE, LOGIN),
+        "post",
+        {"name": "canary"},
+    ),
     "web:channel_rollback": Entry(
         _p(name="production"), (FOUND, FOUND, FORBIDDEN, FORBIDDEN, GONE, LOGIN), "post"
     ),
