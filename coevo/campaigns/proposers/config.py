@@ -213,6 +213,9 @@ def written_value(value: Any) -> Any:
     return tomllib.loads(f"v = {toml_literal(value)}")["v"]
 
 
+# Random draws before TPE models the space (Optuna's default is 10).
+STARTUP_TRIALS = 3
+
 # --- the proposer --------------------------------------------------------------------------
 
 
@@ -234,7 +237,10 @@ class ConfigProposer:
             # Seeded, and offset by the trials so far: a resumed campaign must not draw the same
             # random start-up points again.
             study.sampler = optuna.samplers.TPESampler(
-                seed=_sampler_seed(self.campaign.seed, len(study.trials))
+                seed=_sampler_seed(self.campaign.seed, len(study.trials)),
+                # Campaign budgets are a handful of trials, and the seed's own point is told
+                # (below): model the space after a few random draws instead of Optuna's ten.
+                n_startup_trials=STARTUP_TRIALS,
             )
             self._study = study
         return self._study
@@ -246,6 +252,7 @@ class ConfigProposer:
         space = search_space(manifest, self.knob_names)
         study = self.study
         self._fail_orphans(study)
+        self._tell_seed(study, manifest, space)
         trial = study.ask(space)
         params = dict(trial.params)
         shown = {
@@ -292,6 +299,28 @@ class ConfigProposer:
             stage("applies", True, f"set the defaults of {len(params)} knob(s) in {MANIFEST_NAME}")
         )
         return draft
+
+    def _tell_seed(
+        self, study: optuna.Study, manifest: Any, space: dict[str, BaseDistribution]
+    ) -> None:
+        """The seed harness is a known point (its knob defaults, its validation score): tell it
+        once, so the search starts from what the seed already achieves."""
+        if any(t.user_attrs.get("coevo") == "seed" for t in study.get_trials(deepcopy=False)):
+            return
+        seed = self.campaign.proposals.filter(sequence=0, validation_score__isnull=False).first()
+        if seed is None:
+            return
+        params = {name: manifest.knobs[name].default for name in space}
+        try:
+            known = optuna.trial.create_trial(
+                params=params,
+                distributions=space,
+                value=float(seed.validation_score),
+                user_attrs={"coevo": "seed"},
+            )
+        except ValueError:
+            return  # a default outside its own range: nothing sound to tell
+        study.add_trial(known)
 
     def tell(self, *, trial_number: int | None, outcome: str, value: float | None) -> None:
         if trial_number is None:
