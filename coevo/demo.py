@@ -46,9 +46,9 @@ class DemoOptions:
     port: int = 8000
     policy_port: int = 8089
     campaign: bool = True
-    campaign_proposals: int = 4
+    campaign_proposals: int = 3
     # Games in each of the campaign's search and validation splits.
-    campaign_tasks: int = 3
+    campaign_tasks: int = 2
     campaign_max_steps: int = 20
     campaign_seed: int = 0
 

@@ -23,13 +23,13 @@ def register(commands: Any) -> None:
         "--no-campaign", dest="campaign", action="store_false", help="skip the campaign"
     )
     campaign.add_argument(
-        "--campaign-proposals", type=int, default=4, help="proposals after the seed (default 4)"
+        "--campaign-proposals", type=int, default=3, help="proposals after the seed (default 3)"
     )
     campaign.add_argument(
         "--campaign-tasks",
         type=int,
-        default=3,
-        help="games in each of the search and validation splits (default 3)",
+        default=2,
+        help="games in each of the search and validation splits (default 2)",
     )
     campaign.add_argument(
         "--campaign-max-steps", type=int, default=20, help="step limit per game (default 20)"
