@@ -17,6 +17,10 @@ from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from tests.conftest import PASSWORD, SEED_HARNESS
 
+# The promotion fixtures of the reviews tests (a JSONL suite with held-out tasks, two harnesses,
+# production holding one), shared with tests/api/test_promotions.py.
+from tests.reviews.conftest import arith_suite, asker, guesser, production  # noqa: F401
+
 ALL_BUT_APPROVE = [scope for scope in SCOPES if scope != "promotions:approve"]
 
 

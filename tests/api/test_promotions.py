@@ -5,8 +5,6 @@ results for everyone but reviewers' personal tokens."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
@@ -19,12 +17,12 @@ from coevo.projects.services import membership_set, project_get_or_create
 from coevo.reviews.models import Approval, PromotionRequest, PromotionState
 from coevo.reviews.promotions import promotion_evidence_refresh, promotion_request_create
 from coevo.reviews.selectors import channel_holder
-from coevo.reviews.services import channel_get_or_create, channel_move
+from coevo.reviews.services import channel_move
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.services import suite_import_jsonl
 from tests.conftest import PASSWORD
 from tests.gates.conftest import record
-from tests.reviews.conftest import ASKS_THE_MODEL, GUESSES, TASKS, harness
+from tests.reviews.conftest import GUESSES, harness
 
 pytestmark = pytest.mark.django_db
 
@@ -34,36 +32,8 @@ SEALED = ("flips", "flipped_tasks", "dropped")
 
 
 @pytest.fixture
-def arith(project):
-    rows = [
-        {"id": key, "input": question, "expected": answer, "split": split}
-        for key, question, answer, split in TASKS
-    ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="arith",
-        data="\n".join(json.dumps(row) for row in rows).encode(),
-        scorer=scorer_spec_build(kind="numeric"),
-    )
-    return suite
-
-
-@pytest.fixture
-def guesser(project, tmp_path):
-    return harness(project, tmp_path, "guesser", GUESSES)
-
-
-@pytest.fixture
-def asker(project, tmp_path, guesser):
-    return harness(project, tmp_path, "asker", ASKS_THE_MODEL, parent=guesser)
-
-
-@pytest.fixture
-def production(project, owner, guesser, policy_version):
-    channel = channel_get_or_create(project=project, name="production")
-    channel_move(channel=channel, candidate=guesser, policy_version=policy_version, moved_by=owner)
-    channel.refresh_from_db()
-    return channel
+def arith(arith_suite):
+    return arith_suite
 
 
 def make_ready(*, requester, channel, candidate, suite, policy_version) -> PromotionRequest:
