@@ -23,6 +23,9 @@ from coevo.suites.models import Split, Task
 from harness_store.services import candidate_import_directory
 from tests.conftest import SEED_HARNESS
 
+# Browser tests (marked `browser`) take `page` from here.
+from tests.support.browser import browser, page  # noqa: F401
+
 CHILD_MARKER = "# child-change-marker"
 COMPLETION = "    return sorted(set(numbers))  # distinctive-completion-marker\n"
 INVALID_HARNESS = "invalid harness: harness.toml is missing the [harness] table"

@@ -20,7 +20,7 @@ import pytest
 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
 from django.contrib.auth import get_user_model  # noqa: E402
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Page, expect  # noqa: E402
 
 from coevo.projects.models import Role  # noqa: E402
 from coevo.projects.services import membership_set  # noqa: E402
@@ -29,31 +29,10 @@ from coevo.reviews.selectors import channel_holder  # noqa: E402
 from coevo.reviews.services import channel_get_or_create, channel_move  # noqa: E402
 from tests.conftest import PASSWORD, REPO_ROOT  # noqa: E402
 from tests.reviews.conftest import ASKS_THE_MODEL, GUESSES, TASKS, harness  # noqa: E402
-from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 SCREENSHOTS = REPO_ROOT / "var" / "test-artifacts" / "screenshots"
 
 pytestmark = [pytest.mark.browser]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Browser:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Page:
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors: {errors}"
 
 
 @pytest.fixture
