@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "coevo.gates",
     "coevo.campaigns",
     "coevo.exports",
+    "coevo.training",
     "coevo.matrices",
     "coevo.api",
     "coevo.ops",
@@ -152,7 +153,7 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
 # Declared, so that workers, purges and queue-depth checks all know both.
-CELERY_TASK_QUEUES = (Queue("default"), Queue("rollouts"))
+CELERY_TASK_QUEUES = (Queue("default"), Queue("rollouts"), Queue("training"))
 CELERY_TASK_ROUTES = {"workers.tasks.rollout_run": {"queue": "rollouts"}}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -329,6 +330,18 @@ COEVO_ADAPTER_IDLE_S = env_int("COEVO_ADAPTER_IDLE_S", 1800, minimum=1)
 CELERY_BEAT_SCHEDULE["policy-endpoints-check"] = {
     "task": "coevo.policies.tasks.policy_endpoints_check",
     "schedule": float(COEVO_ENDPOINT_HEALTH_S),
+}
+
+# Policy training (coevo/training): runs' files on the training worker, installed adapters
+# (a directory the vLLM server reads at the same path), the log tail kept in the database, and
+# how long a running run may go without a heartbeat before the watchdog fails it.
+COEVO_TRAINING_DIR = env_path("COEVO_TRAINING_DIR", COEVO_HOME / "training")
+COEVO_ADAPTER_DIR = env_path("COEVO_ADAPTER_DIR", COEVO_HOME / "adapters")
+COEVO_TRAINING_LOG_TAIL = env_int("COEVO_TRAINING_LOG_TAIL", 65536, minimum=1024)
+COEVO_TRAINING_STALE_S = env_int("COEVO_TRAINING_STALE_S", 120, minimum=10)
+CELERY_BEAT_SCHEDULE["training-watchdog"] = {
+    "task": "coevo.training.tasks.training_runs_watchdog",
+    "schedule": float(COEVO_WATCHDOG_INTERVAL_S),
 }
 
 LOGGING = {

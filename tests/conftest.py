@@ -100,7 +100,7 @@ def celery_worker_thread(transactional_db, settings):
         pool="solo",
         concurrency=1,
         perform_ping_check=False,
-        queues=["rollouts", "default"],
+        queues=["rollouts", "default", "training"],
         loglevel="WARNING",
         shutdown_timeout=30,
     ) as worker:

@@ -39,6 +39,9 @@ class ProposerKind(models.TextChoices):
     LLM_PATCH = "llm-patch"
     MERGE = "merge"
     MANUAL = "manual"
+    # An alternating campaign's policy step: train an adapter on the best candidate's
+    # harness-matched trajectories, then evaluate that candidate under the new policy version.
+    POLICY = "policy"
 
 
 class Campaign(TimeStampedModel):
@@ -75,6 +78,18 @@ class Campaign(TimeStampedModel):
     best_validation_score = models.FloatField(null=True, blank=True)
     # Proposals ended since the best validation score last improved (the patience rule).
     proposals_since_improvement = models.PositiveIntegerField(default=0)
+    # Validated by coevo.campaigns.alternation: {} runs harness steps only; otherwise policy
+    # steps alternate with them ({"trainer", "switch", ...}).
+    alternation = models.JSONField(default=dict, blank=True)
+    # The policy harness proposals are evaluated under now: ``policy_version`` until a policy
+    # step is adopted (it improved the best validation score).
+    current_policy_version = models.ForeignKey(
+        PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # The policy the best candidate scored best_validation_score under.
+    best_policy_version = models.ForeignKey(
+        PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
@@ -118,6 +133,14 @@ class Campaign(TimeStampedModel):
     @property
     def is_final(self) -> bool:
         return self.state in CAMPAIGN_FINAL_STATES
+
+    @property
+    def active_policy_version(self) -> PolicyVersion:
+        return self.current_policy_version or self.policy_version
+
+    @property
+    def alternates(self) -> bool:
+        return bool(self.alternation)
 
 
 class ProposalState(models.TextChoices):
@@ -175,6 +198,23 @@ class Proposal(TimeStampedModel):
     validation_score = models.FloatField(null=True, blank=True)
     # Policy tokens per validation task (per search task when it had no validation run).
     tokens_per_task = models.FloatField(null=True, blank=True)
+    # The policy its evaluations ran under (for a policy step: the version it trained).
+    policy_version = models.ForeignKey(
+        PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # A policy step's training data and training run.
+    export = models.ForeignKey(
+        "exports.TrajectoryExport",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    training_run = models.ForeignKey(
+        "training.TrainingRun", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # It raised the campaign's best validation score (the patience and switch rules count these).
+    improved = models.BooleanField(default=False)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -1,4 +1,5 @@
-"""Listens to the evaluation engine: an evaluation of an open proposal ended → advance."""
+"""Listens to the evaluation engine, exports and training: what an open proposal waits for
+ended → advance."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from django.db.models import Q
 from django.dispatch import receiver
 
 from coevo.evaluations.signals import evaluation_finished
+from coevo.exports.signals import export_finished
+from coevo.training.signals import training_finished
 
 
 @receiver(evaluation_finished, dispatch_uid="coevo.campaigns.advance_on_evaluation_finished")
@@ -25,3 +28,25 @@ def advance_campaign_on_evaluation_finished(sender: Any, evaluation_id: Any, **k
         transaction.on_commit(
             lambda campaign_id=campaign_id: campaign_advance_enqueue(campaign_id=campaign_id)
         )
+
+
+def _advance_waiting(**ids: Any) -> None:
+    from coevo.campaigns.policy_steps import campaigns_with_open_step
+    from coevo.campaigns.tasks import campaign_advance_enqueue
+
+    for campaign_id in campaigns_with_open_step(**ids):
+        transaction.on_commit(
+            lambda campaign_id=campaign_id: campaign_advance_enqueue(campaign_id=campaign_id)
+        )
+
+
+@receiver(export_finished, dispatch_uid="coevo.campaigns.advance_on_export_finished")
+def advance_campaign_on_export_finished(sender: Any, export_id: Any, **kwargs: Any) -> None:
+    """A policy step's training data is ready (or failed)."""
+    _advance_waiting(export_id=export_id)
+
+
+@receiver(training_finished, dispatch_uid="coevo.campaigns.advance_on_training_finished")
+def advance_campaign_on_training_finished(sender: Any, run_id: Any, **kwargs: Any) -> None:
+    """A policy step's training run ended."""
+    _advance_waiting(run_id=run_id)

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import Max, Sum
 from django.utils import timezone
 
@@ -79,8 +79,9 @@ def _step(campaign_id: Any) -> bool:
 
 def _stop_rule(campaign: Campaign) -> str:
     # Manual submissions are people's explicit requests, not the proposers' quota.
+    # Policy steps have their own quota (alternation.max_policy_steps).
     proposals = Proposal.objects.filter(campaign=campaign).exclude(
-        kind__in=[ProposerKind.SEED, ProposerKind.MANUAL]
+        kind__in=[ProposerKind.SEED, ProposerKind.MANUAL, ProposerKind.POLICY]
     )
     if campaign.target_score is not None and (
         campaign.best_validation_score is not None
@@ -146,9 +147,15 @@ def _propose(campaign: Campaign) -> bool:
             sequence=0,
             kind=ProposerKind.SEED,
             candidate=campaign.seed_candidate,
+            policy_version=campaign.policy_version,
             state=ProposalState.EVALUATING,
         )
         return _start_search(campaign, proposal)
+    if campaign.alternates and campaign.best_candidate_id is not None:
+        from coevo.campaigns.policy_steps import next_phase, policy_step_start
+
+        if next_phase(campaign).name == "policy":
+            return policy_step_start(campaign, sequence)
     proposer = proposer_for(campaign=campaign, sequence=sequence)
     draft = proposer.propose(history=_search_history(campaign))
     if _merge_waits(campaign, draft):
@@ -182,7 +189,9 @@ def _next_queued(campaign: Campaign) -> Proposal | None:
 def _start_queued(campaign: Campaign, proposal: Proposal) -> bool:
     # Under the campaign lock with no open proposal: the swap cannot race another start.
     Proposal.objects.filter(id=proposal.id, state=ProposalState.QUEUED).update(
-        state=ProposalState.PROPOSED, updated_at=timezone.now()
+        state=ProposalState.PROPOSED,
+        policy_version=campaign.active_policy_version,
+        updated_at=timezone.now(),
     )
     if campaign.state_detail:
         Campaign.objects.filter(id=campaign.id).update(state_detail="")
@@ -276,6 +285,7 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
         state=ProposalState.INVALID if failed else ProposalState.PROPOSED,
         state_detail=detail,
         candidate=candidate,
+        policy_version=campaign.active_policy_version,
         finished_at=timezone.now() if failed else None,
     )
 
@@ -321,10 +331,22 @@ def _start_validation(campaign: Campaign, proposal: Proposal) -> bool:
 
 
 def _reference(campaign: Campaign) -> Evaluation | None:
-    seed = Proposal.objects.filter(campaign=campaign, kind=ProposerKind.SEED).first()
-    if seed is None or seed.search_evaluation_id is None:
+    """What search evaluations are paired against: the seed's, or, once a policy step was
+    adopted, that step's (the best candidate under the policy now in use)."""
+    active = campaign.active_policy_version
+    baseline = (
+        Proposal.objects.filter(
+            campaign=campaign,
+            kind__in=[ProposerKind.SEED, ProposerKind.POLICY],
+            search_evaluation__isnull=False,
+        )
+        .filter(models.Q(policy_version=active) | models.Q(policy_version__isnull=True))
+        .order_by("-sequence")
+        .first()
+    )
+    if baseline is None:
         return None
-    evaluation = seed.search_evaluation
+    evaluation = baseline.search_evaluation
     return evaluation if evaluation.state == EvaluationState.FINISHED else None
 
 
@@ -343,7 +365,7 @@ def _create_evaluation(
             candidate=proposal.candidate,
             suite=campaign.suite,
             split=split,
-            policy_version=campaign.policy_version,
+            policy_version=proposal.policy_version or campaign.active_policy_version,
             epochs=campaign.epochs,
             seed=campaign.seed,
             plan=plan,
@@ -363,6 +385,10 @@ def _create_evaluation(
 
 def _follow(campaign: Campaign, proposal: Proposal) -> bool:
     """The open proposal's next step, once its current evaluation is final."""
+    if proposal.kind == ProposerKind.POLICY and proposal.search_evaluation_id is None:
+        from coevo.campaigns.policy_steps import policy_step_follow
+
+        return policy_step_follow(campaign, proposal)
     if proposal.search_evaluation_id is None:
         # Recorded, but its evaluation was never created (a crash between the two): start it.
         return _start_search(campaign, proposal)
@@ -478,17 +504,23 @@ def _end_proposal(
         best = campaign.best_validation_score
         improved = best is None or proposal.validation_score > best
         if improved:
+            Proposal.objects.filter(id=proposal.id).update(improved=True)
             campaign.best_candidate = proposal.candidate
             campaign.best_validation_score = proposal.validation_score
+            campaign.best_policy_version = proposal.policy_version
             campaign.proposals_since_improvement = 0
-            campaign.save(
-                update_fields=[
-                    "best_candidate",
-                    "best_validation_score",
-                    "proposals_since_improvement",
-                    "updated_at",
-                ]
-            )
+            fields = [
+                "best_candidate",
+                "best_validation_score",
+                "best_policy_version",
+                "proposals_since_improvement",
+                "updated_at",
+            ]
+            if proposal.kind == ProposerKind.POLICY:
+                # Adopted: later proposals are evaluated under the new policy version.
+                campaign.current_policy_version = proposal.policy_version
+                fields.append("current_policy_version")
+            campaign.save(update_fields=fields)
             from coevo.campaigns.patterns import failure_patterns_check_regressions
 
             failure_patterns_check_regressions(campaign=campaign)

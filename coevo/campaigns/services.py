@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from coevo.campaigns.alternation import alternation_validate
 from coevo.campaigns.models import (
     PROPOSAL_OPEN_STATES,
     Campaign,
@@ -27,7 +28,7 @@ from coevo.errors import InvalidInput, InvalidManifest, InvalidState
 from coevo.evaluations.ledger import BudgetLimits, budget_create
 from coevo.evaluations.models import EVALUATION_OPEN_STATES, Evaluation, EvaluationState
 from coevo.evaluations.plans import EvaluationPlan
-from coevo.policies.models import PolicyVersion
+from coevo.policies.models import EndpointKind, PolicyVersion
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite, Task
 from harness_store.models import Candidate
@@ -56,9 +57,13 @@ def campaign_create(
     target_score: float | None = None,
     epochs: int = 1,
     seed: int = 0,
+    alternation: dict[str, Any] | None = None,
     created_by: AbstractBaseUser | None = None,
 ) -> Campaign:
-    """A pending campaign with its ledger budget; ``campaign_start`` runs it."""
+    """A pending campaign with its ledger budget; ``campaign_start`` runs it.
+
+    ``alternation`` (coevo.campaigns.alternation) makes it alternate harness steps with
+    policy steps that train a LoRA adapter with a registered trainer."""
     name = name.strip()
     if not name:
         raise InvalidInput("A campaign needs a name.")
@@ -88,6 +93,13 @@ def campaign_create(
     plan = plan or DEFAULT_PLAN
     manifest = _manifest_of(seed_candidate)
     cleaned = strategy_validate(strategy=strategy, manifest=manifest)
+    alternation = alternation_validate(raw=alternation, campaign_patience=patience)
+    if alternation and policy_version.endpoint.kind != EndpointKind.VLLM:
+        raise InvalidInput(
+            f"An alternating campaign trains LoRA adapters, which only a vLLM endpoint loads at "
+            f"run time; policy version {policy_version.name} is served by "
+            f"{policy_version.endpoint.name} ({policy_version.endpoint.get_kind_display()})."
+        )
     with transaction.atomic():
         campaign_id = _new_id()
         budget = budget_create(project=project, name=f"campaign {name[:150]}", limits=budget_limits)
@@ -109,6 +121,8 @@ def campaign_create(
             target_score=target_score,
             epochs=epochs,
             seed=seed,
+            alternation=alternation,
+            current_policy_version=policy_version,
             created_by=created_by,
         )
     logger.info("campaign %s created: seed %s", campaign.id, seed_candidate.short_sha)
@@ -185,9 +199,24 @@ def campaign_stop(*, campaign: Campaign, reason: str = "stopped by a user") -> C
             raise InvalidState(f"Campaign {campaign.name} is {campaign.state}: nothing to stop.")
         for evaluation in Evaluation.objects.filter(id__in=_open_evaluation_ids(campaign)):
             evaluation_cancel(evaluation=evaluation, reason=f"campaign stopped: {reason}")
+        _cancel_open_training(campaign)
         _fail_open_proposals(campaign, f"campaign stopped: {reason}")
     campaign.refresh_from_db()
     return campaign
+
+
+def _cancel_open_training(campaign: Campaign) -> None:
+    """An open policy step's training run: stopped by its worker within a tick."""
+    from coevo.training.models import TRAINING_OPEN_STATES, TrainingRun
+    from coevo.training.services import training_run_cancel
+
+    for run in TrainingRun.objects.filter(
+        id__in=Proposal.objects.filter(
+            campaign=campaign, state__in=PROPOSAL_OPEN_STATES, training_run__isnull=False
+        ).values("training_run_id"),
+        state__in=TRAINING_OPEN_STATES,
+    ):
+        training_run_cancel(run=run)
 
 
 def _fail_open_proposals(campaign: Campaign, detail: str) -> None:

@@ -182,13 +182,15 @@ def trajectory_export_build(*, export_id: Any) -> TrajectoryExport | None:
         sha256, size, counts = _write(export)
     except Exception as exc:
         logger.exception("export %s failed", export_id)
-        TrajectoryExport.objects.filter(id=export_id, state=ExportState.BUILDING).update(
+        moved = TrajectoryExport.objects.filter(id=export_id, state=ExportState.BUILDING).update(
             state=ExportState.FAILED,
             state_detail=f"{type(exc).__name__}: {exc}"[:2000],
             finished_at=timezone.now(),
         )
+        if moved:
+            _send_finished(export_id, ExportState.FAILED)
         return TrajectoryExport.objects.get(id=export_id)
-    TrajectoryExport.objects.filter(id=export_id, state=ExportState.BUILDING).update(
+    moved = TrajectoryExport.objects.filter(id=export_id, state=ExportState.BUILDING).update(
         state=ExportState.READY,
         sha256=sha256,
         size_bytes=size,
@@ -198,7 +200,17 @@ def trajectory_export_build(*, export_id: Any) -> TrajectoryExport | None:
         updated_at=timezone.now(),
     )
     logger.info("export %s ready: %s (%d rows, %d bytes)", export_id, sha256, counts.rows, size)
+    if moved:
+        _send_finished(export_id, ExportState.READY)
     return TrajectoryExport.objects.get(id=export_id)
+
+
+def _send_finished(export_id: Any, state: str) -> None:
+    from coevo.exports.signals import export_finished
+
+    transaction.on_commit(
+        lambda: export_finished.send(sender=TrajectoryExport, export_id=export_id, state=state)
+    )
 
 
 def _write(export: TrajectoryExport) -> tuple[str, int, Counts]:

@@ -33,6 +33,10 @@ class ScriptedPolicy:
                 return reply
         return self.default
 
+    def reply_for_request(self, text: str, model: str | None) -> str:
+        """The reply to a request for ``model`` (a subclass may answer per model)."""
+        return self.reply_for(text)
+
 
 class _Handler(BaseHTTPRequestHandler):
     policy: ScriptedPolicy
@@ -66,11 +70,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.policy.latency_s:
             time.sleep(self.policy.latency_s)
         if self.path == "/v1/completions":
-            text = self.policy.reply_for(body.get("prompt", ""))
+            text = self.policy.reply_for_request(body.get("prompt", ""), body.get("model"))
             choice = {"index": 0, "text": text, "finish_reason": "stop"}
         elif self.path == "/v1/chat/completions":
             last = (body.get("messages") or [{}])[-1].get("content", "")
-            text = self.policy.reply_for(last)
+            text = self.policy.reply_for_request(last, body.get("model"))
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},

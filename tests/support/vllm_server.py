@@ -7,7 +7,10 @@ JSON error (400) when the name is already loaded or the path holds no adapter;
 ``GET /v1/models`` lists the base model and each loaded adapter with ``parent`` (the base) and
 ``root`` (its path); completions for a model name that is not loaded answer 404. With
 ``runtime_lora=False`` the LoRA endpoints do not exist (404), as in vLLM without the variable.
-An adapter path "exists" when it is a directory holding ``adapter_config.json``.
+An adapter path loads, as in vLLM, when it is a directory holding an ``adapter_config.json``
+with ``peft_type`` LORA and weights (``adapter_model.safetensors`` or ``.bin``).
+``adapter_default``, when set, is what every loaded adapter answers (a "trained" policy that
+behaves differently from its base).
 """
 
 from __future__ import annotations
@@ -28,6 +31,28 @@ class VLLMPolicy(ScriptedPolicy):
     adapters: dict[str, str] = field(default_factory=dict)
     # Accept a load but do not list the adapter afterwards (a server that misbehaves).
     forget_loads: bool = False
+    adapter_default: str | None = None
+
+    def reply_for_request(self, text: str, model: str | None) -> str:
+        if self.adapter_default is not None and model in self.adapters:
+            return self.adapter_default
+        return self.reply_for(text)
+
+
+def _adapter_problem(path: str) -> str:
+    """Why vLLM would refuse to load ``path`` as a LoRA ("" when it loads)."""
+    directory = Path(path)
+    try:
+        config = json.loads((directory / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return f"No adapter found for {path}"
+    if str(config.get("peft_type", "")).upper() != "LORA":
+        return f"{path}: peft_type {config.get('peft_type')!r} is not LORA"
+    if not any(
+        (directory / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")
+    ):
+        return f"{path}: no adapter_model.safetensors or adapter_model.bin"
+    return ""
 
 
 def _error(message: str, code: int) -> dict[str, Any]:
@@ -74,8 +99,8 @@ class _VLLMHandler(_Handler):
                     if name in policy.adapters:
                         msg = f"The lora adapter '{name}' has already been loaded."
                         self._json(400, _error(msg, 400))
-                    elif not (Path(path) / "adapter_config.json").is_file():
-                        msg = f"Loading lora {name} failed: No adapter found for {path}"
+                    elif problem := _adapter_problem(path):
+                        msg = f"Loading lora {name} failed: {problem}"
                         self._json(400, _error(msg, 400))
                     else:
                         if not policy.forget_loads:
@@ -110,8 +135,7 @@ class VLLMTestServer(ScriptedOpenAIServer):
 
 def make_adapter(directory: Path, *, rank: int = 8) -> Path:
     """A directory that the test server (like vLLM) accepts as a LoRA adapter."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "adapter_config.json").write_text(
-        json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 16, "target_modules": ["q"]})
-    )
+    from tests.support.tiny_trainer import write_adapter
+
+    write_adapter(directory, base="base-model", seed=str(directory).encode(), rank=rank)
     return directory

@@ -1,0 +1,171 @@
+"""Alternating campaigns: when a policy step (train an adapter) takes the place of a harness
+proposal. Self-HPO / WHALE style co-evolution: harness search and weight updates take turns.
+
+The configuration (``Campaign.alternation``; ``{}`` = harness steps only)::
+
+    {"trainer": "tiny-lora",          # a registered trainer (coevo/training)
+     "switch": "fixed",               # or "patience"
+     "harness_steps": 3,              # fixed: harness proposals per harness phase
+     "policy_steps": 1,               # fixed: policy steps per policy phase
+     "patience": 2,                   # patience: a phase ends after this many steps in a row
+                                      #   without a validation improvement
+     "max_policy_steps": 3,           # policy steps in the whole campaign
+     "time_limit_s": null,            # per training run (at most the trainer's own limit)
+     "export": {"format": "chat", "successful_only": true, "min_score": null,
+                "last_turns": null}}
+
+A policy step trains on the current best candidate's rollouts on the SEARCH split under the
+current policy (harness-matched, on-policy): never validation, which selects, nor held-out.
+The phase is derived from the proposals themselves (``phase_of``), so the runner needs no
+extra state and a restarted worker resumes exactly where the history says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from coevo.errors import InvalidInput
+
+SWITCH_RULES = ("fixed", "patience")
+EXPORT_FORMATS = ("chat", "prompt_completion")
+DEFAULTS: dict[str, Any] = {
+    "switch": "fixed",
+    "harness_steps": 3,
+    "policy_steps": 1,
+    "patience": 2,
+    "max_policy_steps": 3,
+    "time_limit_s": None,
+}
+EXPORT_DEFAULTS: dict[str, Any] = {
+    "format": "chat",
+    "successful_only": True,
+    "min_score": None,
+    "last_turns": None,
+}
+
+
+def alternation_validate(*, raw: Any, campaign_patience: int | None) -> dict[str, Any]:
+    """The cleaned configuration, with every default filled in; {} when ``raw`` is empty."""
+    if raw in (None, {}):
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidInput("alternation must be an object (or empty for harness steps only).")
+    known = {"trainer", "export", *DEFAULTS}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise InvalidInput(f"alternation: unknown keys {unknown} (known: {sorted(known)}).")
+    trainer = raw.get("trainer")
+    if not isinstance(trainer, str) or not trainer:
+        raise InvalidInput("alternation.trainer: name a registered trainer.")
+    from coevo.training.services import trainer_get
+
+    trainer_obj = trainer_get(name=trainer)
+    cleaned: dict[str, Any] = {"trainer": trainer, **DEFAULTS}
+    for key in DEFAULTS:
+        if raw.get(key) is not None:
+            cleaned[key] = raw[key]
+    if cleaned["switch"] not in SWITCH_RULES:
+        raise InvalidInput(
+            f"alternation.switch: {cleaned['switch']!r} is not a rule (fixed or patience)."
+        )
+    for key in ("harness_steps", "policy_steps", "patience", "max_policy_steps"):
+        value = cleaned[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:
+            raise InvalidInput(f"alternation.{key} must be an integer in [1, 1000].")
+    limit = cleaned["time_limit_s"]
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not limit >= 1
+    ):
+        raise InvalidInput("alternation.time_limit_s must be a positive integer of seconds.")
+    if limit is not None and limit > trainer_obj.time_limit_s:
+        raise InvalidInput(
+            f"alternation.time_limit_s={limit} is above the trainer {trainer}'s own limit "
+            f"({trainer_obj.time_limit_s} s)."
+        )
+    if (
+        cleaned["switch"] == "patience"
+        and campaign_patience is not None
+        and cleaned["patience"] >= campaign_patience
+    ):
+        raise InvalidInput(
+            f"alternation.patience ({cleaned['patience']}) must be below the campaign's "
+            f"patience ({campaign_patience}), or the campaign stops before any switch."
+        )
+    cleaned["export"] = _export_validate(raw.get("export"))
+    return cleaned
+
+
+def _export_validate(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InvalidInput("alternation.export must be an object.")
+    unknown = sorted(set(raw) - set(EXPORT_DEFAULTS))
+    if unknown:
+        raise InvalidInput(
+            f"alternation.export: unknown keys {unknown} (known: {sorted(EXPORT_DEFAULTS)}); "
+            "the split is always the campaign's search split and the candidate its best."
+        )
+    cleaned = {**EXPORT_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    if cleaned["format"] not in EXPORT_FORMATS:
+        raise InvalidInput("alternation.export.format: chat or prompt_completion.")
+    if not isinstance(cleaned["successful_only"], bool):
+        raise InvalidInput("alternation.export.successful_only must be true or false.")
+    score = cleaned["min_score"]
+    if score is not None and (
+        not isinstance(score, int | float) or isinstance(score, bool) or not 0 <= score <= 1
+    ):
+        raise InvalidInput("alternation.export.min_score must lie in [0, 1].")
+    turns = cleaned["last_turns"]
+    if turns is not None and (not isinstance(turns, int) or isinstance(turns, bool) or turns < 1):
+        raise InvalidInput("alternation.export.last_turns must be a positive integer.")
+    return cleaned
+
+
+@dataclass(frozen=True)
+class Step:
+    """An ended proposal as the switch rules see it."""
+
+    policy: bool
+    improved: bool
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str  # "harness" or "policy": what the next step is
+    steps: int  # steps taken in this phase so far
+    stale: int  # of those, in a row without a validation improvement
+    policy_steps: int  # policy steps in the whole campaign
+    reason: str  # why the next step is what it is, for the campaign page
+
+
+def phase_of(*, alternation: dict[str, Any], steps: Iterable[Step]) -> Phase:
+    """The phase the next step belongs to, given the ended steps in order (seed and manual
+    proposals left out). A campaign starts in a harness phase (the seed is its baseline)."""
+    if not alternation:
+        return Phase("harness", 0, 0, 0, "harness steps only")
+    rule = alternation["switch"]
+    phase, taken, stale, policy_steps = "harness", 0, 0, 0
+    reason = "a campaign starts with harness steps"
+    for step in steps:
+        kind = "policy" if step.policy else "harness"
+        if kind != phase:  # a history the rules did not write (e.g. a changed configuration)
+            phase, taken, stale = kind, 0, 0
+        taken += 1
+        policy_steps += step.policy
+        stale = 0 if step.improved else stale + 1
+        if rule == "fixed" and taken >= alternation[f"{phase}_steps"]:
+            reason = f"{taken} {phase} step(s) taken (fixed schedule)"
+        elif rule == "patience" and stale >= alternation["patience"]:
+            reason = f"{stale} {phase} step(s) in a row without a validation improvement"
+        else:
+            continue
+        phase, taken, stale = ("policy" if phase == "harness" else "harness"), 0, 0
+    if phase == "policy" and policy_steps >= alternation["max_policy_steps"]:
+        phase, reason = "harness", f"max policy steps reached ({alternation['max_policy_steps']})"
+    return Phase(phase, taken, stale, policy_steps, reason)
+
+
+__all__ = ["Phase", "Step", "alternation_validate", "phase_of"]
