@@ -339,6 +339,11 @@ COEVO_TRAINING_DIR = env_path("COEVO_TRAINING_DIR", COEVO_HOME / "training")
 COEVO_ADAPTER_DIR = env_path("COEVO_ADAPTER_DIR", COEVO_HOME / "adapters")
 COEVO_TRAINING_LOG_TAIL = env_int("COEVO_TRAINING_LOG_TAIL", 65536, minimum=1024)
 COEVO_TRAINING_STALE_S = env_int("COEVO_TRAINING_STALE_S", 120, minimum=10)
+# Exports still pending after 5 minutes (a lost build message) are sent again.
+CELERY_BEAT_SCHEDULE["exports-resend"] = {
+    "task": "coevo.exports.tasks.trajectory_exports_resend",
+    "schedule": 300.0,
+}
 CELERY_BEAT_SCHEDULE["training-watchdog"] = {
     "task": "coevo.training.tasks.training_runs_watchdog",
     "schedule": float(COEVO_WATCHDOG_INTERVAL_S),

@@ -9,6 +9,7 @@ import os
 import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,21 @@ def _enqueue(export_id: uuid.UUID) -> None:
         logger.warning("export %s: could not enqueue its build (%s)", export_id, exc)
         return
     TrajectoryExport.objects.filter(id=export_id).update(celery_task_id=result.id or "")
+
+
+def trajectory_exports_resend(*, older_than_s: float = 300.0) -> int:
+    """Run by beat: send again the builds of exports still pending after ``older_than_s``
+    (their message was lost, e.g. the broker was down at creation). A duplicate build is
+    harmless: the first claims it, and a second of the same export writes the same bytes."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    resent = 0
+    for export_id in TrajectoryExport.objects.filter(
+        state=ExportState.PENDING, updated_at__lt=cutoff
+    ).values_list("id", flat=True):
+        TrajectoryExport.objects.filter(id=export_id).update(updated_at=timezone.now())
+        _enqueue(export_id)
+        resent += 1
+    return resent
 
 
 def trajectory_export_build(*, export_id: Any) -> TrajectoryExport | None:

@@ -1,4 +1,4 @@
-"""Export tasks (``default`` queue): take an id, call the service."""
+"""Export tasks (``default`` queue): take an id, call the service; the beat resend job."""
 
 from __future__ import annotations
 
@@ -15,3 +15,11 @@ from coevo.exports import services
 )
 def trajectory_export_build(export_id: str) -> None:
     services.trajectory_export_build(export_id=export_id)
+
+
+@shared_task(
+    name="coevo.exports.tasks.trajectory_exports_resend", soft_time_limit=120, time_limit=150
+)
+def trajectory_exports_resend() -> None:
+    """Run by beat: exports whose build message was lost are sent again."""
+    services.trajectory_exports_resend()

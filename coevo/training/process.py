@@ -10,6 +10,7 @@ the ``COEVO_*`` inputs of the run are set.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -35,6 +36,17 @@ PASS_THROUGH = (
 )
 # SIGTERM first (a trainer may save a checkpoint), SIGKILL this long after.
 KILL_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends it SIGKILL if the worker dies (a SIGKILLed
+    worker cannot stop its trainer, which would otherwise hold the GPU on its own)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the watchdog still fails the run
+        pass
 
 
 @dataclass(frozen=True)
@@ -97,28 +109,37 @@ def command_run(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             return Finished(None, f"the command could not start: {exc}", log_path.stat().st_size)
         reason = ""
         next_tick = started + tick_s
-        while True:
-            try:
-                code = proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if now - started > time_limit_s:
-                reason = f"time limit of {time_limit_s:g} s exceeded: the command was stopped"
-                _stop(proc)
-                break
-            if now >= next_tick:
-                next_tick = now + tick_s
-                if on_tick():
-                    reason = "cancelled: the command was stopped"
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if now - started > time_limit_s:
+                    reason = f"time limit of {time_limit_s:g} s exceeded: the command was stopped"
                     _stop(proc)
                     break
+                if now >= next_tick:
+                    next_tick = now + tick_s
+                    if on_tick():
+                        reason = "cancelled: the command was stopped"
+                        _stop(proc)
+                        break
+        except BaseException:
+            # The task's own time limit, a warm shutdown, a database error in on_tick: the
+            # command must not outlive the code that watches it.
+            _stop(proc)
+            raise
+        # Whatever the leader left behind in its group (a data loader it did not reap).
+        _signal_group(proc, signal.SIGKILL)
     size = log_path.stat().st_size
     if reason:
         return Finished(None, reason, size)

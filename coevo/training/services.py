@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import transaction
+from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
 from coevo.audit.services import audit_record
@@ -263,10 +263,17 @@ def _execute(run: TrainingRun) -> TrainingRun:
 
     def tick() -> bool:
         tail, size = log_tail(log_path, limit)
-        TrainingRun.objects.filter(id=run.id).update(
-            log_tail=tail, log_bytes=size, heartbeat_at=timezone.now()
-        )
-        return TrainingRun.objects.filter(id=run.id, cancel_requested=True).exists()
+        try:
+            TrainingRun.objects.filter(id=run.id).update(
+                log_tail=tail, log_bytes=size, heartbeat_at=timezone.now()
+            )
+            return TrainingRun.objects.filter(id=run.id, cancel_requested=True).exists()
+        except DatabaseError as exc:
+            # A database blip must not kill hours of training; the next tick tries again
+            # (and the watchdog fails the run if the blip outlasts COEVO_TRAINING_STALE_S).
+            logger.warning("training run %s: could not record progress (%s)", run.id, exc)
+            close_old_connections()
+            return False
 
     finished = command_run(
         argv=argv,

@@ -4,11 +4,15 @@ scripted policy server), then the export built by the same worker from the defau
 from __future__ import annotations
 
 import time
+from datetime import timedelta
+
+from django.utils import timezone
 
 from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.services import evaluation_create
-from coevo.exports.models import TrajectoryExport
-from coevo.exports.services import trajectory_export_create
+from coevo.exports.models import ExportState, TrajectoryExport
+from coevo.exports.services import trajectory_export_create, trajectory_exports_resend
+from coevo.projects.models import Project
 from tests.conftest import wait_until_final
 from tests.exports.conftest import lines
 
@@ -124,3 +128,28 @@ def test_it_exports_real_completion_and_chat_rollouts_with_provenance(
     replies = {row["provenance"]["task"]: row["messages"][2]["content"] for row in rows}
     assert replies["HumanEval/3"] == BELOW_ZERO
     assert {r["weight"] for r in rows if r["provenance"]["outcome"] == "passed"} == {1}
+
+
+def test_a_pending_export_whose_message_was_lost_is_built_after_the_resend(
+    celery_worker_thread, settings
+):
+    """The beat job sends a lost build again; the worker builds it."""
+    project = Project.objects.create(slug="lost-export", name="lost export")
+    export = TrajectoryExport.objects.create(project=project, format="chat", filters={})
+    # Not old enough: left alone.
+    assert trajectory_exports_resend(older_than_s=300) == 0
+    TrajectoryExport.objects.filter(id=export.id).update(
+        updated_at=timezone.now() - timedelta(minutes=10)
+    )
+    assert trajectory_exports_resend(older_than_s=300) == 1
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        export.refresh_from_db()
+        if export.is_final:
+            break
+        time.sleep(0.2)
+    assert export.state == ExportState.READY, export.state_detail
+    assert export.rows == 0
+    assert settings.CELERY_BEAT_SCHEDULE["exports-resend"]["task"] == (
+        "coevo.exports.tasks.trajectory_exports_resend"
+    )
