@@ -218,12 +218,14 @@ def _merge_waits(campaign: Campaign, draft: Draft) -> bool:
 
 
 def _search_history(campaign: Campaign) -> list[dict[str, Any]]:
-    """What a proposer may see of earlier proposals: candidates with their SEARCH scores."""
+    """What a proposer may see of earlier proposals: candidates with their SEARCH scores, under
+    the policy now in use (scores under an earlier policy version do not compare)."""
+    from coevo.campaigns.selectors import proposals_under_active_policy
+
     return [
         {"sha": sha, "search_score": score}
-        for sha, score in Proposal.objects.filter(
-            campaign=campaign, search_score__isnull=False, candidate__isnull=False
-        )
+        for sha, score in proposals_under_active_policy(campaign=campaign)
+        .filter(search_score__isnull=False, candidate__isnull=False)
         .order_by("sequence")
         .values_list("candidate__sha", "search_score")
     ]

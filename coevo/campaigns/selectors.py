@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.errors import NotFound
@@ -98,10 +98,20 @@ def campaign_pareto_front(*, campaign: Campaign) -> list[Proposal]:
     return sorted(front, key=lambda p: -p.validation_score)
 
 
+def proposals_under_active_policy(*, campaign: Campaign) -> QuerySet[Proposal]:
+    """The proposals evaluated under the policy now in use: in an alternating campaign, scores
+    under an earlier policy version do not compare with today's (HRP: a harness's score mixes
+    its own ceiling with its fit to the policy)."""
+    return proposal_list(campaign=campaign).filter(
+        Q(policy_version=campaign.active_policy_version) | Q(policy_version__isnull=True)
+    )
+
+
 def campaign_task_front(*, campaign: Campaign) -> dict[str, list[str]]:
-    """For each SEARCH task, the candidates (SHAs) with the best mean score on it (> 0)."""
+    """For each SEARCH task, the candidates (SHAs) with the best mean score on it (> 0), among
+    the proposals evaluated under the policy now in use."""
     best: dict[str, tuple[float, list[str]]] = {}
-    for proposal in proposal_list(campaign=campaign).filter(
+    for proposal in proposals_under_active_policy(campaign=campaign).filter(
         search_evaluation__isnull=False, candidate__isnull=False
     ):
         for key, scores in evaluation_task_scores(
