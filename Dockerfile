@@ -98,12 +98,13 @@ ENV VIRTUAL_ENV=/opt/venv \
 
 # A fixed uid/gid so that volume ownership is stable across rebuilds. The directories that
 # named volumes mount over are created here, owned by coevo, so that a new volume starts
-# with that ownership.
+# with that ownership (/adapters: the LoRA adapters the trainer installs, docs/training.md).
 RUN groupadd --system --gid 10001 coevo \
  && useradd --system --uid 10001 --gid coevo --home-dir /var/lib/coevo --no-create-home \
         --shell /usr/sbin/nologin coevo \
  && install -d -o coevo -g coevo -m 0755 \
-        /var/lib/coevo /var/lib/coevo/harness-store /var/lib/coevo/models
+        /var/lib/coevo /var/lib/coevo/harness-store /var/lib/coevo/models \
+        /var/lib/coevo/exports /var/lib/coevo/training /var/lib/coevo/hf-cache /adapters
 
 WORKDIR /app
 

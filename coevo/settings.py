@@ -177,6 +177,12 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(COEVO_HOME / "celerybeat-schedule")
 COEVO_HARNESS_STORE_DIR = env_str("COEVO_HARNESS_STORE_DIR", str(COEVO_HOME / "harness-store"))
 COEVO_POLICY_URL = env_str("COEVO_POLICY_URL", "http://127.0.0.1:8089/v1")
 COEVO_POLICY_MODEL = env_str("COEVO_POLICY_MODEL", "gemma-3-270m")
+# The default endpoint's kind (vllm: LoRA adapters load at run time, so campaigns may
+# alternate) and its weights as a trainer loads them (a Hugging Face id or a path).
+COEVO_POLICY_KIND = env_choice(
+    "COEVO_POLICY_KIND", "openai-compatible", ("vllm", "llamacpp", "openai-compatible")
+)
+COEVO_POLICY_BASE_MODEL = env_str("COEVO_POLICY_BASE_MODEL", "") or COEVO_POLICY_MODEL
 COEVO_POLICY_TIMEOUT_S = env_int("COEVO_POLICY_TIMEOUT_S", 300, minimum=1)
 COEVO_POLICY_RETRIES = env_int("COEVO_POLICY_RETRIES", 4, minimum=0)
 COEVO_ALLOW_UNSANDBOXED = env_bool("COEVO_ALLOW_UNSANDBOXED", False)

@@ -36,13 +36,14 @@ _LORA_FIX = (
 
 
 def policy_version_get_default() -> PolicyVersion:
-    """The policy version configured by COEVO_POLICY_URL and COEVO_POLICY_MODEL."""
+    """The policy version configured by COEVO_POLICY_URL, COEVO_POLICY_MODEL (served name),
+    COEVO_POLICY_BASE_MODEL (the weights) and COEVO_POLICY_KIND (the endpoint's kind)."""
     base_url = normalize_base_url(settings.COEVO_POLICY_URL)
     endpoint, _ = PolicyEndpoint.objects.get_or_create(
         base_url=base_url,
         defaults={
             "name": f"default-{PolicyEndpoint.objects.count() + 1}",
-            "kind": EndpointKind.OPENAI_COMPATIBLE,
+            "kind": settings.COEVO_POLICY_KIND,
         },
     )
     version, _ = PolicyVersion.objects.get_or_create(
@@ -52,7 +53,7 @@ def policy_version_get_default() -> PolicyVersion:
             "name": f"{settings.COEVO_POLICY_MODEL}-{str(endpoint.id)[:8]}".lower().replace(
                 ".", "-"
             ),
-            "base_model": settings.COEVO_POLICY_MODEL,
+            "base_model": settings.COEVO_POLICY_BASE_MODEL,
         },
     )
     return version

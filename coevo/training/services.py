@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
@@ -61,18 +62,8 @@ def trainer_register(
 ) -> Trainer:
     """Register (or, with ``replace``, update) a trainer. Operators only: the command runs on
     the training worker outside any sandbox."""
-    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
-        raise InvalidInput("A trainer's command is a non-empty list of strings (an argv).")
-    for arg in command:
-        _placeholders_check(arg)
-    if not 1 <= time_limit_s <= MAX_TIME_LIMIT_S:
-        raise InvalidInput(f"time_limit_s must lie in [1, {MAX_TIME_LIMIT_S}].")
     env = env or {}
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise InvalidInput("A trainer's env maps names to strings.")
-    clashing = sorted(set(env) & set(PLACEHOLDERS.values()))
-    if clashing:
-        raise InvalidInput(f"env may not set {', '.join(clashing)}: coevo sets them per run.")
+    trainer_validate(command=command, time_limit_s=time_limit_s, env=env)
     defaults = {
         "command": command,
         "time_limit_s": time_limit_s,
@@ -86,21 +77,52 @@ def trainer_register(
             raise InvalidInput(f"A trainer named {name} exists; pass replace to update it.")
         if existing is None:
             trainer = Trainer(name=name, **defaults)
-            trainer.full_clean()
+            try:
+                trainer.full_clean()
+            except ValidationError as exc:
+                raise InvalidInput(
+                    "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+                ) from exc
             trainer.save()
         else:
             for key, value in defaults.items():
                 setattr(existing, key, value)
             existing.save()
             trainer = existing
-        audit_record(
-            actor=None,
-            project=None,
-            action="trainer.registered",
-            target=trainer,
-            after={"command": command, "time_limit_s": time_limit_s, "env": sorted(env)},
-        )
+        trainer_audit(trainer=trainer, actor=None, action="trainer.registered")
     return trainer
+
+
+def trainer_validate(*, command: Any, time_limit_s: int, env: Any) -> None:
+    """What every way of defining a trainer (this module, the admin) checks first."""
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise InvalidInput("A trainer's command is a non-empty list of strings (an argv).")
+    for arg in command:
+        _placeholders_check(arg)
+    if not isinstance(time_limit_s, int) or not 1 <= time_limit_s <= MAX_TIME_LIMIT_S:
+        raise InvalidInput(f"time_limit_s must lie in [1, {MAX_TIME_LIMIT_S}].")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise InvalidInput("A trainer's env maps names to strings.")
+    clashing = sorted(set(env) & set(PLACEHOLDERS.values()))
+    if clashing:
+        raise InvalidInput(f"env may not set {', '.join(clashing)}: coevo sets them per run.")
+
+
+def trainer_audit(*, trainer: Trainer, actor: AbstractBaseUser | None, action: str) -> None:
+    audit_record(
+        actor=actor,
+        project=None,
+        action=action,
+        target=trainer,
+        after={
+            "command": trainer.command,
+            "time_limit_s": trainer.time_limit_s,
+            "env": sorted(trainer.env),  # names only: values may be credentials
+            "enabled": trainer.enabled,
+        },
+    )
 
 
 def _placeholders_check(arg: str) -> None:
@@ -417,8 +439,10 @@ def training_run_log_path(*, run: TrainingRun) -> Path | None:
 
 __all__ = [
     "PLACEHOLDERS",
+    "trainer_audit",
     "trainer_get",
     "trainer_register",
+    "trainer_validate",
     "training_run_cancel",
     "training_run_create",
     "training_run_execute",

@@ -53,3 +53,16 @@ def test_it_shows_a_versions_adapter_and_provenance_and_an_endpoints_health(
     assert b"/adapters/ft-1" in page.content and b"export-123" in page.content
     listing = client.get(reverse("admin:policies_policyendpoint_changelist")).content.decode()
     assert "icon-no.svg" in listing  # the endpoint shows as unhealthy
+
+
+def test_the_default_endpoint_takes_its_kind_and_base_model_from_the_settings(db, settings):
+    from coevo.policies.services import policy_version_get_default
+
+    settings.COEVO_POLICY_URL = "http://vllm.invalid:8000/v1"
+    settings.COEVO_POLICY_MODEL = "gemma-3-270m"
+    settings.COEVO_POLICY_KIND = "vllm"
+    settings.COEVO_POLICY_BASE_MODEL = "google/gemma-3-270m"
+    version = policy_version_get_default()
+    assert version.endpoint.kind == "vllm"
+    assert version.served_name == "gemma-3-270m"
+    assert version.base_model == "google/gemma-3-270m"
