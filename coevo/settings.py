@@ -263,6 +263,7 @@ SPECTACULAR_SETTINGS = {
         "ProposalStateEnum": "coevo.campaigns.models.ProposalState",
         "ProposerKindEnum": "coevo.campaigns.models.ProposerKind",
         "ExportStateEnum": "coevo.exports.models.ExportState",
+        "TrainingStateEnum": "coevo.training.models.TrainingState",
         "MatrixStateEnum": "coevo.matrices.models.MatrixState",
         "OpenSplitEnum": "coevo.api.matrices.OPEN_SPLITS",
     },

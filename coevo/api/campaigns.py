@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.campaigns.alternation import SWITCH_RULES, Phase
 from coevo.campaigns.models import (
     Campaign,
     CampaignState,
@@ -26,6 +27,7 @@ from coevo.campaigns.models import (
     ProposalState,
     ProposerKind,
 )
+from coevo.campaigns.policy_steps import next_phase
 from coevo.campaigns.selectors import (
     campaign_best_proposal,
     campaign_get,
@@ -41,10 +43,12 @@ from coevo.campaigns.services import (
 )
 from coevo.errors import NotFound
 from coevo.evaluations.ledger import BudgetLimits
+from coevo.exports.models import ExportFormat
 from coevo.policies.models import PolicyVersion
 from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Role
 from coevo.suites.models import Suite
+from coevo.training.services import MAX_TIME_LIMIT_S
 from harness_store.selectors import candidate_get
 
 MAX_SEED = 2**31 - 1
@@ -75,6 +79,41 @@ class BudgetIn(serializers.Serializer):
     wall_s = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
 
 
+class StrictSerializer(serializers.Serializer):
+    """Refuses keys it does not know, as the domain's own validation does: a misspelt option
+    must not be dropped in silence."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(str(key) for key in set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    f"Unknown key(s) {unknown}; known: {sorted(self.fields)}."
+                )
+        return super().to_internal_value(data)
+
+
+class AlternationExportIn(StrictSerializer):
+    format = serializers.ChoiceField(choices=ExportFormat.choices, required=False)
+    successful_only = serializers.BooleanField(required=False)
+    min_score = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    last_turns = serializers.IntegerField(min_value=1, max_value=10_000, required=False)
+
+
+class AlternationIn(StrictSerializer):
+    # Numbers left out take coevo.campaigns.alternation's defaults (docs/api.md, Campaigns).
+    trainer = serializers.SlugField(max_length=64, help_text="A registered trainer's name.")
+    switch = serializers.ChoiceField(choices=list(SWITCH_RULES), required=False)
+    harness_steps = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    policy_steps = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    patience = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    max_policy_steps = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    time_limit_s = serializers.IntegerField(
+        min_value=1, max_value=MAX_TIME_LIMIT_S, required=False, help_text="Per training run."
+    )
+    export = AlternationExportIn(required=False)
+
+
 class CampaignStartIn(serializers.Serializer):
     seed_candidate = serializers.RegexField(SHA, help_text="The seed candidate's SHA.")
     suite = serializers.SlugField(max_length=64, help_text="Suite name (latest version).")
@@ -93,6 +132,10 @@ class CampaignStartIn(serializers.Serializer):
     epochs = serializers.IntegerField(min_value=1, max_value=100, default=1)
     seed = serializers.IntegerField(min_value=0, max_value=MAX_SEED, default=0)
     budget = BudgetIn(required=False)
+    alternation = AlternationIn(
+        required=False,
+        help_text="Alternate harness steps with policy steps that train an adapter.",
+    )
 
     def validate_target_score(self, value: float) -> float:
         if not math.isfinite(value):
@@ -156,8 +199,26 @@ class StopRulesOut(serializers.Serializer):
     target_score = serializers.FloatField(allow_null=True)
 
 
+class PhaseOut(serializers.Serializer):
+    name = serializers.CharField(help_text="What the next step is: harness or policy.")
+    steps = serializers.IntegerField(help_text="Steps taken in this phase so far.")
+    stale = serializers.IntegerField(help_text="Of those, in a row without an improvement.")
+    policy_steps = serializers.IntegerField(help_text="Policy steps in the whole campaign.")
+    reason = serializers.CharField()
+
+
 class CampaignDetailOut(CampaignOut):
     state_detail = serializers.CharField()
+    alternation = serializers.DictField(
+        help_text="The alternation configuration, defaults filled in ({}: harness steps only)."
+    )
+    phase = PhaseOut(allow_null=True, help_text="An alternating campaign's phase; else null.")
+    current_policy_version = serializers.CharField(
+        help_text="The policy harness proposals are evaluated under now."
+    )
+    best_policy_version = serializers.CharField(
+        allow_null=True, help_text="The policy the best candidate scored its best under."
+    )
     search_split = serializers.CharField()
     validation_split = serializers.CharField()
     strategy = serializers.ListField(child=serializers.DictField())
@@ -197,6 +258,12 @@ class ProposalOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     diff_url = serializers.URLField(allow_null=True)
+    policy_version = serializers.CharField(
+        allow_null=True, help_text="The policy its evaluations ran under (a policy step: trained)."
+    )
+    export = serializers.UUIDField(allow_null=True, help_text="A policy step's training data.")
+    training_run = serializers.UUIDField(allow_null=True, help_text="A policy step's run.")
+    improved = serializers.BooleanField(help_text="It raised the best validation score.")
     prompt = serializers.CharField(required=False, help_text="Only with ?detail=1.")
     response = serializers.CharField(required=False, help_text="Only with ?detail=1.")
     patch = serializers.CharField(required=False, help_text="Only with ?detail=1.")
@@ -230,6 +297,25 @@ class ProposalAcceptedOut(serializers.Serializer):
 
 def _when(value: Any) -> str | None:
     return serializers.DateTimeField().to_representation(value) if value else None
+
+
+def _alternation(values: dict[str, Any] | None) -> dict[str, Any]:
+    if not values:
+        return {}
+    config = dict(values)
+    if "export" in config:
+        config["export"] = dict(config["export"])
+    return config
+
+
+def _phase(phase: Phase) -> dict[str, Any]:
+    return {
+        "name": phase.name,
+        "steps": phase.steps,
+        "stale": phase.stale,
+        "policy_steps": phase.policy_steps,
+        "reason": phase.reason,
+    }
 
 
 def _policy_version(value: str | None) -> PolicyVersion:
@@ -335,6 +421,7 @@ class CampaignListView(CampaignViewMixin):
             target_score=values.get("target_score"),
             epochs=values["epochs"],
             seed=values["seed"],
+            alternation=_alternation(values.get("alternation")),
             created_by=request.user,
         )
         return self.accepted(campaign_start(campaign=campaign))
@@ -350,6 +437,12 @@ class CampaignDetailView(CampaignViewMixin):
         body = self.campaign_out(campaign)
         body.update(
             state_detail=campaign.state_detail,
+            alternation=dict(campaign.alternation or {}),
+            phase=_phase(next_phase(campaign)) if campaign.alternates else None,
+            current_policy_version=campaign.active_policy_version.name,
+            best_policy_version=(
+                campaign.best_policy_version.name if campaign.best_policy_version else None
+            ),
             search_split=campaign.search_split,
             validation_split=campaign.validation_split,
             strategy=list(campaign.strategy),
@@ -400,7 +493,9 @@ class CampaignProposalsView(CampaignViewMixin):
         query.is_valid(raise_exception=True)
         detail = query.validated_data["detail"]
         campaign = self.campaign(campaign_id)
-        proposals = Proposal.objects.filter(campaign=campaign).select_related("candidate")
+        proposals = Proposal.objects.filter(campaign=campaign).select_related(
+            "candidate", "policy_version"
+        )
         if not detail:
             # The prompt and response of an LLM proposer can be large: a list never loads them.
             proposals = proposals.defer("shown", "prompt", "response", "patch")
@@ -439,6 +534,10 @@ class CampaignProposalsView(CampaignViewMixin):
             "diff_url": (
                 self.absolute("web:candidate_diff", slug, p.candidate.sha) if p.candidate else None
             ),
+            "policy_version": p.policy_version.name if p.policy_version else None,
+            "export": str(p.export_id) if p.export_id else None,
+            "training_run": str(p.training_run_id) if p.training_run_id else None,
+            "improved": p.improved,
         }
         if detail:
             body.update(

@@ -1,7 +1,7 @@
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from coevo.api import candidates, evaluations, projects, suites
+from coevo.api import candidates, evaluations, projects, suites, training
 from coevo.api.views import api_not_found
 
 app_name = "api"
@@ -16,6 +16,8 @@ urlpatterns = [
     path("projects/<slug:slug>/", include("coevo.api.matrices")),
     path("projects/<slug:slug>/", include("coevo.api.promotions")),
     path("projects/<slug:slug>/", include("coevo.api.exports")),
+    path("projects/<slug:slug>/", include("coevo.api.training")),
+    *training.trainer_urlpatterns,
     *projects.urlpatterns,
     *candidates.urlpatterns,
     *suites.urlpatterns,

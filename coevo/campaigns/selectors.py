@@ -24,7 +24,9 @@ def campaign_get(*, project: Project, campaign_id: Any) -> Campaign:
     try:
         return (
             campaign_list(project=project)
-            .select_related("budget", "policy_version")
+            .select_related(
+                "budget", "policy_version", "current_policy_version", "best_policy_version"
+            )
             .get(id=campaign_id)
         )
     except (Campaign.DoesNotExist, ValueError, TypeError):

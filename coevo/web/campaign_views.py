@@ -1,6 +1,7 @@
 """Campaign pages: the list, the start form, and one campaign's progress, plots (scores over
 proposals, Pareto front, lineage), best candidate and proposals (htmx polling while it runs),
-with pause / resume / stop for researchers."""
+with pause / resume / stop for researchers; an alternating campaign also shows its
+configuration, its current phase and the policy each proposal ran under."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from django.utils.cache import patch_vary_headers
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
+from coevo.campaigns.alternation import DEFAULTS as ALTERNATION_DEFAULTS
+from coevo.campaigns.alternation import SWITCH_RULES
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.campaigns.plots import (
     LineageNode,
@@ -28,6 +31,7 @@ from coevo.campaigns.plots import (
     pareto_plot_svg,
     scores_plot_svg,
 )
+from coevo.campaigns.policy_steps import next_phase
 from coevo.campaigns.selectors import (
     campaign_best_proposal,
     campaign_best_series,
@@ -51,6 +55,7 @@ from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.suites.models import Suite
+from coevo.training.models import Trainer
 from coevo.web.access import project_view
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_get
@@ -215,7 +220,7 @@ def _bar(part: float, whole: float | None) -> int | None:
 def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -> HttpResponse:
     campaign = campaign_get(project=project, campaign_id=campaign_id)
     best = campaign_best_proposal(campaign=campaign)
-    proposals = list(proposal_list(campaign=campaign).select_related("candidate"))
+    proposals = list(proposal_list(campaign=campaign).select_related("candidate", "policy_version"))
     front = campaign_pareto_front(campaign=campaign)
     progress = campaign_progress(campaign=campaign)
     spend = [
@@ -255,6 +260,8 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
         "rows": proposal_rows(proposals=proposals),
         "patterns_template": _patterns_template(),
         "can_run": can_run_campaigns(project=project, user=request.user),
+        # What the runner does next (derived from the ended proposals, as the runner does).
+        "phase": next_phase(campaign) if campaign.alternates else None,
     }
     # The polling request (htmx) gets only the live part; its final render stops the polling.
     partial = request.htmx and not request.htmx.history_restore_request
@@ -292,6 +299,19 @@ PROPOSER_CHOICES = [
     (ProposerKind.LLM_PATCH.value, "llm-patch: a proposer model edits the harness code"),
     (ProposerKind.MERGE.value, "merge: combine candidates that improved on different tasks"),
 ]
+
+
+ALTERNATION_PREFIX = "alternation_"
+
+
+def _alternation_number(name: str, help_text: str) -> forms.IntegerField:
+    return forms.IntegerField(
+        min_value=1,
+        max_value=1000,
+        required=False,
+        label=name.replace("_", " "),
+        help_text=f"{help_text}; blank: {ALTERNATION_DEFAULTS[name]}",
+    )
 
 
 class CampaignStartForm(forms.Form):
@@ -337,6 +357,36 @@ class CampaignStartForm(forms.Form):
     max_wall_s = forms.IntegerField(min_value=1, required=False, label="budget: wall time (s)")
     epochs = forms.IntegerField(min_value=1, max_value=100, initial=1)
     random_seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0, label="seed")
+    # Optional: alternate harness steps with policy steps (coevo.campaigns.alternation, which
+    # checks the values; blank numbers take its defaults).
+    alternation_trainer = forms.ModelChoiceField(
+        queryset=Trainer.objects.none(),
+        to_field_name="name",
+        required=False,
+        label="trainer",
+        empty_label="none: harness steps only",
+        help_text="policy steps train a LoRA adapter with it (a vLLM policy endpoint is needed)",
+    )
+    alternation_switch = forms.ChoiceField(
+        choices=[(rule, rule) for rule in SWITCH_RULES],
+        initial=ALTERNATION_DEFAULTS["switch"],
+        required=False,
+        label="switch",
+        help_text="fixed: after so many steps; patience: after steps without improvement",
+    )
+    alternation_harness_steps = _alternation_number(
+        "harness_steps", "per harness phase (fixed switch)"
+    )
+    alternation_policy_steps = _alternation_number(
+        "policy_steps", "per policy phase (fixed switch)"
+    )
+    alternation_patience = _alternation_number(
+        "patience",
+        "steps in a row without a validation improvement that end a phase (patience switch)",
+    )
+    alternation_max_policy_steps = _alternation_number(
+        "max_policy_steps", "policy steps in the whole campaign"
+    )
 
     def __init__(self, *args: Any, project: Project, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -346,6 +396,26 @@ class CampaignStartForm(forms.Form):
         )
         self.fields["suite"].label_from_instance = lambda s: f"{s.name} {s.version}"
         self.fields["policy_version"].queryset = PolicyVersion.objects.order_by("name")
+        self.fields["alternation_trainer"].queryset = Trainer.objects.filter(enabled=True)
+
+    def campaign_fields(self) -> list[forms.BoundField]:
+        return [f for f in self if not f.name.startswith(ALTERNATION_PREFIX)]
+
+    def alternation_fields(self) -> list[forms.BoundField]:
+        return [f for f in self if f.name.startswith(ALTERNATION_PREFIX)]
+
+    def alternation(self) -> dict[str, Any]:
+        """The alternation configuration for campaign_create ({} without a trainer)."""
+        data = self.cleaned_data
+        trainer = data.get("alternation_trainer")
+        if trainer is None:
+            return {}
+        config: dict[str, Any] = {"trainer": trainer.name}
+        for name in ("switch", "harness_steps", "policy_steps", "patience", "max_policy_steps"):
+            value = data.get(f"{ALTERNATION_PREFIX}{name}")
+            if value not in (None, ""):
+                config[name] = value
+        return config
 
     def clean_seed_candidate(self) -> Candidate:
         try:
@@ -396,6 +466,7 @@ def campaign_new(request: HttpRequest, project: Project) -> HttpResponse:
                     target_score=data["target_score"],
                     epochs=data["epochs"],
                     seed=data["random_seed"],
+                    alternation=form.alternation(),
                     created_by=request.user,
                 )
                 campaign_start(campaign=campaign)

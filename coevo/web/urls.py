@@ -9,6 +9,7 @@ from coevo.web import (
     member_views,
     promotion_views,
     suite_views,
+    training_views,
     views,
     webhook_views,
 )
@@ -69,6 +70,22 @@ urlpatterns = [
         "p/<slug:slug>/campaigns/<uuid:campaign_id>/<str:action>/",
         campaign_views.campaign_action,
         name="campaign_action",
+    ),
+    path("p/<slug:slug>/training/", training_views.training_run_list_page, name="training_runs"),
+    path(
+        "p/<slug:slug>/training/<uuid:run_id>/",
+        training_views.training_run_detail,
+        name="training_run",
+    ),
+    path(
+        "p/<slug:slug>/training/<uuid:run_id>/log",
+        training_views.training_run_log,
+        name="training_run_log",
+    ),
+    path(
+        "p/<slug:slug>/training/<uuid:run_id>/cancel/",
+        training_views.training_run_cancel_action,
+        name="training_run_cancel",
     ),
     path("p/<slug:slug>/matrices/", matrix_views.matrix_list_page, name="matrices"),
     path("p/<slug:slug>/matrices/<uuid:matrix_id>/", matrix_views.matrix_detail, name="matrix"),

@@ -106,6 +106,19 @@ def seeded(seed_candidate, policy_version, owner):
         split="search",
         created_by=owner,
     )
+    # A trainer and a training run (pending: no worker here), so training operations reach
+    # their code.
+    from coevo.training.models import TrainingRun
+    from coevo.training.services import trainer_register
+
+    run = TrainingRun.objects.create(
+        project=seed_candidate.project,
+        trainer=trainer_register(name="fuzz-lora", command=["true"], time_limit_s=60),
+        export=export,
+        parent_policy=policy_version,
+        time_limit_s=60,
+        created_by=owner,
+    )
     return {
         "slug": "demo",
         "sha": seed_candidate.sha,
@@ -115,6 +128,7 @@ def seeded(seed_candidate, policy_version, owner):
         "request_id": str(promotion.id),
         "matrix_id": str(matrix.id),
         "export_id": str(export.id),
+        "run_id": str(run.id),
     }
 
 

@@ -83,6 +83,13 @@ MATRIX: dict[str, Entry] = {
         _p(campaign_id=MISSING, action="pause"), (GONE, GONE, GONE, FORBIDDEN, GONE, LOGIN), "post"
     ),
     "web:exports": Entry(_p(), MEMBER_PAGE),
+    "web:training_runs": Entry(_p(), MEMBER_PAGE),
+    "web:training_run": Entry(_p(run_id=MISSING), MISSING_OBJECT),
+    "web:training_run_log": Entry(_p(run_id=MISSING), MISSING_OBJECT),
+    # The role is checked before the object is looked up: viewers are refused outright.
+    "web:training_run_cancel": Entry(
+        _p(run_id=MISSING), (GONE, GONE, GONE, FORBIDDEN, GONE, LOGIN), "post"
+    ),
     "web:export_download": Entry(_p(export_id=MISSING), MISSING_OBJECT),
     "web:channels": Entry(_p(), MEMBER_PAGE),
     "web:channel_create": Entry(
