@@ -58,7 +58,7 @@ def test_it_shows_workers_queues_endpoints_and_storage_to_staff(
     assert (workers["alive@host1"].state, workers["dead@host2"].state) == ("alive", "stale")
     assert workers["gone@host3"].state == "stopped"
     assert workers["alive@host1"].answers_ping is False  # no such process answers the broker
-    assert response.context["queues"] == {"default": 0, "rollouts": 0}
+    assert response.context["queues"] == {"default": 0, "rollouts": 0, "training": 0}
     endpoints = {e.name: e for e in response.context["endpoints"]}
     assert endpoints[policy_version.endpoint.name].reachable
     assert endpoints[policy_version.endpoint.name].latency_ms is not None
