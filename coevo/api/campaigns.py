@@ -48,7 +48,7 @@ from coevo.policies.models import PolicyVersion
 from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Role
 from coevo.suites.models import Suite
-from coevo.training.services import MAX_TIME_LIMIT_S
+from coevo.training.trainers import MAX_TIME_LIMIT_S
 from harness_store.selectors import candidate_get
 
 MAX_SEED = 2**31 - 1

@@ -59,7 +59,7 @@ def alternation_validate(*, raw: Any, campaign_patience: int | None) -> dict[str
     trainer = raw.get("trainer")
     if not isinstance(trainer, str) or not trainer:
         raise InvalidInput("alternation.trainer: name a registered trainer.")
-    from coevo.training.services import trainer_get
+    from coevo.training.trainers import trainer_get
 
     trainer_obj = trainer_get(name=trainer)
     cleaned: dict[str, Any] = {"trainer": trainer, **DEFAULTS}

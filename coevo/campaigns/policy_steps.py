@@ -117,7 +117,8 @@ def policy_step_follow(campaign: Campaign, proposal: Proposal) -> bool:
 
 
 def _after_export(campaign: Campaign, proposal: Proposal) -> bool:
-    from coevo.training.services import trainer_get, training_run_create
+    from coevo.training.services import training_run_create
+    from coevo.training.trainers import trainer_get
 
     export = proposal.export
     if not export.is_final:

@@ -3,6 +3,7 @@ is ``coevo.campaigns.runner.campaign_advance``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from pathlib import Path
@@ -216,7 +217,9 @@ def _cancel_open_training(campaign: Campaign) -> None:
         ).values("training_run_id"),
         state__in=TRAINING_OPEN_STATES,
     ):
-        training_run_cancel(run=run)
+        # It may end on its own meanwhile: nothing to cancel then, and the stop goes on.
+        with contextlib.suppress(InvalidState):
+            training_run_cancel(run=run)
 
 
 def _fail_open_proposals(campaign: Campaign, detail: str) -> None:

@@ -5,7 +5,7 @@ from django.contrib import admin
 
 from coevo.errors import CoevoError
 from coevo.training.models import Trainer, TrainingRun
-from coevo.training.services import trainer_audit, trainer_validate
+from coevo.training.trainers import trainer_audit, trainer_validate
 
 
 class TrainerForm(forms.ModelForm):

@@ -1,19 +1,17 @@
-"""Trainers and training runs: register a trainer, create a run on an export, execute it on a
-training worker (command → adapter checked → installed → PolicyVersion), cancel, watchdog."""
+"""Training runs: create a run on an export, execute it on a training worker (command →
+adapter checked → installed → PolicyVersion), cancel, watchdog. Trainers: coevo.training.trainers."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import shutil
-import string
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.core.exceptions import ValidationError
 from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
@@ -33,123 +31,9 @@ from coevo.training.models import (
 )
 from coevo.training.process import command_run, log_tail, trainer_environment
 from coevo.training.signals import training_finished
+from coevo.training.trainers import PLACEHOLDERS
 
 logger = logging.getLogger(__name__)
-
-# The placeholders a trainer's argv may use, and the environment variable carrying each.
-PLACEHOLDERS = {
-    "export": "COEVO_EXPORT_PATH",
-    "format": "COEVO_EXPORT_FORMAT",
-    "base_model": "COEVO_BASE_MODEL",
-    "parent_adapter": "COEVO_PARENT_ADAPTER",
-    "output_dir": "COEVO_OUTPUT_DIR",
-    "run_dir": "COEVO_RUN_DIR",
-}
-MAX_TIME_LIMIT_S = 7 * 24 * 3600
-
-
-# --- trainers ------------------------------------------------------------------------------
-
-
-def trainer_register(
-    *,
-    name: str,
-    command: list[str],
-    time_limit_s: int = 3600,
-    env: dict[str, str] | None = None,
-    description: str = "",
-    replace: bool = False,
-) -> Trainer:
-    """Register (or, with ``replace``, update) a trainer. Operators only: the command runs on
-    the training worker outside any sandbox."""
-    env = env or {}
-    trainer_validate(command=command, time_limit_s=time_limit_s, env=env)
-    defaults = {
-        "command": command,
-        "time_limit_s": time_limit_s,
-        "env": env,
-        "description": description,
-        "enabled": True,
-    }
-    with transaction.atomic():
-        existing = Trainer.objects.select_for_update().filter(name=name).first()
-        if existing is not None and not replace:
-            raise InvalidInput(f"A trainer named {name} exists; pass replace to update it.")
-        if existing is None:
-            trainer = Trainer(name=name, **defaults)
-            try:
-                trainer.full_clean()
-            except ValidationError as exc:
-                raise InvalidInput(
-                    "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
-                ) from exc
-            trainer.save()
-        else:
-            for key, value in defaults.items():
-                setattr(existing, key, value)
-            existing.save()
-            trainer = existing
-        trainer_audit(trainer=trainer, actor=None, action="trainer.registered")
-    return trainer
-
-
-def trainer_validate(*, command: Any, time_limit_s: int, env: Any) -> None:
-    """What every way of defining a trainer (this module, the admin) checks first."""
-    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
-        raise InvalidInput("A trainer's command is a non-empty list of strings (an argv).")
-    for arg in command:
-        _placeholders_check(arg)
-    if not isinstance(time_limit_s, int) or not 1 <= time_limit_s <= MAX_TIME_LIMIT_S:
-        raise InvalidInput(f"time_limit_s must lie in [1, {MAX_TIME_LIMIT_S}].")
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise InvalidInput("A trainer's env maps names to strings.")
-    clashing = sorted(set(env) & set(PLACEHOLDERS.values()))
-    if clashing:
-        raise InvalidInput(f"env may not set {', '.join(clashing)}: coevo sets them per run.")
-
-
-def trainer_audit(*, trainer: Trainer, actor: AbstractBaseUser | None, action: str) -> None:
-    audit_record(
-        actor=actor,
-        project=None,
-        action=action,
-        target=trainer,
-        after={
-            "command": trainer.command,
-            "time_limit_s": trainer.time_limit_s,
-            "env": sorted(trainer.env),  # names only: values may be credentials
-            "enabled": trainer.enabled,
-        },
-    )
-
-
-def _placeholders_check(arg: str) -> None:
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
-    except ValueError as exc:
-        raise InvalidInput(f"Trainer argument {arg!r}: {exc} (write {{{{ for a brace).") from exc
-    unknown = sorted({f for f in fields if f not in PLACEHOLDERS})
-    if unknown:
-        raise InvalidInput(
-            f"Trainer argument {arg!r} uses unknown placeholder(s) {unknown}; known: "
-            f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}."
-        )
-
-
-def trainer_get(*, name: str) -> Trainer:
-    trainer = Trainer.objects.filter(name=name).first()
-    if trainer is None:
-        known = ", ".join(Trainer.objects.filter(enabled=True).values_list("name", flat=True))
-        raise InvalidInput(
-            f"No trainer named {name!r} (registered: {known or 'none'}). An operator registers "
-            "one with `manage.py trainer_register` (docs/training.md)."
-        )
-    if not trainer.enabled:
-        raise InvalidInput(f"The trainer {name} is disabled.")
-    return trainer
-
 
 # --- runs ----------------------------------------------------------------------------------
 
@@ -289,7 +173,11 @@ def _execute(run: TrainingRun) -> TrainingRun:
             TrainingRun.objects.filter(id=run.id).update(
                 log_tail=tail, log_bytes=size, heartbeat_at=timezone.now()
             )
-            return TrainingRun.objects.filter(id=run.id, cancel_requested=True).exists()
+            # Stop when cancelled, or when the run was ended from outside (the watchdog failed
+            # it during a long database outage): nothing may come of a run that is over.
+            return not TrainingRun.objects.filter(
+                id=run.id, state=TrainingState.RUNNING, cancel_requested=False
+            ).exists()
         except DatabaseError as exc:
             # A database blip must not kill hours of training; the next tick tries again
             # (and the watchdog fails the run if the blip outlasts COEVO_TRAINING_STALE_S).
@@ -319,6 +207,8 @@ def _execute(run: TrainingRun) -> TrainingRun:
             TrainingState.FAILED,
             f"the command exited with status {finished.exit_code}; the log's end says why",
         )
+    if not _still_running(run):
+        return TrainingRun.objects.get(id=run.id)
     try:
         info = adapter_validate(directory=output, base_model=parent.base_model)
         name = _adapter_name(run)
@@ -326,6 +216,9 @@ def _execute(run: TrainingRun) -> TrainingRun:
     except CoevoError as exc:
         return _finish(run, TrainingState.FAILED, f"the output is not a usable adapter: {exc}")
     with transaction.atomic():
+        if not _still_running(run, lock=True):
+            # Ended from outside while the adapter was checked: register nothing.
+            return TrainingRun.objects.get(id=run.id)
         version = policy_version_create(
             name=name,
             endpoint=parent.endpoint,
@@ -363,6 +256,11 @@ def _execute(run: TrainingRun) -> TrainingRun:
     return run
 
 
+def _still_running(run: TrainingRun, *, lock: bool = False) -> bool:
+    runs = TrainingRun.objects.filter(id=run.id, state=TrainingState.RUNNING)
+    return (runs.select_for_update() if lock else runs).exists()
+
+
 def _adapter_name(run: TrainingRun) -> str:
     # A slug (PolicyVersion.name) that is also the adapter's served name and directory name.
     return f"{run.parent_policy.name[:60]}-{run.trainer.name[:24]}-{run.id.hex[:8]}"
@@ -377,8 +275,14 @@ def _file_sha256(path: Path) -> str:
 
 
 def _finish(run: TrainingRun, state: str, detail: str) -> TrainingRun:
+    _transition(run, state, detail, from_states=TRAINING_OPEN_STATES)
+    return TrainingRun.objects.get(id=run.id)
+
+
+def _transition(run: TrainingRun, state: str, detail: str, *, from_states: tuple[str, ...]) -> bool:
+    """Compare-and-swap into a final state; the signal goes once, on commit. True if it moved."""
     now = timezone.now()
-    moved = TrainingRun.objects.filter(id=run.id, state__in=TRAINING_OPEN_STATES).update(
+    moved = TrainingRun.objects.filter(id=run.id, state__in=from_states).update(
         state=state, state_detail=detail[:5000], finished_at=now, updated_at=now
     )
     if moved:
@@ -386,20 +290,24 @@ def _finish(run: TrainingRun, state: str, detail: str) -> TrainingRun:
         transaction.on_commit(
             lambda: training_finished.send(sender=TrainingRun, run_id=run.id, state=state)
         )
-    return TrainingRun.objects.get(id=run.id)
+    return bool(moved)
 
 
 def training_run_cancel(*, run: TrainingRun, actor: AbstractBaseUser | None = None) -> TrainingRun:
     """A pending run ends at once; a running one is stopped by its worker within a tick."""
     with transaction.atomic():
-        if TrainingRun.objects.filter(id=run.id, state=TrainingState.PENDING).exists():
-            run = _finish(run, TrainingState.CANCELLED, "cancelled before it started")
-        elif TrainingRun.objects.filter(id=run.id, state=TrainingState.RUNNING).update(
-            cancel_requested=True, updated_at=timezone.now()
-        ):
-            run = TrainingRun.objects.get(id=run.id)
-        else:
+        pending_ended = _transition(
+            run,
+            TrainingState.CANCELLED,
+            "cancelled before it started",
+            from_states=(TrainingState.PENDING,),
+        )
+        running_asked = not pending_ended and TrainingRun.objects.filter(
+            id=run.id, state=TrainingState.RUNNING
+        ).update(cancel_requested=True, updated_at=timezone.now())
+        if not (pending_ended or running_asked):
             raise InvalidState(f"Training run {run.id} is {run.state}: nothing to cancel.")
+        run = TrainingRun.objects.get(id=run.id)
         audit_record(actor=actor, project=run.project, action="training.cancelled", target=run)
     return run
 
@@ -438,11 +346,6 @@ def training_run_log_path(*, run: TrainingRun) -> Path | None:
 
 
 __all__ = [
-    "PLACEHOLDERS",
-    "trainer_audit",
-    "trainer_get",
-    "trainer_register",
-    "trainer_validate",
     "training_run_cancel",
     "training_run_create",
     "training_run_execute",

@@ -109,7 +109,7 @@ def seeded(seed_candidate, policy_version, owner):
     # A trainer and a training run (pending: no worker here), so training operations reach
     # their code.
     from coevo.training.models import TrainingRun
-    from coevo.training.services import trainer_register
+    from coevo.training.trainers import trainer_register
 
     run = TrainingRun.objects.create(
         project=seed_candidate.project,

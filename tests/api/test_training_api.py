@@ -10,7 +10,8 @@ from coevo.campaigns.models import Campaign, Proposal, ProposalState
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set, project_get_or_create
 from coevo.training.models import TrainingRun, TrainingState
-from coevo.training.services import trainer_register, training_run_create
+from coevo.training.services import training_run_create
+from coevo.training.trainers import trainer_register
 from tests.api.conftest import assert_error
 from tests.campaigns.support import marked_suite, styled_seed
 from tests.web.test_training_pages import (

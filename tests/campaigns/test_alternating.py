@@ -19,7 +19,7 @@ from coevo.exports.services import export_path
 from coevo.policies.models import EndpointKind, PolicyEndpoint
 from coevo.policies.services import policy_version_create
 from coevo.training.models import TrainingState
-from coevo.training.services import trainer_register
+from coevo.training.trainers import trainer_register
 from tests.campaigns.support import marked_suite, styled_seed
 from tests.support.vllm_server import VLLMPolicy, VLLMTestServer
 

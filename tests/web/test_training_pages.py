@@ -20,7 +20,8 @@ from coevo.policies.services import policy_version_create
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.training.models import Trainer, TrainingRun, TrainingState
-from coevo.training.services import trainer_register, training_run_create
+from coevo.training.services import training_run_create
+from coevo.training.trainers import trainer_register
 from tests.campaigns.support import marked_suite, styled_seed
 from tests.conftest import PASSWORD
 

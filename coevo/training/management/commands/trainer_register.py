@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from coevo.errors import CoevoError
-from coevo.training.services import PLACEHOLDERS, trainer_register
+from coevo.training.trainers import PLACEHOLDERS, trainer_register
 
 
 class Command(BaseCommand):
