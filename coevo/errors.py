@@ -34,6 +34,10 @@ class PolicyRequestRejected(CoevoError):
 
     code = "policy_request_rejected"
 
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status, when there was one
+
 
 class SandboxUnavailable(CoevoError):
     code = "sandbox_unavailable"

@@ -197,7 +197,8 @@ class PolicyClient:
                 )
                 raise PolicyRequestRejected(
                     f"The policy server at {self.base_url} rejected {method} {path} with "
-                    f"HTTP {response.status_code}: {response.text[:500]}"
+                    f"HTTP {response.status_code}: {response.text[:500]}",
+                    status=response.status_code,
                 )
             if text:
                 return response.text
@@ -308,7 +309,17 @@ class RoutedPolicyClient:
                     if route.prepare is not None:
                         route.prepare(route.client)
                     route.prepared = True
-                result = send(route.client)
+                try:
+                    result = send(route.client)
+                except PolicyRequestRejected as exc:
+                    if exc.status != 404 or route.prepare is None:
+                        raise
+                    # The adapter went away after it was checked (the idle unloader raced
+                    # this rollout, or vLLM restarted): load it again and retry, once. A
+                    # second 404 is the request's own fault.
+                    logger.warning("policy endpoint %s: %s; loading it again", route.name, exc)
+                    route.prepare(route.client)
+                    result = send(route.client)
             except PolicyUnavailable as exc:
                 self._errors.append(f"{route.name}: {exc}")
                 # An adapter that will not load is not a dead server: keep it healthy.

@@ -68,6 +68,33 @@ def test_it_loads_the_adapter_and_verifies_it_before_the_first_request(adapter_v
     assert LoadedAdapter.objects.filter(adapter_name="ft1").exists()
 
 
+def test_an_adapter_unloaded_mid_rollout_is_loaded_again_not_blamed_on_the_harness(
+    adapter_version, vllm
+):
+    """The idle unloader (or a vLLM restart) removed the adapter between two model calls of
+    one rollout: the 404 that follows reloads it and the call is answered."""
+    with policy_client_for(version=adapter_version) as client:
+        client.complete("first", Sampling(max_tokens=4))
+        vllm.adapters.clear()  # unloaded behind the rollout's back
+        completion = client.complete("second", Sampling(max_tokens=4))
+
+    assert completion.text
+    assert lora_calls(vllm) == [("/v1/load_lora_adapter", "ft1")] * 2
+    assert vllm.requests[-1]["model"] == "ft1"
+
+
+def test_an_adapter_that_will_not_come_back_is_an_infra_error(adapter_version, vllm):
+    """The reload after the 404 fails (the server no longer lists what it accepts): a policy
+    outage (infra_error, the attempt forgiven), never the harness's fault."""
+    vllm.adapters["ft1"] = adapter_version.adapter_path  # listed at the first check only
+    with policy_client_for(version=adapter_version) as client:
+        client.complete("first", Sampling(max_tokens=4))
+        vllm.forget_loads = True
+        vllm.adapters.clear()
+        with pytest.raises(PolicyUnavailable, match="does not list it"):
+            client.complete("second", Sampling(max_tokens=4))
+
+
 def test_it_skips_loading_an_adapter_that_is_already_listed(adapter_version, vllm):
     vllm.adapters["ft1"] = adapter_version.adapter_path
 
