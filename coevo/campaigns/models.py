@@ -86,6 +86,10 @@ class Campaign(TimeStampedModel):
     current_policy_version = models.ForeignKey(
         PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # A proposer that writes slowly (llm-patch: a model call of minutes) drafts outside the
+    # campaign's row lock: the sequence it drafts and since when (coevo.campaigns.runner).
+    drafting_sequence = models.PositiveIntegerField(null=True, blank=True)
+    drafting_at = models.DateTimeField(null=True, blank=True)
     # The policy the best candidate scored best_validation_score under.
     best_policy_version = models.ForeignKey(
         PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"

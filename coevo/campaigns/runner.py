@@ -40,16 +40,80 @@ logger = logging.getLogger(__name__)
 # Steps taken in one call at most (invalid proposals cost no evaluation, so several can be
 # decided at once); the next signal or beat tick goes on from there.
 MAX_STEPS_PER_CALL = 20
+# A draft older than this was abandoned (its worker died mid-call): another advance redrafts.
+# Above the llm-patch proposer's longest model call (timeout_s, at most the task's time limit).
+DRAFT_STALE_S = 600
+
+
+@dataclasses.dataclass(frozen=True)
+class _DraftTicket:
+    """A proposal to draft outside the lock: ``_step`` hands it out, ``_draft`` redeems it."""
+
+    sequence: int
+    drafting_at: Any
 
 
 def campaign_advance(*, campaign_id: Any) -> None:
     for _ in range(MAX_STEPS_PER_CALL):
-        if not _step(campaign_id):
+        result = _step(campaign_id)
+        if isinstance(result, _DraftTicket):
+            result = _draft(campaign_id, result)
+        if not result:
             return
 
 
-def _step(campaign_id: Any) -> bool:
-    """Take one step; True when another may follow at once."""
+def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
+    """Write the proposal with no lock and no transaction held (a slow proposer's model call
+    of minutes must not block pause, stop or the campaign page), then record it under the lock
+    if the campaign still wants it: still running, still this draft, nothing recorded since."""
+    campaign = Campaign.objects.select_related("seed_candidate", "budget").get(id=campaign_id)
+    proposer = proposer_for(campaign=campaign, sequence=ticket.sequence)
+    try:
+        draft = proposer.propose(history=_search_history(campaign))
+    except BaseException:
+        _drafting_clear(campaign_id, ticket)  # the next advance may try again at once
+        raise
+    with transaction.atomic():
+        campaign = (
+            Campaign.objects.select_for_update()
+            .select_related("seed_candidate", "budget")
+            .get(id=campaign_id)
+        )
+        current = (
+            campaign.drafting_sequence == ticket.sequence
+            and campaign.drafting_at == ticket.drafting_at
+        )
+        if campaign.state != CampaignState.RUNNING or not current:
+            logger.info(
+                "campaign %s: draft of proposal %d discarded (campaign %s%s)",
+                campaign.id,
+                ticket.sequence,
+                campaign.state,
+                "" if current else ", redrafted elsewhere",
+            )
+            if current:
+                _drafting_clear(campaign_id, ticket)
+            return False
+        _drafting_clear(campaign_id, ticket)
+        return _use_draft(campaign, proposer, ticket.sequence, draft)
+
+
+def _drafting_clear(campaign_id: Any, ticket: _DraftTicket) -> None:
+    Campaign.objects.filter(
+        id=campaign_id, drafting_sequence=ticket.sequence, drafting_at=ticket.drafting_at
+    ).update(drafting_sequence=None, drafting_at=None, state_detail="")
+
+
+def _drafting(campaign: Campaign) -> bool:
+    """A draft is being written elsewhere (and is not stale)."""
+    if campaign.drafting_at is None:
+        return False
+    return (timezone.now() - campaign.drafting_at).total_seconds() < DRAFT_STALE_S
+
+
+def _step(campaign_id: Any) -> bool | _DraftTicket:
+    """Take one step; True when another may follow at once; a ticket when a slow proposer
+    should draft the next proposal outside the lock."""
     with transaction.atomic():
         campaign = (
             Campaign.objects.select_for_update()
@@ -64,6 +128,8 @@ def _step(campaign_id: Any) -> bool:
         ).first()
         if proposal is not None:
             return _follow(campaign, proposal)
+        if _drafting(campaign):
+            return False  # its drafter records the proposal, or it goes stale
         queued = _next_queued(campaign)
         if queued is not None:
             return _start_queued(campaign, queued)
@@ -137,7 +203,7 @@ def _finish(campaign: Campaign, state: str, reason: str) -> None:
 # --- proposing -----------------------------------------------------------------------------
 
 
-def _propose(campaign: Campaign) -> bool:
+def _propose(campaign: Campaign) -> bool | _DraftTicket:
     last = Proposal.objects.filter(campaign=campaign).aggregate(m=Max("sequence"))["m"]
     sequence = 0 if last is None else last + 1
     # Manual submissions queued before the start take sequences from 1: the seed keeps 0.
@@ -157,7 +223,20 @@ def _propose(campaign: Campaign) -> bool:
         if next_phase(campaign).name == "policy":
             return policy_step_start(campaign, sequence)
     proposer = proposer_for(campaign=campaign, sequence=sequence)
+    if proposer.drafts_slowly:
+        now = timezone.now()
+        Campaign.objects.filter(id=campaign.id).update(
+            drafting_sequence=sequence,
+            drafting_at=now,
+            state_detail=f"proposal {sequence}: the proposer model is writing it",
+        )
+        return _DraftTicket(sequence=sequence, drafting_at=now)
     draft = proposer.propose(history=_search_history(campaign))
+    return _use_draft(campaign, proposer, sequence, draft)
+
+
+def _use_draft(campaign: Campaign, proposer: Any, sequence: int, draft: Draft) -> bool:
+    """Validate and record a draft, then start its evaluation (under the campaign's lock)."""
     if _merge_waits(campaign, draft):
         return False
     if campaign.state_detail:

@@ -40,6 +40,10 @@ class Outcome:
 
 
 class Proposer(Protocol):
+    # True for a proposer whose propose() waits on a model (minutes): the runner calls it
+    # outside the campaign's row lock and transaction, so pause, stop and the page never wait.
+    drafts_slowly: bool
+
     def propose(self, *, history: list[dict[str, Any]]) -> Draft: ...
 
     def tell(self, *, trial_number: int | None, outcome: str, value: float | None) -> None: ...

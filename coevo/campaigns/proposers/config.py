@@ -220,6 +220,8 @@ STARTUP_TRIALS = 3
 
 
 class ConfigProposer:
+    drafts_slowly = False
+
     def __init__(self, campaign: Campaign, options: dict[str, Any]) -> None:
         self.campaign = campaign
         self.knob_names: list[str] | None = options.get("knobs")

@@ -58,7 +58,7 @@ def llm_patch_options_validate(*, manifest: Manifest, options: dict[str, Any]) -
     ``workspace_chars`` (2000..1000000, default 24000), ``parent`` (best: the best candidate on
     validation; front: a candidate of the per-task search front, rotating), ``timeout_s``
     (default 240: the proposal is written inside the campaign_advance task, whose soft time
-    limit is 300 s).
+    limit is 300 s; outside the campaign's row lock, so nothing else waits on it).
     """
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
@@ -111,6 +111,8 @@ def _number(
 
 
 class LlmPatchProposer:
+    drafts_slowly = True
+
     def __init__(self, campaign: Campaign, options: dict[str, Any]) -> None:
         self.campaign = campaign
         self.options = options

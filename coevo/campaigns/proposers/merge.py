@@ -47,6 +47,8 @@ def merge_options_validate(*, manifest: Manifest, options: dict[str, Any]) -> di
 
 
 class MergeProposer:
+    drafts_slowly = False
+
     def __init__(self, campaign: Campaign, options: dict[str, Any]) -> None:
         self.campaign = campaign
         self.validated_only = bool((options or {}).get("validated_only", False))
