@@ -6,6 +6,12 @@ beat job finding a campaign whose signal was lost all do the right thing at most
 
 Proposal 0 is the seed: evaluated on both splits like any other, it is the reference that
 search evaluations are paired against and the first "best".
+
+One thing happens outside the lock: a slow proposer's model call (llm-patch). The locked step
+marks the campaign as drafting (``drafting_sequence``/``drafting_at``) and hands out a ticket;
+the draft is written with no transaction open, then recorded under the lock only if the
+campaign still runs and still wants that draft. Alternating campaigns' policy steps are in
+``coevo.campaigns.policy_steps``.
 """
 
 from __future__ import annotations
