@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import stat
 import sys
-import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,8 +19,7 @@ from django.utils import timezone
 from coevo.audit.models import AuditEvent
 from coevo.errors import InvalidInput, InvalidState
 from coevo.exports.services import export_path, trajectory_export_create
-from coevo.policies.models import EndpointKind, PolicyEndpoint, PolicyVersion
-from coevo.policies.services import policy_version_create
+from coevo.policies.models import EndpointKind, PolicyVersion
 from coevo.training.models import Trainer, TrainingRun, TrainingState
 from coevo.training.services import (
     training_run_cancel,
@@ -33,16 +30,18 @@ from coevo.training.services import (
 from coevo.training.signals import training_finished
 from coevo.training.trainers import MAX_TIME_LIMIT_S, trainer_get, trainer_register
 from tests.exports.conftest import build, run_evaluation
+from tests.training.support import (
+    TRAINER,
+    execute_in_thread,
+    make_run,
+    make_trainer,
+    tiny_command,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TRAINER = str(Path(__file__).resolve().parents[1] / "support" / "tiny_trainer.py")
 PASS, FAIL = ("passed", 1.0), ("task_failure", 0.0)
-
-
-def tiny_command(*extra: str) -> list[str]:
-    return [sys.executable, TRAINER, "--data", "{export}", "--base", "{base_model}",
-            "--out", "{output_dir}", *extra]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -52,58 +51,6 @@ def _empty_queue():
     app.control.purge()
     yield
     app.control.purge()
-
-
-@pytest.fixture(autouse=True)
-def dirs(settings, tmp_path):
-    settings.COEVO_TRAINING_DIR = tmp_path / "training"
-    settings.COEVO_ADAPTER_DIR = tmp_path / "adapters"
-    settings.COEVO_EXPORT_DIR = tmp_path / "exports"
-    return tmp_path
-
-
-@pytest.fixture
-def base_policy(db):
-    # Never contacted here: training does not talk to the policy server.
-    endpoint = PolicyEndpoint.objects.create(
-        name="vllm-test", base_url="http://127.0.0.1:9/v1", kind=EndpointKind.VLLM
-    )
-    return policy_version_create(name="base", endpoint=endpoint, base_model="base-model")
-
-
-@pytest.fixture
-def export(project, owner, seed_candidate, humaneval_suite, base_policy):
-    """A ready chat export of the seed's rollouts under the base policy (2 passed rollouts,
-    2 model calls each: 4 rows)."""
-    run_evaluation(seed_candidate, humaneval_suite, base_policy, results=[PASS, PASS])
-    built = build(
-        trajectory_export_create(
-            project=project,
-            format="chat",
-            created_by=owner,
-            candidate=seed_candidate,
-            policy_version=base_policy,
-        )
-    )
-    assert built.rows == 4
-    return built
-
-
-def make_trainer(*extra: str, name: str = "tiny-lora", time_limit_s: int = 120, **kwargs):
-    return trainer_register(
-        name=name, command=tiny_command(*extra), time_limit_s=time_limit_s, **kwargs
-    )
-
-
-def make_run(project, owner, export, base_policy, trainer=None, **kwargs) -> TrainingRun:
-    return training_run_create(
-        project=project,
-        trainer=trainer or make_trainer(),
-        export=export,
-        parent_policy=base_policy,
-        created_by=owner,
-        **kwargs,
-    )
 
 
 @pytest.fixture
@@ -534,30 +481,6 @@ def test_cancelling_a_pending_run_ends_it_before_it_starts(
     assert finished_signals == [(run.id, TrainingState.CANCELLED)]
     with pytest.raises(InvalidState, match="nothing to cancel"):
         training_run_cancel(run=cancelled)
-
-
-def execute_in_thread(run_id) -> tuple[threading.Thread, list]:
-    result: list = []
-
-    def target() -> None:
-        try:
-            result.append(training_run_execute(run_id=run_id))
-        except BaseException as exc:  # surfaced by the test
-            result.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, result
-
-
-def wait_for(predicate, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.1)
 
 
 def test_cancelling_a_running_run_stops_its_command(

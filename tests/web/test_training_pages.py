@@ -125,7 +125,8 @@ def test_it_shows_a_running_run_with_its_log_and_polls_every_two_seconds(viewer,
     content = response.content.decode()
     assert "tiny-lora" in content and "A tiny LoRA trainer" in content
     assert 'id="training-state">running<' in content
-    assert "base →" in content and "not produced yet" in content
+    assert 'id="training-policy">base <' in content
+    assert 'id="training-produced"><span class="muted">not yet</span>' in content
     assert f"/p/demo/exports/#export-{training.export.id}" in content
     assert f"/p/demo/exports/{training.export.id}/download" in content
     # The argv as run, quoted as a shell would need it.
@@ -181,7 +182,7 @@ def test_it_shows_the_produced_policy_version_of_a_succeeded_run(viewer, trainin
 
     content = as_user(viewer).get(run_url(training.run)).content.decode()
 
-    assert "base → <strong>base-tiny-lora-1</strong>" in content
+    assert 'id="training-produced"><strong>base-tiny-lora-1</strong>' in content
     assert 'id="training-exit-code">0<' in content and "adapter bbbbbbbbbbbb" in content
     assert "hx-trigger" not in content
 
