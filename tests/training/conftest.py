@@ -9,6 +9,7 @@ from coevo.exports.services import trajectory_export_create
 from coevo.policies.models import EndpointKind, PolicyEndpoint
 from coevo.policies.services import policy_version_create
 from tests.exports.conftest import build, run_evaluation
+from tests.support.browser import browser, page  # noqa: F401  (the run page's browser test)
 
 PASS = ("passed", 1.0)
 

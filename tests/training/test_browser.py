@@ -16,7 +16,6 @@ os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 from playwright.sync_api import expect  # noqa: E402
 
 from tests.conftest import PASSWORD  # noqa: E402
-from tests.support.browser import browser, page  # noqa: E402, F401
 from tests.training.support import execute_in_thread, make_run, make_trainer  # noqa: E402
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts" / "screenshots"
