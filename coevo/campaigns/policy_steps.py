@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from coevo.campaigns.alternation import Phase, Step, phase_of
+from coevo.campaigns.evaluating import proposal_end, search_start
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.campaigns.proposers.base import stage
 from coevo.errors import CoevoError
@@ -93,8 +94,6 @@ def policy_step_start(campaign: Campaign, sequence: int) -> bool:
 
 def policy_step_follow(campaign: Campaign, proposal: Proposal) -> bool:
     """The step's next stage once the current one ended (export → train → evaluate)."""
-    from coevo.campaigns.runner import _start_search
-
     if proposal.export_id is None:
         return _reject(campaign, proposal, "export", "the step was recorded without its export")
     if proposal.training_run_id is None:
@@ -113,7 +112,7 @@ def policy_step_follow(campaign: Campaign, proposal: Proposal) -> bool:
         stages=stages, policy_version=run.policy_version, updated_at=timezone.now()
     )
     proposal.refresh_from_db()
-    return _start_search(campaign, proposal)
+    return search_start(campaign, proposal)
 
 
 def _after_export(campaign: Campaign, proposal: Proposal) -> bool:
@@ -158,14 +157,10 @@ def _after_export(campaign: Campaign, proposal: Proposal) -> bool:
 
 
 def _reject(campaign: Campaign, proposal: Proposal, at: str, reason: str) -> bool:
-    from coevo.campaigns.runner import _end_proposal
-
     stages = [*proposal.stages, stage(at, False, reason)]
     Proposal.objects.filter(id=proposal.id).update(stages=stages)
     proposal.refresh_from_db()
-    _end_proposal(
-        campaign, proposal, ProposalState.INVALID, f"rejected at the {at} stage: {reason}"
-    )
+    proposal_end(campaign, proposal, ProposalState.INVALID, f"rejected at the {at} stage: {reason}")
     return True
 
 

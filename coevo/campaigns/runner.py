@@ -20,10 +20,11 @@ import dataclasses
 import logging
 from typing import Any
 
-from django.db import models, transaction
-from django.db.models import Max, Sum
+from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
+from coevo.campaigns.evaluating import count_no_improvement, proposal_follow, search_start
 from coevo.campaigns.models import (
     PROPOSAL_OPEN_STATES,
     Campaign,
@@ -32,13 +33,10 @@ from coevo.campaigns.models import (
     ProposalState,
     ProposerKind,
 )
-from coevo.campaigns.proposers import Draft, Outcome, proposer_for, proposer_for_proposal
+from coevo.campaigns.proposers import Draft, Outcome, proposer_for
 from coevo.campaigns.proposers.base import stage
-from coevo.errors import BudgetExceeded, CoevoError
-from coevo.evaluations.models import Budget, Evaluation, EvaluationState, Rollout, StageKind
-from coevo.evaluations.models import Outcome as RolloutOutcome
-from coevo.evaluations.plans import EvaluationPlan
-from coevo.evaluations.selectors import evaluation_task_scores
+from coevo.campaigns.stop_rules import budget_spent, campaign_finish, stop_rule
+from coevo.errors import CoevoError
 from harness_store.derive import candidate_derive
 
 logger = logging.getLogger(__name__)
@@ -133,77 +131,17 @@ def _step(campaign_id: Any) -> bool | _DraftTicket:
             campaign=campaign, state__in=PROPOSAL_OPEN_STATES
         ).first()
         if proposal is not None:
-            return _follow(campaign, proposal)
+            return proposal_follow(campaign, proposal)
         if _drafting(campaign):
             return False  # its drafter records the proposal, or it goes stale
         queued = _next_queued(campaign)
         if queued is not None:
             return _start_queued(campaign, queued)
-        reason = _stop_rule(campaign)
+        reason = stop_rule(campaign)
         if reason:
-            _finish(campaign, CampaignState.FINISHED, reason)
+            campaign_finish(campaign, CampaignState.FINISHED, reason)
             return False
         return _propose(campaign)
-
-
-# --- stop rules ----------------------------------------------------------------------------
-
-
-def _stop_rule(campaign: Campaign) -> str:
-    # Manual submissions are people's explicit requests, not the proposers' quota.
-    # Policy steps have their own quota (alternation.max_policy_steps).
-    proposals = Proposal.objects.filter(campaign=campaign).exclude(
-        kind__in=[ProposerKind.SEED, ProposerKind.MANUAL, ProposerKind.POLICY]
-    )
-    if campaign.target_score is not None and (
-        campaign.best_validation_score is not None
-        and campaign.best_validation_score >= campaign.target_score
-    ):
-        return (
-            f"target reached: validation score {campaign.best_validation_score:.3f} ≥ "
-            f"{campaign.target_score:.3f}"
-        )
-    if proposals.count() >= campaign.max_proposals:
-        return f"max proposals reached ({campaign.max_proposals})"
-    if campaign.max_candidates is not None:
-        made = (
-            proposals.filter(candidate__isnull=False).exclude(state=ProposalState.INVALID).count()
-        )
-        if made >= campaign.max_candidates:
-            return f"max candidates reached ({campaign.max_candidates})"
-    if campaign.patience is not None and campaign.proposals_since_improvement >= campaign.patience:
-        return (
-            f"patience exhausted: no validation improvement in the last "
-            f"{campaign.proposals_since_improvement} proposal(s)"
-        )
-    spent = _budget_spent(campaign.budget)
-    if spent:
-        return spent
-    return ""
-
-
-def _budget_spent(budget: Budget) -> str:
-    budget.refresh_from_db()
-    for field, unit in (("rollouts", "rollouts"), ("tokens", "tokens"), ("wall_s", "seconds")):
-        limit = getattr(budget, f"limit_{field}")
-        used = getattr(budget, f"reserved_{field}") + getattr(budget, f"spent_{field}")
-        if limit is not None and used >= limit:
-            return f"budget spent: {used:,} of {limit:,} {unit}"
-    return ""
-
-
-def _finish(campaign: Campaign, state: str, reason: str) -> None:
-    moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
-        state=state, stop_reason=reason, finished_at=timezone.now(), updated_at=timezone.now()
-    )
-    if moved:
-        Proposal.objects.filter(campaign=campaign, state=ProposalState.QUEUED).update(
-            state=ProposalState.FAILED,
-            state_detail=f"not evaluated: the campaign {state} first ({reason})"[:5000],
-            finished_at=timezone.now(),
-            updated_at=timezone.now(),
-        )
-    logger.info("campaign %s %s: %s", campaign.id, state, reason)
 
 
 # --- proposing -----------------------------------------------------------------------------
@@ -222,7 +160,7 @@ def _propose(campaign: Campaign) -> bool | _DraftTicket:
             policy_version=campaign.policy_version,
             state=ProposalState.EVALUATING,
         )
-        return _start_search(campaign, proposal)
+        return search_start(campaign, proposal)
     if campaign.alternates and campaign.best_candidate_id is not None:
         from coevo.campaigns.policy_steps import next_phase, policy_step_start
 
@@ -250,9 +188,9 @@ def _use_draft(campaign: Campaign, proposer: Any, sequence: int, draft: Draft) -
     proposal = _record(campaign, sequence, draft)
     if proposal.state == ProposalState.INVALID:
         proposer.tell(trial_number=draft.trial_number, outcome=Outcome.FAIL, value=None)
-        _count_no_improvement(campaign)
+        count_no_improvement(campaign)
         return True
-    return _start_search(campaign, proposal)
+    return search_start(campaign, proposal)
 
 
 def _next_queued(campaign: Campaign) -> Proposal | None:
@@ -266,7 +204,7 @@ def _next_queued(campaign: Campaign) -> Proposal | None:
         .order_by("sequence")
         .first()
     )
-    if queued is None or _budget_spent(campaign.budget):
+    if queued is None or budget_spent(campaign.budget):
         return None
     return queued
 
@@ -281,7 +219,7 @@ def _start_queued(campaign: Campaign, proposal: Proposal) -> bool:
     if campaign.state_detail:
         Campaign.objects.filter(id=campaign.id).update(state_detail="")
     proposal.refresh_from_db()
-    return _start_search(campaign, proposal)
+    return search_start(campaign, proposal)
 
 
 def _merge_waits(campaign: Campaign, draft: Draft) -> bool:
@@ -386,260 +324,4 @@ def _imports_stage(candidate: Any) -> dict[str, Any]:
     return stage("imports", check.ok, check.reason)
 
 
-# --- evaluating ----------------------------------------------------------------------------
-
-
-def _start_search(campaign: Campaign, proposal: Proposal) -> bool:
-    plan = EvaluationPlan.from_dict(campaign.plan)
-    reference = _reference(campaign)
-    if reference is None and plan.early_stop:
-        plan = dataclasses.replace(plan, early_stop=False)
-    evaluation = _create_evaluation(
-        campaign, proposal, split=campaign.search_split, plan=plan, reference=reference
-    )
-    if evaluation is None:
-        return False
-    Proposal.objects.filter(id=proposal.id).update(
-        search_evaluation=evaluation, state=ProposalState.EVALUATING, updated_at=timezone.now()
-    )
-    return False
-
-
-def _start_validation(campaign: Campaign, proposal: Proposal) -> bool:
-    evaluation = _create_evaluation(
-        campaign, proposal, split=campaign.validation_split, plan=EvaluationPlan(), reference=None
-    )
-    if evaluation is None:
-        return False
-    Proposal.objects.filter(id=proposal.id).update(
-        validation_evaluation=evaluation, updated_at=timezone.now()
-    )
-    return False
-
-
-def _reference(campaign: Campaign) -> Evaluation | None:
-    """What search evaluations are paired against: the seed's, or, once a policy step was
-    adopted, that step's (the best candidate under the policy now in use)."""
-    active = campaign.active_policy_version
-    baseline = (
-        Proposal.objects.filter(
-            campaign=campaign,
-            kind__in=[ProposerKind.SEED, ProposerKind.POLICY],
-            search_evaluation__isnull=False,
-        )
-        .filter(models.Q(policy_version=active) | models.Q(policy_version__isnull=True))
-        .order_by("-sequence")
-        .first()
-    )
-    if baseline is None:
-        return None
-    evaluation = baseline.search_evaluation
-    return evaluation if evaluation.state == EvaluationState.FINISHED else None
-
-
-def _create_evaluation(
-    campaign: Campaign,
-    proposal: Proposal,
-    *,
-    split: str,
-    plan: EvaluationPlan,
-    reference: Evaluation | None,
-) -> Evaluation | None:
-    from coevo.evaluations.services import evaluation_create
-
-    try:
-        return evaluation_create(
-            candidate=proposal.candidate,
-            suite=campaign.suite,
-            split=split,
-            policy_version=proposal.policy_version or campaign.active_policy_version,
-            epochs=campaign.epochs,
-            seed=campaign.seed,
-            plan=plan,
-            reference=reference,
-            parent_budget=campaign.budget,
-            created_by=campaign.created_by,
-        )
-    except BudgetExceeded as exc:
-        _end_proposal(campaign, proposal, ProposalState.FAILED, f"not evaluated: {exc}")
-        _finish(campaign, CampaignState.FINISHED, f"budget spent: {exc}")
-        return None
-    except CoevoError as exc:
-        _end_proposal(campaign, proposal, ProposalState.FAILED, f"not evaluated: {exc}")
-        _finish(campaign, CampaignState.FAILED, f"proposal {proposal.sequence}: {exc}")
-        return None
-
-
-def _follow(campaign: Campaign, proposal: Proposal) -> bool:
-    """The open proposal's next step, once its current evaluation is final."""
-    if proposal.kind == ProposerKind.POLICY and proposal.search_evaluation_id is None:
-        from coevo.campaigns.policy_steps import policy_step_follow
-
-        return policy_step_follow(campaign, proposal)
-    if proposal.search_evaluation_id is None:
-        # Recorded, but its evaluation was never created (a crash between the two): start it.
-        return _start_search(campaign, proposal)
-    if proposal.validation_evaluation_id is None:
-        search = Evaluation.objects.get(id=proposal.search_evaluation_id)
-        if not search.is_final:
-            return False
-        return _search_done(campaign, proposal, search)
-    validation = Evaluation.objects.get(id=proposal.validation_evaluation_id)
-    if not validation.is_final:
-        return False
-    return _validation_done(campaign, proposal, validation)
-
-
-def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> bool:
-    score, tokens = _score(search)
-    stages = list(proposal.stages)
-    smoke = search.stages.filter(kind=StageKind.SMOKE).first()
-    if proposal.kind != ProposerKind.SEED:
-        if smoke is None:
-            stages.append(stage("smoke", True, "the plan has no smoke stage"))
-        elif smoke.state == "failed":
-            stages.append(stage("smoke", False, _smoke_reason(search, smoke)))
-        elif smoke.state == "passed":
-            stages.append(
-                stage("smoke", True, f"{smoke.tasks} smoke rollout(s) without harness error")
-            )
-    Proposal.objects.filter(id=proposal.id).update(
-        search_score=score, tokens_per_task=tokens, stages=stages, updated_at=timezone.now()
-    )
-    proposal.refresh_from_db()
-    if search.state == EvaluationState.FINISHED:
-        from coevo.campaigns.patterns import failure_patterns_update
-
-        failure_patterns_update(campaign=campaign, evaluation=search)
-    if search.state != EvaluationState.FINISHED:
-        _end_proposal(
-            campaign,
-            proposal,
-            ProposalState.FAILED,
-            f"search evaluation {search.state}: {search.state_detail or search.stop_reason}",
-        )
-        return True
-    if any(not s["ok"] for s in stages):
-        _end_proposal(
-            campaign,
-            proposal,
-            ProposalState.INVALID,
-            f"rejected at the smoke stage: {stages[-1]['reason']}",
-        )
-        return True
-    if "clearly worse" in search.stop_reason:
-        _end_proposal(
-            campaign,
-            proposal,
-            ProposalState.EVALUATED,
-            f"not validated: the search evaluation {search.stop_reason}",
-            outcome=Outcome.PRUNED,
-        )
-        return True
-    return _start_validation(campaign, proposal)
-
-
-def _smoke_reason(search: Evaluation, smoke: Any) -> str:
-    """The smoke stage's verdict with the first harness error's own words (what crashed)."""
-    crashed = (
-        Rollout.objects.filter(
-            evaluation=search, stage=smoke.index, outcome=RolloutOutcome.HARNESS_ERROR
-        )
-        .order_by("finished_at")
-        .values_list("detail", flat=True)
-        .first()
-    )
-    return f"{smoke.reason}: {crashed[:500]}" if crashed else smoke.reason
-
-
-def _validation_done(campaign: Campaign, proposal: Proposal, validation: Evaluation) -> bool:
-    if validation.state != EvaluationState.FINISHED:
-        _end_proposal(
-            campaign,
-            proposal,
-            ProposalState.FAILED,
-            f"validation evaluation {validation.state}: {validation.state_detail}",
-        )
-        return True
-    score, tokens = _score(validation)
-    Proposal.objects.filter(id=proposal.id).update(
-        validation_score=score, tokens_per_task=tokens, updated_at=timezone.now()
-    )
-    proposal.refresh_from_db()
-    _end_proposal(campaign, proposal, ProposalState.EVALUATED, "", outcome=Outcome.COMPLETE)
-    return True
-
-
-def _end_proposal(
-    campaign: Campaign,
-    proposal: Proposal,
-    state: str,
-    detail: str,
-    *,
-    outcome: str = Outcome.FAIL,
-) -> None:
-    moved = Proposal.objects.filter(id=proposal.id, state__in=PROPOSAL_OPEN_STATES).update(
-        state=state,
-        state_detail=detail[:5000],
-        finished_at=timezone.now(),
-        updated_at=timezone.now(),
-    )
-    if not moved:
-        return
-    improved = False
-    if state == ProposalState.EVALUATED and proposal.validation_score is not None:
-        best = campaign.best_validation_score
-        improved = best is None or proposal.validation_score > best
-        if improved:
-            Proposal.objects.filter(id=proposal.id).update(improved=True)
-            campaign.best_candidate = proposal.candidate
-            campaign.best_validation_score = proposal.validation_score
-            campaign.best_policy_version = proposal.policy_version
-            campaign.proposals_since_improvement = 0
-            fields = [
-                "best_candidate",
-                "best_validation_score",
-                "best_policy_version",
-                "proposals_since_improvement",
-                "updated_at",
-            ]
-            if proposal.kind == ProposerKind.POLICY:
-                # Adopted: later proposals are evaluated under the new policy version.
-                campaign.current_policy_version = proposal.policy_version
-                fields.append("current_policy_version")
-            campaign.save(update_fields=fields)
-            from coevo.campaigns.patterns import failure_patterns_check_regressions
-
-            failure_patterns_check_regressions(campaign=campaign)
-    if proposal.kind == ProposerKind.SEED:
-        return
-    if not improved:
-        _count_no_improvement(campaign)
-    proposer = proposer_for_proposal(campaign=campaign, kind=proposal.kind)
-    if proposer is not None:
-        proposer.tell(
-            trial_number=proposal.trial_number,
-            outcome=outcome,
-            value=proposal.validation_score if outcome == Outcome.COMPLETE else None,
-        )
-
-
-def _count_no_improvement(campaign: Campaign) -> None:
-    campaign.proposals_since_improvement += 1
-    campaign.save(update_fields=["proposals_since_improvement", "updated_at"])
-
-
-def _score(evaluation: Evaluation) -> tuple[float | None, float | None]:
-    """Mean per-task score and policy tokens per task (None when nothing was scored)."""
-    scores = evaluation_task_scores(evaluation_id=evaluation.id)
-    if not scores:
-        return None, None
-    mean = sum(sum(v) / len(v) for v in scores.values()) / len(scores)
-    tokens = Rollout.objects.filter(evaluation=evaluation).aggregate(
-        p=Sum("prompt_tokens"), c=Sum("completion_tokens")
-    )
-    total = (tokens["p"] or 0) + (tokens["c"] or 0)
-    return mean, total / len(scores)
-
-
-__all__ = ["campaign_advance"]
+__all__ = ["DRAFT_STALE_S", "campaign_advance"]

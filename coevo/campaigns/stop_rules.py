@@ -1,0 +1,69 @@
+"""A campaign's stop rules and how it ends (under the campaign's row lock, from the runner)."""
+
+from __future__ import annotations
+
+import logging
+
+from django.utils import timezone
+
+from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalState, ProposerKind
+from coevo.evaluations.models import Budget
+
+logger = logging.getLogger(__name__)
+
+
+def stop_rule(campaign: Campaign) -> str:
+    # Manual submissions are people's explicit requests, not the proposers' quota.
+    # Policy steps have their own quota (alternation.max_policy_steps).
+    proposals = Proposal.objects.filter(campaign=campaign).exclude(
+        kind__in=[ProposerKind.SEED, ProposerKind.MANUAL, ProposerKind.POLICY]
+    )
+    if campaign.target_score is not None and (
+        campaign.best_validation_score is not None
+        and campaign.best_validation_score >= campaign.target_score
+    ):
+        return (
+            f"target reached: validation score {campaign.best_validation_score:.3f} ≥ "
+            f"{campaign.target_score:.3f}"
+        )
+    if proposals.count() >= campaign.max_proposals:
+        return f"max proposals reached ({campaign.max_proposals})"
+    if campaign.max_candidates is not None:
+        made = (
+            proposals.filter(candidate__isnull=False).exclude(state=ProposalState.INVALID).count()
+        )
+        if made >= campaign.max_candidates:
+            return f"max candidates reached ({campaign.max_candidates})"
+    if campaign.patience is not None and campaign.proposals_since_improvement >= campaign.patience:
+        return (
+            f"patience exhausted: no validation improvement in the last "
+            f"{campaign.proposals_since_improvement} proposal(s)"
+        )
+    spent = budget_spent(campaign.budget)
+    if spent:
+        return spent
+    return ""
+
+
+def budget_spent(budget: Budget) -> str:
+    budget.refresh_from_db()
+    for field, unit in (("rollouts", "rollouts"), ("tokens", "tokens"), ("wall_s", "seconds")):
+        limit = getattr(budget, f"limit_{field}")
+        used = getattr(budget, f"reserved_{field}") + getattr(budget, f"spent_{field}")
+        if limit is not None and used >= limit:
+            return f"budget spent: {used:,} of {limit:,} {unit}"
+    return ""
+
+
+def campaign_finish(campaign: Campaign, state: str, reason: str) -> None:
+    moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
+        state=state, stop_reason=reason, finished_at=timezone.now(), updated_at=timezone.now()
+    )
+    if moved:
+        Proposal.objects.filter(campaign=campaign, state=ProposalState.QUEUED).update(
+            state=ProposalState.FAILED,
+            state_detail=f"not evaluated: the campaign {state} first ({reason})"[:5000],
+            finished_at=timezone.now(),
+            updated_at=timezone.now(),
+        )
+    logger.info("campaign %s %s: %s", campaign.id, state, reason)
