@@ -34,25 +34,30 @@ ensure_venv() {
     fi
 }
 
-# Installs the project with the given extras unless pyproject.toml is unchanged since the last
-# successful install. llama-cpp-python compiles llama.cpp from source: pip caches the built
-# wheel, so only the first install on a machine pays for it.
-ensure_python_packages() {
-    local extras="$1"
-    local stamp="$VENV/.coevo-installed-$extras"
-    local digest
-    digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
-        return 0
-    fi
-    step "installing Python dependencies (coevo[$extras])"
-    if [[ ",$extras," == *",embedded,"* ]] && ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+# llama-cpp-python compiles llama.cpp from source. By default llama.cpp builds for the build
+# machine's CPU (-march=native), and on CPUs with AMX (Sapphire Rapids and later) that code
+# executes AMX tile instructions the kernel has not granted the process: the policy server
+# dies with a general protection fault on its first completion. So build for a portable
+# baseline, as the Dockerfile does (x86-64 with AVX2/FMA/F16C); COEVO_LLAMA_CMAKE_ARGS
+# overrides it (e.g. "-DGGML_NATIVE=ON" to tune for this machine). pip's own wheel cache does
+# not know about CMAKE_ARGS, so the built wheel is kept in a cache keyed by version and flags.
+LLAMA_CPP_PYTHON_VERSION="0.3.36"
+LLAMA_CMAKE_ARGS_PORTABLE="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+
+ensure_llama_cpp() {
+    local cmake_args="${COEVO_LLAMA_CMAKE_ARGS:-$LLAMA_CMAKE_ARGS_PORTABLE}"
+    local key
+    key="$(printf '%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "$cmake_args" "$(uname -m)" | sha256sum | cut -c1-16)"
+    local wheels="${XDG_CACHE_HOME:-$HOME/.cache}/coevo/wheels/llama-cpp-python-$key"
+    if ! compgen -G "$wheels/llama_cpp_python-*.whl" >/dev/null; then
         echo "Building llama-cpp-python from source: this compiles llama.cpp and takes several"
-        echo "minutes (about 8 on 2 cores). The built wheel is cached for later installs."
+        echo "minutes (about 5 on 2 cores). The wheel is kept in $wheels for later installs."
         local log="${TMPDIR:-/tmp}/coevo-llama-build.$$.log"
         local started=$SECONDS
-        CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-            "$VENV/bin/python" -m pip install -v "llama-cpp-python[server]==0.3.36" >"$log" 2>&1 &
+        rm -rf "$wheels.partial"
+        CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+            "$VENV/bin/python" -m pip wheel -v --no-deps --no-cache-dir -w "$wheels.partial" \
+            "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >"$log" 2>&1 &
         local pid=$!
         local tick=0
         while kill -0 "$pid" 2>/dev/null; do
@@ -72,8 +77,30 @@ ensure_python_packages() {
             echo "The llama-cpp-python build failed; full log: $log" >&2
             exit 1
         fi
-        echo "  built and installed in $((SECONDS - started))s"
+        rm -rf "$wheels"
+        mv "$wheels.partial" "$wheels"
+        echo "  built in $((SECONDS - started))s"
         rm -f "$log"
+    fi
+    local wheel
+    wheel="$(compgen -G "$wheels/llama_cpp_python-*.whl" | head -n 1)"
+    "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel"
+    "$VENV/bin/python" -m pip install -q "${wheel}[server]"
+}
+
+# Installs the project with the given extras unless pyproject.toml is unchanged since the last
+# successful install (and, for the embedded extra, llama.cpp was built with today's flags).
+ensure_python_packages() {
+    local extras="$1"
+    local stamp="$VENV/.coevo-installed-$extras"
+    local digest
+    digest="$(cat pyproject.toml scripts/lib.sh | sha256sum | cut -d' ' -f1)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
+        return 0
+    fi
+    step "installing Python dependencies (coevo[$extras])"
+    if [[ ",$extras," == *",embedded,"* ]]; then
+        ensure_llama_cpp
     fi
     "$VENV/bin/python" -m pip install -q -e ".[$extras]"
     echo "$digest" >"$stamp"
