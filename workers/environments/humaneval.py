@@ -71,8 +71,52 @@ def harness_view(inputs: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": inputs["prompt"], "entry_point": inputs["entry_point"]}
 
 
+# The hidden tests compare what the function returns with plain values (``assert f(x) == y``).
+# A function that returns an object of its own making can answer every comparison with True
+# (an ``__eq__`` that always holds, an ``int`` subclass that equals anything): a reward hack,
+# not a solution. So the tests call the function through this guard, defined after the answer
+# and the tests (their module-level code cannot replace it) and built from literals only, with
+# no global name it could look up (a rebound ``type``, ``isinstance``, ``set`` or ``id`` does not
+# fool it): every value the function returns must be made of plain built-in types, containers
+# included. Code aimed at the process itself (tracing hooks) remains out of reach of any check
+# inside it (docs/threat-model.md).
+_PLAIN_GUARD = """
+def __coevo_plain(function):
+    real_type = ().__class__.__class__
+    plain = (
+        (0).__class__, (0.0).__class__, (0j).__class__, True.__class__, None.__class__,
+        "".__class__, b"".__class__, [].__class__, ().__class__, {}.__class__, {0}.__class__,
+    )
+    containers = ([].__class__, ().__class__, {0}.__class__)
+    mapping = {}.__class__
+
+    def check_plain(value, depth):
+        kind = real_type(value)
+        if kind not in plain:
+            raise AssertionError(
+                "the function returned a " + kind.__name__ + " object where the tests "
+                "expect plain values (int, float, str, list, dict, ...)"
+            )
+        if depth > 50:
+            raise AssertionError("the function returned a value nested over 50 levels deep")
+        if kind is mapping:
+            for pair in value.items():
+                check_plain(pair, depth + 1)
+        elif kind in containers:
+            for item in value:
+                check_plain(item, depth + 1)
+
+    def guarded(*args, **kwargs):
+        value = function(*args, **kwargs)
+        check_plain(value, 0)
+        return value
+
+    return guarded
+"""
+
+
 def program_for(*, prompt: str, completion: str, test: str, entry_point: str) -> str:
-    return f"{prompt}{completion}\n\n{test}\n\ncheck({entry_point})\n"
+    return f"{prompt}{completion}\n\n{test}\n{_PLAIN_GUARD}\ncheck(__coevo_plain({entry_point}))\n"
 
 
 def verify(*, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any) -> Verdict:
