@@ -91,6 +91,15 @@ def policy_version(db, settings, scripted_policy):
 
 
 @pytest.fixture
+def empty_queue():
+    """The broker's queues empty before and after the test: work a test enqueued (and did not
+    run) never reaches the next test's worker."""
+    app.control.purge()
+    yield
+    app.control.purge()
+
+
+@pytest.fixture
 def celery_worker_thread(transactional_db, settings):
     """A real worker (in a thread of this process) consuming the real broker's queues."""
     assert not settings.CELERY_BROKER_URL.startswith("filesystem"), "tests need CELERY_BROKER_URL"

@@ -28,15 +28,6 @@ GOOD = "HYPOTHESIS: the good style answers right\n" + block(
 )
 
 
-@pytest.fixture(autouse=True)
-def _empty_queue():
-    from coevo.celery import app
-
-    app.control.purge()
-    yield
-    app.control.purge()
-
-
 @pytest.fixture
 def slow_proposer():
     policy = QueuedProposer([GOOD, GOOD])

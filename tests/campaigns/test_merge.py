@@ -18,15 +18,6 @@ from tests.campaigns.support import AGENT, MARKER, marked_suite, styled_seed
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _empty_queue():
-    from coevo.celery import app
-
-    app.control.purge()
-    yield
-    app.control.purge()
-
-
 @pytest.fixture
 def seed(project, tmp_path):
     return styled_seed(project, tmp_path)

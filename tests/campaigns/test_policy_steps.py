@@ -35,15 +35,6 @@ OPEN = [ProposalState.PROPOSED, ProposalState.EVALUATING]
 
 
 @pytest.fixture(autouse=True)
-def _empty_queue():
-    from coevo.celery import app
-
-    app.control.purge()
-    yield
-    app.control.purge()
-
-
-@pytest.fixture(autouse=True)
 def dirs(settings, tmp_path):
     settings.COEVO_TRAINING_DIR = tmp_path / "training"
     settings.COEVO_ADAPTER_DIR = tmp_path / "adapters"

@@ -13,15 +13,6 @@ from tests.campaigns.support import marked_suite, styled_seed
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _empty_queue():
-    from coevo.celery import app
-
-    app.control.purge()
-    yield
-    app.control.purge()
-
-
 @pytest.fixture
 def campaign(project, tmp_path, policy_version):
     campaign = campaign_create(

@@ -39,12 +39,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def _empty_queue(settings):
-    from coevo.celery import app
-
-    app.control.purge()
+def _empty_queue(empty_queue, settings):
     yield
-    app.control.purge()
 
 
 def create(candidate, suite, policy, **kwargs) -> Evaluation:

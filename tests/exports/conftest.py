@@ -27,12 +27,8 @@ def _export_dir(settings, tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def _empty_queue():
-    from coevo.celery import app
-
-    app.control.purge()
+def _empty_queue(empty_queue):
     yield
-    app.control.purge()
 
 
 @pytest.fixture

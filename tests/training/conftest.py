@@ -47,3 +47,8 @@ def export(project, owner, seed_candidate, humaneval_suite, base_policy):
     )
     assert built.rows == 4
     return built
+
+
+@pytest.fixture(autouse=True)
+def _empty_queue(empty_queue):
+    yield

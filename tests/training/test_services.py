@@ -44,15 +44,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PASS, FAIL = ("passed", 1.0), ("task_failure", 0.0)
 
 
-@pytest.fixture(autouse=True)
-def _empty_queue():
-    from coevo.celery import app
-
-    app.control.purge()
-    yield
-    app.control.purge()
-
-
 @pytest.fixture
 def finished_signals():
     sent: list[tuple] = []
