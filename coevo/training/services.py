@@ -319,16 +319,14 @@ def training_runs_watchdog(*, now: Any = None) -> dict[str, int]:
     stale = now - timedelta(seconds=settings.COEVO_TRAINING_STALE_S)
     failed = 0
     for run in TrainingRun.objects.filter(state=TrainingState.RUNNING, heartbeat_at__lt=stale):
-        with transaction.atomic():
-            before = run.state
-            run = _finish(
-                run,
-                TrainingState.FAILED,
-                f"the training worker stopped reporting (no heartbeat since "
-                f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC): it was probably killed; the run "
-                "is not restarted on its own",
-            )
-            failed += before != run.state
+        failed += _transition(
+            run,
+            TrainingState.FAILED,
+            f"the training worker stopped reporting (no heartbeat since "
+            f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC): it was probably killed; the run "
+            "is not restarted on its own",
+            from_states=(TrainingState.RUNNING,),
+        )
     resent = 0
     for run in TrainingRun.objects.filter(state=TrainingState.PENDING, updated_at__lt=stale):
         TrainingRun.objects.filter(id=run.id).update(updated_at=now)
