@@ -308,6 +308,9 @@ COEVO_DISK_FAIL_GIB = env_float("COEVO_DISK_FAIL_GIB", 1.0, minimum=0)
 COEVO_WEBHOOK_MAX_ATTEMPTS = env_int("COEVO_WEBHOOK_MAX_ATTEMPTS", 6, minimum=1, maximum=20)
 COEVO_WEBHOOK_BACKOFF_S = env_float("COEVO_WEBHOOK_BACKOFF_S", 30.0, minimum=0)
 COEVO_WEBHOOK_TIMEOUT_S = env_float("COEVO_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
+# Webhooks go to public addresses only (coevo/audit/outbound.py); these host names, addresses
+# or networks (comma-separated, e.g. "hooks.internal,10.0.5.0/24") may be internal.
+COEVO_WEBHOOK_ALLOWED_HOSTS = env_list("COEVO_WEBHOOK_ALLOWED_HOSTS", [])
 CELERY_BEAT_SCHEDULE["webhooks-requeue-due"] = {
     "task": "coevo.audit.tasks.webhooks_requeue_due",
     "schedule": 300.0,
