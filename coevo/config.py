@@ -9,6 +9,7 @@ failing later, somewhere else, with a message that names neither.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -110,6 +111,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(name: str) -> list[str]:
+    """A comma-separated list of IP addresses or CIDR networks (``10.0.0.0/8, ::1``), each
+    checked; returned as network strings (``10.0.0.0/8``, ``::1/128``). Unset: empty."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name} holds {item!r}, which is not an IP address or network (e.g. "
+                "10.0.0.5 or 172.16.0.0/12)."
+            ) from None
+    return networks
 
 
 def env_path(name: str, default: Path | str) -> Path:

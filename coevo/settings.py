@@ -16,6 +16,7 @@ from coevo.config import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_path,
     env_str,
     env_url,
@@ -29,6 +30,25 @@ SECRET_KEY = secret_key(COEVO_HOME)
 DEBUG = env_bool("COEVO_DEBUG", False)
 ALLOWED_HOSTS = env_list("COEVO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("COEVO_CSRF_TRUSTED_ORIGINS", [])
+
+# HTTPS (production, behind a TLS-terminating proxy; docs/deployment.md). Off by default: the
+# embedded demo serves plain http on 127.0.0.1, where Secure cookies would never be sent back.
+COEVO_HTTPS = env_bool("COEVO_HTTPS", False)
+SESSION_COOKIE_SECURE = COEVO_HTTPS
+CSRF_COOKIE_SECURE = COEVO_HTTPS
+# HSTS is only sent over HTTPS; browsers then refuse plain http to this host for that long.
+SECURE_HSTS_SECONDS = env_int("COEVO_HSTS_SECONDS", 31536000 if COEVO_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("COEVO_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("COEVO_HSTS_PRELOAD", False)
+# Trust the proxy's X-Forwarded-Proto only when the proxy sets it on every request (and
+# clients cannot reach gunicorn directly): anyone else could claim https with it.
+if env_bool("COEVO_TRUST_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Redirect plain-http requests to https. Behind a TLS-terminating proxy this needs
+# COEVO_TRUST_PROXY_SSL_HEADER, else every request looks like http and redirects forever.
+# Probes and scrapers inside the deployment speak plain http to the container.
+SECURE_SSL_REDIRECT = env_bool("COEVO_SSL_REDIRECT", False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -110,8 +130,20 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Every password check goes through the login throttle (coevo/accounts/login_throttle.py):
+# COEVO_LOGIN_MAX_FAILURES failures for one username, or from one client address, within
+# COEVO_LOGIN_WINDOW_S seconds block further attempts for that long. Counted in CACHES.
+AUTHENTICATION_BACKENDS = ["coevo.accounts.backends.ThrottledModelBackend"]
+COEVO_LOGIN_MAX_FAILURES = env_int("COEVO_LOGIN_MAX_FAILURES", 10, minimum=1)
+COEVO_LOGIN_WINDOW_S = env_int("COEVO_LOGIN_WINDOW_S", 900, minimum=1)
+# The client address is REMOTE_ADDR, unless that is one of these proxies (addresses or CIDR
+# networks): then the nearest X-Forwarded-For entry that is not one of them.
+COEVO_TRUSTED_PROXIES = env_networks("COEVO_TRUSTED_PROXIES")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -7,9 +7,14 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from coevo.accounts.forms import AdminLoginForm
 from coevo.accounts.models import SCOPES, ApiToken
 from coevo.accounts.services import token_create, token_revoke, token_scopes_validate
 from coevo.errors import CoevoError
+
+# The admin's login says when the login throttle refused an attempt (the throttle itself is in
+# the authentication backend, so it holds for the admin with or without this form).
+admin.site.login_form = AdminLoginForm
 
 
 class ApiTokenAddForm(forms.ModelForm):
