@@ -15,7 +15,6 @@ import logging
 import secrets
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
@@ -25,6 +24,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from coevo.audit.models import DeliveryState, Webhook, WebhookDelivery
+from coevo.audit.outbound import outbound_post, outbound_url_check
 from coevo.audit.services import audit_record
 from coevo.errors import InvalidInput, InvalidState
 from coevo.projects.models import Project
@@ -40,12 +40,9 @@ _ERROR_LIMIT = 2000
 
 
 def webhook_url_check(url: str) -> str:
-    """Only http(s) URLs with a host: never file://, gopher:// or a bare path."""
-    url = (url or "").strip()
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidInput(f"Webhook URL {url!r} must be an http:// or https:// URL with a host.")
-    return url
+    """Only http(s) URLs with a host that is not, and does not resolve to, an address on this
+    machine or a private network (coevo.audit.outbound; checked again at every send)."""
+    return outbound_url_check(url, allowed=settings.COEVO_WEBHOOK_ALLOWED_HOSTS)
 
 
 def webhook_signature(*, secret: str, body: bytes) -> str:
@@ -192,12 +189,13 @@ def webhook_delivery_attempt(*, delivery_id: Any) -> WebhookDelivery | None:
     status_code: int | None = None
     error = ""
     try:
-        url = webhook_url_check(webhook.url)
         if not webhook.active:
             raise InvalidState("The webhook was deactivated.")
         body = _body(delivery)
-        response = httpx.post(
-            url,
+        # Checked and pinned here, not only at creation: what the name resolves to now is
+        # where the request goes.
+        status_code, phrase = outbound_post(
+            webhook.url,
             content=body,
             headers={
                 "Content-Type": "application/json",
@@ -206,13 +204,12 @@ def webhook_delivery_attempt(*, delivery_id: Any) -> WebhookDelivery | None:
                 "X-Coevo-Delivery": str(delivery.pk),
                 "X-Coevo-Signature": webhook_signature(secret=webhook.secret, body=body),
             },
-            timeout=float(settings.COEVO_WEBHOOK_TIMEOUT_S),
-            # A redirect could point anywhere (another scheme, an internal host): not followed.
-            follow_redirects=False,
+            timeout_s=float(settings.COEVO_WEBHOOK_TIMEOUT_S),
+            allowed=settings.COEVO_WEBHOOK_ALLOWED_HOSTS,
         )
-        status_code = response.status_code
         if not 200 <= status_code < 300:
-            error = f"HTTP {status_code}: {response.text[:200]}"
+            # The status only: the reply body is not read, so it cannot reach the log.
+            error = f"HTTP {status_code} {phrase}".rstrip()
     except (InvalidInput, InvalidState) as exc:
         error = str(exc)
         attempts = max(attempts, settings.COEVO_WEBHOOK_MAX_ATTEMPTS)  # retrying cannot help

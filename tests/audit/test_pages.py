@@ -91,6 +91,18 @@ def test_it_refuses_a_non_http_webhook_url(client, project, owner):
     assert not Webhook.objects.exists()
 
 
+def test_it_refuses_a_webhook_to_the_metadata_service_and_says_why(client, project, owner):
+    client.force_login(owner)
+    response = client.post(
+        WEBHOOKS,
+        {"url": "http://169.254.169.254/latest/meta-data/", "events": ["channel.moved"]},
+        follow=True,
+    )
+    content = response.content.decode()
+    assert "public addresses only" in content and "COEVO_WEBHOOK_ALLOWED_HOSTS" in content
+    assert not Webhook.objects.exists()
+
+
 def test_it_lists_deliveries_and_redelivers(client, project, owner, no_enqueue):
     client.force_login(owner)
     client.post(WEBHOOKS, {"url": "https://ci.example.com/hook", "events": ["*"]})
