@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -203,8 +204,10 @@ def outbound_post(
     headers: dict[str, str],
     timeout_s: float,
     allowed: Iterable[str],
+    verify: ssl.SSLContext | bool = True,
 ) -> tuple[int, str]:
     """POST to a checked, pinned address; returns (status code, its standard phrase).
+    ``verify``: how to check an https server's certificate (default: the public CAs).
 
     The reply body is never read: what a server answers is not shown to whoever chose the
     URL (an allowed internal host's reply would be a way to read it), and a large or endless
@@ -214,7 +217,9 @@ def outbound_post(
     with (
         # trust_env=False: an HTTP(S)_PROXY from the environment would connect to the name
         # itself, past the pinned address.
-        httpx.Client(trust_env=False, follow_redirects=False, timeout=timeout_s) as client,
+        httpx.Client(
+            trust_env=False, follow_redirects=False, timeout=timeout_s, verify=verify
+        ) as client,
         client.stream(
             "POST",
             target.pinned_url,

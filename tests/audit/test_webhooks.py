@@ -11,16 +11,20 @@ import hashlib
 import hmac
 import json
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 from django.db import transaction
 from django.utils import timezone
 
 from coevo.audit.models import AuditEvent, DeliveryState, Webhook, WebhookDelivery
+from coevo.audit.outbound import outbound_post
 from coevo.audit.webhooks import (
     webhook_backoff_s,
     webhook_create,
@@ -417,3 +421,62 @@ def test_it_keeps_no_reply_body_in_the_delivery_log(project, owner, receiver, en
     delivery = webhook_delivery_attempt(delivery_id=WebhookDelivery.objects.get().pk)
     assert delivery.last_status_code == 500
     assert delivery.last_error == "HTTP 500 Internal Server Error"
+
+
+def test_it_checks_the_tls_certificate_against_the_name_not_the_pinned_address(tmp_path, dns):
+    # A certificate for the name only: connecting to the pinned address must still send the
+    # name as TLS server name (SNI) and verify the certificate against it.
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", key, "-out", cert, "-subj", "/CN=hooks.internal.test",
+         "-addext", "subjectAltName=DNS:hooks.internal.test"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    seen: dict[str, str] = {}
+    names: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen["host"] = self.headers["Host"]
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(cert, key)
+    server_context.sni_callback = lambda sock, name, ctx: names.append(name)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = server_context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_port
+    dns.answers["hooks.internal.test"] = ["127.0.0.1"]
+    trust = ssl.create_default_context(cafile=str(cert))
+    try:
+        status = outbound_post(
+            f"https://hooks.internal.test:{port}/hook",
+            content=b"{}",
+            headers={"Content-Type": "application/json"},
+            timeout_s=10,
+            allowed=["hooks.internal.test"],
+            verify=trust,
+        )
+        # The same server by its address: the certificate does not name it, so it is refused.
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED|match"):
+            outbound_post(
+                f"https://127.0.0.1:{port}/hook",
+                content=b"{}",
+                headers={},
+                timeout_s=10,
+                allowed=["127.0.0.1"],
+                verify=trust,
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == (204, "No Content")
+    assert names[0] == "hooks.internal.test"  # the second handshake, by address, sent none
+    assert seen["host"] == f"hooks.internal.test:{port}"
