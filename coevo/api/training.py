@@ -2,8 +2,9 @@
 
 Runs are included under ``projects/<slug:slug>/``; reading needs ``read`` (any member),
 cancelling the ``campaigns:run`` scope and the researcher role (policy steps are campaign
-work). Trainers are listed to any token without their command or environment: those are the
-operator's (they run outside any sandbox, and the environment may hold secrets).
+work). Trainers are listed to project members (and staff) without their command or
+environment, and a run never shows its argv: those are the operator's (they run outside any
+sandbox, and the command and environment may hold internal hosts, paths or secrets).
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from rest_framework.response import Response
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
 from coevo.projects.models import Role
 from coevo.training.models import Trainer, TrainingRun, TrainingState
-from coevo.training.selectors import training_run_get, training_run_list
+from coevo.training.selectors import (
+    trainer_list_for_user,
+    training_run_get,
+    training_run_list,
+    training_run_log_tail_for,
+)
 from coevo.training.services import training_run_cancel
 
 
@@ -56,9 +62,6 @@ class TrainingRunOut(serializers.Serializer):
 
 
 class TrainingRunDetailOut(TrainingRunOut):
-    command = serializers.ListField(
-        child=serializers.CharField(allow_blank=True), help_text="The argv as run ([] until then)."
-    )
     adapter_sha256 = serializers.CharField(allow_blank=True)
     log_tail = serializers.CharField(allow_blank=True, help_text="The log's last part.")
 
@@ -109,9 +112,8 @@ def training_run_out(view: ApiView, run: TrainingRun, *, detail: bool = False) -
     }
     if detail:
         body.update(
-            command=[str(arg) for arg in run.command or []],
             adapter_sha256=run.adapter_sha256,
-            log_tail=run.log_tail,
+            log_tail=training_run_log_tail_for(run=run, user=view.request.user),
         )
     return body
 
@@ -121,11 +123,7 @@ class TrainerListView(ApiView):
         operation_id="trainers_list", parameters=PAGE_PARAMETERS, responses=paginated(TrainerOut)
     )
     def get(self, request: Request) -> Response:
-        # Only the columns shown: the command and environment never leave the database here.
-        trainers = Trainer.objects.only(
-            "id", "name", "description", "time_limit_s", "enabled", "created_at"
-        )
-        return paginate(self, trainers, trainer_out)
+        return paginate(self, trainer_list_for_user(user=request.user), trainer_out)
 
 
 class TrainingRunListView(ApiView):

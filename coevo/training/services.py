@@ -164,7 +164,9 @@ def _execute(run: TrainingRun) -> TrainingRun:
     TrainingRun.objects.filter(id=run.id).update(
         command=argv, run_dir=str(run_dir), updated_at=timezone.now()
     )
-    log_path.write_text(f"$ {' '.join(argv)}\n")
+    # Not the argv: the log is shown to every project member, the command only to operators
+    # (it can name internal hosts, paths or credentials; docs/threat-model.md).
+    log_path.write_text(f"coevo: training run {run.id} starts trainer {run.trainer.name}\n")
     limit = settings.COEVO_TRAINING_LOG_TAIL
 
     def tick() -> bool:

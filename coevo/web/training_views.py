@@ -1,5 +1,6 @@
 """Training run pages: the project's runs, one run (its log tail refreshed by htmx while it is
-open, the polling stopping once it is final), its full log, and cancel for researchers."""
+open, the polling stopping once it is final), its full log, and cancel for researchers. The
+argv a run ran is shown to operators only (trainer_command_visible)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from coevo.campaigns.models import Proposal
 from coevo.errors import CoevoError, NotFound
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
-from coevo.training.selectors import training_run_get, training_run_list
+from coevo.training.selectors import (
+    trainer_command_visible,
+    training_run_get,
+    training_run_legacy_command_line,
+    training_run_list,
+    training_run_log_tail_for,
+)
 from coevo.training.services import training_run_cancel, training_run_log_path
 from coevo.web.access import project_view
 
@@ -44,10 +51,13 @@ def training_run_detail(request: HttpRequest, project: Project, run_id: UUID) ->
         .select_related("campaign")
         .first()
     )
+    show_command = trainer_command_visible(user=request.user)
     context = {
         "project": project,
         "run": run,
-        "command": shlex.join(run.command) if run.command else "",
+        "show_command": show_command,
+        "command": shlex.join(run.command) if run.command and show_command else "",
+        "log_tail": training_run_log_tail_for(run=run, user=request.user),
         "step": step,
         "can_cancel": can_cancel_training(project=project, user=request.user),
         "full_log": training_run_log_path(run=run) is not None,
@@ -70,8 +80,13 @@ def training_run_log(request: HttpRequest, project: Project, run_id: UUID) -> Ht
             f"The full log of training run {run.id} is not on this machine (it stays on the "
             "training worker that ran it); the page shows its last part."
         )
+    log = path.open("rb")
+    # Older runs' logs start with the argv: members who may not see the command get the rest.
+    line = training_run_legacy_command_line(run=run)
+    if not line or trainer_command_visible(user=request.user) or log.read(len(line)) != line:
+        log.seek(0)
     return FileResponse(
-        path.open("rb"),
+        log,
         as_attachment=False,
         filename=f"training-{run.id}.log",
         content_type="text/plain; charset=utf-8",

@@ -16,6 +16,7 @@ from tests.api.conftest import assert_error
 from tests.campaigns.support import marked_suite, styled_seed
 from tests.web.test_training_pages import (
     ALTERNATION,
+    LEGACY_COMMAND_LINE,
     alternating_campaign,
     make_training_data,
     start_run,
@@ -72,17 +73,26 @@ def test_it_lists_runs_newest_first_in_cursor_pages_without_their_logs(
     assert first["results"][0]["time_limit_s"] == 60
 
 
-def test_the_detail_has_the_command_and_the_log_tail(make_client, viewer, training):
+def test_the_detail_has_the_log_tail_and_never_the_command(make_client, viewer, training):
     start_run(training.run)
 
     body = make_client(viewer, ["read"]).get(run_url(training.run)).json()
 
     assert body["state"] == "running" and body["exit_code"] is None
-    assert body["command"][:2] == ["python", "train.py"]
-    assert body["command"][3] == "/exports/a b.jsonl"
+    # The argv is the operator's: the API never shows it (operators read it in the admin).
+    assert "command" not in body and "train.py" not in str(body)
     assert body["log_tail"].startswith("epoch 1 loss 0.93\n")
     assert body["duration_s"] >= 0 and body["started_at"] and body["finished_at"] is None
     assert "HF_TOKEN" not in str(body) and "secret-env-marker" not in str(body)
+
+
+def test_the_log_tail_of_an_older_run_drops_its_argv_line(make_client, viewer, training):
+    # Runs started before the argv left the log have it as their log's first line.
+    start_run(training.run, log=f"{LEGACY_COMMAND_LINE}epoch 1 loss 0.93\n")
+
+    body = make_client(viewer, ["read"]).get(run_url(training.run)).json()
+
+    assert body["log_tail"] == "epoch 1 loss 0.93\n"
 
 
 def test_reading_needs_the_read_scope_and_membership(
@@ -147,9 +157,7 @@ def test_cancelling_needs_the_scope_and_the_role(
 # --- trainers ---------------------------------------------------------------------------------
 
 
-def test_any_token_lists_trainers_without_their_command_or_environment(
-    make_client, outsider, training
-):
+def test_members_list_trainers_without_their_command_or_environment(make_client, viewer, training):
     trainer_register(
         name="big-lora",
         command=["/opt/train-secret-path", "{export}"],
@@ -159,8 +167,8 @@ def test_any_token_lists_trainers_without_their_command_or_environment(
     training.trainer.enabled = False
     training.trainer.save()
 
-    # Trainers are not per project: a user who is a member of no project sees them too.
-    response = make_client(outsider, ["read"]).get("/api/v1/trainers/")
+    # Trainers are not per project: a member of any project sees them all.
+    response = make_client(viewer, ["read"]).get("/api/v1/trainers/")
 
     assert response.status_code == 200
     by_name = {t["name"]: t for t in response.json()["results"]}
@@ -178,8 +186,20 @@ def test_any_token_lists_trainers_without_their_command_or_environment(
         assert secret not in raw
     assert_error(APIClient().get("/api/v1/trainers/"), 401, "not_authenticated")
     assert_error(
-        make_client(outsider, ["campaigns:run"]).get("/api/v1/trainers/"), 403, "scope_missing"
+        make_client(viewer, ["campaigns:run"]).get("/api/v1/trainers/"), 403, "scope_missing"
     )
+
+
+def test_a_user_of_no_project_gets_no_trainers_and_staff_do(make_client, outsider, training):
+    response = make_client(outsider, ["read"]).get("/api/v1/trainers/")
+
+    error = assert_error(response, 403, "permission_denied")
+    assert "tiny-lora" not in response.content.decode()
+    assert "Trainers are listed to project members" in error["message"]
+    outsider.is_staff = True
+    outsider.save()
+    staff = make_client(outsider, ["read"]).get("/api/v1/trainers/")
+    assert [t["name"] for t in staff.json()["results"]] == ["tiny-lora"]
 
 
 # --- campaigns --------------------------------------------------------------------------------

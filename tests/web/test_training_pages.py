@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
@@ -28,6 +29,8 @@ from tests.conftest import PASSWORD
 pytestmark = pytest.mark.django_db
 
 LOG = "epoch 1 loss 0.93\nepoch 2 loss 0.41 <script>alert(1)</script>\n"
+# What runs started before the argv left the log wrote first (start_run's command).
+LEGACY_COMMAND_LINE = "$ python train.py --data /exports/a b.jsonl --out /runs/x/output\n"
 
 
 @dataclass
@@ -129,14 +132,41 @@ def test_it_shows_a_running_run_with_its_log_and_polls_every_two_seconds(viewer,
     assert 'id="training-produced"><span class="muted">not yet</span>' in content
     assert f"/p/demo/exports/#export-{training.export.id}" in content
     assert f"/p/demo/exports/{training.export.id}/download" in content
-    # The argv as run, quoted as a shell would need it.
-    assert "python train.py --data &#x27;/exports/a b.jsonl&#x27; --out /runs/x/output" in content
+    # The argv is the operator's: a member sees neither it nor its row.
+    assert "train.py" not in content and 'id="training-command"' not in content
     assert "epoch 1 loss 0.93" in content
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in content and "<script>alert" not in content
     assert f'hx-get="{run_url(training.run)}" hx-trigger="every 2s"' in content
     # A viewer may watch, not cancel; the environment is never shown.
     assert 'id="cancel-training"' not in content
     assert "secret-env-marker" not in content
+
+
+def test_operators_see_the_argv_as_run_and_members_do_not(viewer, training):
+    start_run(training.run, log=f"{LEGACY_COMMAND_LINE}{LOG}")
+    operator = get_user_model().objects.create_user("operator", "op@example.com", PASSWORD)
+    operator.is_staff = True
+    operator.save()
+    operator.user_permissions.add(Permission.objects.get(codename="view_trainer"))
+    # Staff without the trainers' permission are not operators (they cannot read a trainer in
+    # the admin either).
+    helpdesk = get_user_model().objects.create_user("helpdesk", "hd@example.com", PASSWORD)
+    helpdesk.is_staff = True
+    helpdesk.save()
+
+    seen = as_user(operator).get(run_url(training.run)).content.decode()
+    hidden = {
+        user.username: as_user(user).get(run_url(training.run)).content.decode()
+        for user in (viewer, helpdesk)
+    }
+
+    # The argv as run, quoted as a shell would need it; and the log as written.
+    assert "python train.py --data &#x27;/exports/a b.jsonl&#x27; --out /runs/x/output" in seen
+    assert 'id="training-log">$ python train.py --data /exports/a b.jsonl' in seen
+    for name, content in hidden.items():
+        # Nor in an older run's log, whose first line was the argv.
+        assert "train.py" not in content and "/exports/a b.jsonl" not in content, name
+        assert 'id="training-log">epoch 1 loss 0.93' in content, name
 
 
 def test_the_poll_gets_the_live_part_alone_and_stops_once_the_run_is_final(viewer, training):
@@ -211,7 +241,7 @@ def test_it_streams_the_full_log_while_it_is_on_this_machine(viewer, training, t
     assert as_user(viewer).get(run_url(training.run, "log")).status_code == 404
 
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "train.log").write_text("$ python train.py\n" + "line\n" * 10_000)
+    (tmp_path / "run" / "train.log").write_text("coevo: run starts\n" + "line\n" * 10_000)
     TrainingRun.objects.filter(id=training.run.id).update(run_dir=str(tmp_path / "run"))
     page = as_user(viewer).get(run_url(training.run)).content.decode()
     assert 'id="training-full-log"' in page
@@ -220,7 +250,22 @@ def test_it_streams_the_full_log_while_it_is_on_this_machine(viewer, training, t
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"].startswith("text/plain")
     body = b"".join(response.streaming_content)
-    assert body.startswith(b"$ python train.py\n") and body.count(b"line\n") == 10_000
+    assert body.startswith(b"coevo: run starts\n") and body.count(b"line\n") == 10_000
+
+
+def test_the_full_log_of_an_older_run_drops_its_argv_line_for_members(viewer, training, tmp_path):
+    start_run(training.run)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.log").write_text(LEGACY_COMMAND_LINE + "line\n" * 3)
+    TrainingRun.objects.filter(id=training.run.id).update(run_dir=str(tmp_path / "run"))
+    superuser = get_user_model().objects.create_superuser("root", "root@example.com", PASSWORD)
+
+    member = as_user(viewer).get(run_url(training.run, "log"))
+    operator = as_user(superuser).get(run_url(training.run, "log"))
+
+    assert b"".join(member.streaming_content) == b"line\n" * 3
+    assert int(member["Content-Length"]) == len(b"line\n" * 3)
+    assert b"".join(operator.streaming_content) == (LEGACY_COMMAND_LINE + "line\n" * 3).encode()
 
 
 def test_the_list_shows_the_project_runs_and_polls_while_one_is_open(viewer, training):
