@@ -122,6 +122,8 @@ def export_file_response(*, path, filename: str) -> FileResponse:
     response = FileResponse(
         path.open("rb"), as_attachment=True, filename=filename, content_type="application/x-ndjson"
     )
-    # Named by its content hash and immutable: any copy may be cached for good.
-    response["Cache-Control"] = "private, max-age=31536000, immutable"
+    # Never stored by the browser or any proxy: the file is immutable, but access to it is not.
+    # Each download asks again, so a member removed from the project (or an export whose
+    # project is gone) gets a 404 rather than a copy cached on the way.
+    response["Cache-Control"] = "private, no-store"
     return response

@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from coevo.exports.models import TrajectoryExport
 from coevo.exports.services import trajectory_export_create
+from coevo.projects.services import membership_remove
 from tests.conftest import PASSWORD
 from tests.exports.conftest import build, run_evaluation
 
@@ -38,6 +39,27 @@ def test_it_streams_the_download_to_members_only(ready_export, viewer, outsider)
     page = logged_in(viewer).get(reverse("web:exports", args=["demo"]))
     assert page.status_code == 200 and url.encode() in page.content
     assert b"export-form" not in page.content  # viewers do not get the create form
+
+
+def test_a_download_is_never_cached_and_stops_once_membership_ends(
+    make_client, ready_export, viewer, project
+):
+    page_url = reverse("web:export_download", args=["demo", ready_export.id])
+    api_url = f"/api/v1/projects/demo/exports/{ready_export.id}/download/"
+    browser, api = logged_in(viewer), make_client(viewer, ["read"])
+
+    for response in (browser.get(page_url), api.get(api_url)):
+        assert response.status_code == 200
+        # No browser or proxy keeps a copy that would outlive the member's access.
+        directives = {d.strip() for d in response["Cache-Control"].split(",")}
+        assert directives == {"private", "no-store"}
+        assert "max-age" not in response["Cache-Control"] and not response.has_header("Expires")
+        b"".join(response.streaming_content)
+
+    membership_remove(project=project, user=viewer)
+
+    assert browser.get(page_url).status_code == 404
+    assert api.get(api_url).status_code == 404
 
 
 def test_it_lets_researchers_create_exports_and_refuses_viewers(
