@@ -19,6 +19,7 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
 from coevo.errors import CoevoError
 from coevo.projects.models import Project, Role
@@ -32,6 +33,12 @@ from coevo.suites.selectors import (
     task_is_sealed,
 )
 from coevo.web.access import project_view
+from coevo.web.uploads import (
+    MULTIPART_SLACK,
+    declared_length,
+    upload_limit_bytes,
+    upload_limit_install,
+)
 
 TASKS_PER_PAGE = 100
 MAX_ERRORS_SHOWN = 20
@@ -116,10 +123,36 @@ def input_preview(inputs: Any) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
+@csrf_exempt  # checked in _suite_import, once the upload limit is in place (CSRF reads the body)
 @project_view
 def suite_import_page(request: HttpRequest, project: Project) -> HttpResponse:
     if not can_import_suites(project=project, user=request.user):
         raise PermissionDenied("Importing suites needs the researcher role or above.")
+    if request.method == "POST":
+        limit = upload_limit_bytes()
+        length = declared_length(request)
+        if length > limit + MULTIPART_SLACK:
+            # From the declared length alone: not a byte of the body has been read.
+            return _too_large(request, project, f"the upload is {length / 1024**2:.1f} MiB")
+        limiter = upload_limit_install(request)
+        _ = request.FILES  # parsed here, under the limit
+        if limiter.exceeded:
+            return _too_large(request, project, f"its files pass {limit // 1024**2} MiB")
+    return _suite_import(request, project)
+
+
+def _too_large(request: HttpRequest, project: Project, what: str) -> HttpResponse:
+    limit_mib = upload_limit_bytes() // 1024**2
+    error = f"file: {what}, over the {limit_mib} MiB limit on uploads; split it into several suites"
+    return _render_import(request, project, JsonlImportForm(), [error], 0, status=413)
+
+
+def _max_megabytes() -> int:
+    return min(MAX_FILE_BYTES, upload_limit_bytes()) // 1024**2
+
+
+@csrf_protect
+def _suite_import(request: HttpRequest, project: Project) -> HttpResponse:
     form = JsonlImportForm()
     errors: list[str] = []
     total_errors = 0
@@ -138,6 +171,20 @@ def suite_import_page(request: HttpRequest, project: Project) -> HttpResponse:
         else:
             _announce(request, suite=suite, created=created)
             return redirect(reverse("web:suite", args=[project.slug, suite.id]))
+    return _render_import(
+        request, project, form, errors, total_errors, status=400 if errors else 200
+    )
+
+
+def _render_import(
+    request: HttpRequest,
+    project: Project,
+    form: JsonlImportForm,
+    errors: list[str],
+    total_errors: int,
+    *,
+    status: int,
+) -> HttpResponse:
     return render(
         request,
         "web/suite_import.html",
@@ -145,10 +192,10 @@ def suite_import_page(request: HttpRequest, project: Project) -> HttpResponse:
             "project": project,
             "form": form,
             "errors": errors,
-            "more_errors": total_errors - len(errors),
-            "max_megabytes": MAX_FILE_BYTES // 1024**2,
+            "more_errors": max(0, total_errors - len(errors)),
+            "max_megabytes": _max_megabytes(),
         },
-        status=400 if errors else 200,
+        status=status,
     )
 
 
