@@ -19,7 +19,13 @@
 #   runtime-base      the slim runtime: git (GitPython), bubblewrap (the harness sandbox), user coevo
 #   embedded, app     the two final images; "app" is last, so it is the default target
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# A fixed patch release, not the floating 3.11 tag: coevo unpacks untrusted tarballs and bundles
+# (harness_store), and tarfile's own checks were fixed release by release: 3.11.13 (extraction
+# filter bypasses through links, gh-135034: CVE-2025-4517 and others), 3.11.14 (negative member
+# offsets, an endless loop: CVE-2025-8194), 3.11.17 and 3.11.18 (more link and filter bypasses:
+# gh-157190, gh-157265, gh-160097). Raise it with each 3.11 security release;
+# tests/test_config.py refuses a floating tag or anything older.
+ARG PYTHON_IMAGE=python:3.11.18-slim-bookworm
 
 # --------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS builder

@@ -78,6 +78,9 @@ def test_good_values_are_parsed(monkeypatch, tmp_path):
         ("COEVO_LOG_LEVEL", "loud"),
         ("DATABASE_URL", "mysql://db/coevo"),
         ("CELERY_BROKER_URL", "amqp-ish"),
+        ("COEVO_TRUSTED_PROXIES", "10.0.0.1, the-proxy"),
+        ("COEVO_HTTPS", "perhaps"),
+        ("COEVO_LOGIN_MAX_FAILURES", "0"),
     ],
 )
 def test_settings_refuse_a_bad_value_at_start_up(tmp_path, variable, value):
@@ -94,6 +97,71 @@ def test_settings_refuse_a_bad_value_at_start_up(tmp_path, variable, value):
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("django.core.exceptions.ImproperlyConfigured: ") and variable in last
+
+
+def _django(tmp_path, code: str, **variables: str) -> subprocess.CompletedProcess:
+    """``code`` run after django.setup() in a fresh process, with only these COEVO_ switches."""
+    switches = ("COEVO_HTTPS", "COEVO_HSTS", "COEVO_SSL_REDIRECT", "COEVO_TRUST_PROXY_SSL_HEADER")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(switches)}
+    env.update(COEVO_HOME=str(tmp_path), DJANGO_SETTINGS_MODULE="coevo.settings", **variables)
+    return subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup()\n{code}"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+SECURITY = (
+    "from django.conf import settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE,"
+    " s.SECURE_HSTS_SECONDS, getattr(s, 'SECURE_PROXY_SSL_HEADER', None), s.SECURE_SSL_REDIRECT)"
+)
+
+
+def test_it_serves_plain_http_by_default_and_secure_cookies_and_hsts_with_coevo_https(tmp_path):
+    # The embedded demo: plain http on 127.0.0.1, where a Secure cookie would never come back.
+    plain = _django(tmp_path, SECURITY)
+    production = _django(
+        tmp_path,
+        SECURITY,
+        COEVO_HTTPS="1",
+        COEVO_TRUST_PROXY_SSL_HEADER="1",
+        COEVO_SSL_REDIRECT="1",
+    )
+
+    assert plain.stdout.split() == ["False", "False", "0", "None", "False"], plain.stderr
+    assert production.stdout.split() == [
+        "True",
+        "True",
+        "31536000",
+        "('HTTP_X_FORWARDED_PROTO',",
+        "'https')",
+        "True",
+    ], production.stderr
+
+
+def test_check_deploy_leaves_only_the_domain_wide_hsts_choices_in_production(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy"],
+        cwd=REPO_ROOT,
+        env={
+            **os.environ,
+            "COEVO_HOME": str(tmp_path),
+            "COEVO_SECRET_KEY": "k" * 10 + "-a-long-random-production-key-" + "x7Q2" * 8,
+            "COEVO_ALLOWED_HOSTS": "coevo.example.com",
+            "COEVO_HTTPS": "1",
+            "COEVO_TRUST_PROXY_SSL_HEADER": "1",
+            "COEVO_SSL_REDIRECT": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    warnings = set(re.findall(r"\(security\.(W\d+)\)", done.stdout + done.stderr))
+    # W005/W021: includeSubDomains and preload, decisions about the operator's whole domain.
+    assert warnings == {"W005", "W021"}, done.stdout + done.stderr
 
 
 def _names_in_code() -> set[str]:
@@ -118,3 +186,20 @@ def test_every_coevo_variable_in_the_code_is_documented():
     assert "COEVO_TRACE_RETENTION_DAYS" in names  # the scan itself works
     missing = sorted(names - documented)
     assert not missing, f"add these to docs/configuration.md: {', '.join(missing)}"
+
+
+# The oldest Python the image may use: the 3.11 release with the latest tarfile fixes known
+# when it was pinned (see the Dockerfile's comment). Raise both together.
+MINIMUM_IMAGE_PYTHON = (3, 11, 18)
+
+
+def test_it_pins_the_image_python_to_a_patch_release_with_the_tarfile_fixes():
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    pinned = re.search(r"^ARG PYTHON_IMAGE=python:(\S+)$", dockerfile, re.MULTILINE)
+    assert pinned, "the Dockerfile sets ARG PYTHON_IMAGE=python:<tag>"
+    version = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)-slim-bookworm", pinned.group(1))
+    assert version, f"python:{pinned.group(1)} floats: pin a patch release (3.11.N-slim-bookworm)"
+    assert tuple(int(part) for part in version.groups()) >= MINIMUM_IMAGE_PYTHON
+    # Every stage starts from that one argument: none names its own, floating, image.
+    stages = re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE)
+    assert {s for s in stages if "python" in s} <= {"${PYTHON_IMAGE}"}
