@@ -14,12 +14,12 @@ import ast
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from coevo.errors import InvalidInput
 from coevo.suites.models import Split
+from coevo.suites.regexes import regex_problem
 
 MAX_FILE_BYTES = 50 * 1024**2
 MAX_LINE_BYTES = 1024**2
@@ -276,10 +276,9 @@ def _expected_problem(expected: Any, scorer: ScorerSpec) -> str | None:
     elif scorer.kind == "regex":
         if not isinstance(expected, str):
             return f"must be a regular expression string, got {_json_type(expected)}"
-        try:
-            re.compile(expected)
-        except re.error as exc:
-            return f"is not a valid regular expression: {exc}"
+        problem = regex_problem(expected)
+        if problem:
+            return f"is not a valid regular expression: it {problem}"
     elif scorer.kind in ("exact", "normalized") and expected is None:
         return "must not be null"
     return None

@@ -1,6 +1,7 @@
 """Scorers of custom (JSONL) suites: answer × expected → Verdict.
 
-``exact``, ``normalized``, ``numeric`` and ``regex`` are pure functions on the worker. ``python``
+``exact``, ``normalized``, ``numeric`` and ``regex`` are pure functions on the worker (``regex``
+matches with RE2, linear time and bounded: coevo/suites/regexes.py). ``python``
 runs the suite's own verifier module — untrusted code from whoever imported the suite — in a
 sandbox of its own with a timeout, fed JSON on stdin; whatever it does (crash, hang, print,
 return nonsense) ends as a failed task with the reason, never as a worker crash.
@@ -16,11 +17,10 @@ from typing import Any
 
 from django.conf import settings
 
+from coevo.suites.regexes import RegexAnswerTooLong, RegexRefused, regex_fullmatch
 from workers import sandbox
 from workers.environments.base import Verdict
 
-# Answers longer than this are refused before a regex sees them (bounds backtracking work).
-MAX_REGEX_ANSWER_CHARS = 100_000
 MAX_VERIFIER_OUTPUT = 16 * 1024
 RESULT_MARKER = "__coevo_score__ "
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -105,13 +105,25 @@ def score_numeric(answer: Any, expected: Any, *, abs_tol: float, rel_tol: float)
 
 
 def score_regex(answer: Any, pattern: str) -> Verdict:
+    """A full match of the answer by RE2. An answer beyond the bounds fails the task (the answer
+    is what is wrong, so it counts like a wrong answer); so does a pattern RE2 refuses, which
+    only a suite imported before RE2 can hold (the import checks every pattern)."""
+    if not isinstance(pattern, str):
+        return Verdict(False, 0.0, "the suite's expected pattern is not a string")
     text = as_text(answer).strip()
-    if len(text) > MAX_REGEX_ANSWER_CHARS:
-        return Verdict(False, 0.0, f"the answer is over {MAX_REGEX_ANSWER_CHARS} characters")
     try:
-        matched = re.fullmatch(pattern, text) is not None
-    except re.error as exc:
-        return Verdict(False, 0.0, f"the expected pattern is invalid: {exc}")
+        matched = regex_fullmatch(pattern, text)
+    except RegexAnswerTooLong as exc:
+        return Verdict(False, 0.0, str(exc))
+    except RegexRefused:
+        # Not the reason: RE2's message quotes the pattern, and the expected value stays
+        # worker-side. The import, shown to the suite's author, names the line and the reason.
+        return Verdict(
+            False,
+            0.0,
+            "the suite's pattern is not one the RE2 engine runs; import the suite again: "
+            "the import names each line whose pattern must change and why",
+        )
     if matched:
         return Verdict(True, 1.0, "the answer matches the expected pattern")
     return Verdict(False, 0.0, f"the answer {_preview(text)} does not match the expected pattern")
