@@ -314,8 +314,11 @@ COEVO_WORKER_STALE_S = env_int("COEVO_WORKER_STALE_S", 120, minimum=2)
 # Each worker process serves its in-process metrics here (0 disables); docs/monitoring.md.
 COEVO_WORKER_METRICS_PORT = env_int("COEVO_WORKER_METRICS_PORT", 9808, minimum=0)
 COEVO_WORKER_METRICS_ADDR = env_str("COEVO_WORKER_METRICS_ADDR", "0.0.0.0")
-# /metrics asks for "Authorization: Bearer <token>" when this is set.
+# The web /metrics and each worker's metrics port answer only "Authorization: Bearer <token>"
+# when this is set; without it they serve nobody unless COEVO_METRICS_PUBLIC (the labels name
+# projects, worker hosts and policy endpoints: coevo/ops/metrics.py).
 COEVO_METRICS_TOKEN = env_str("COEVO_METRICS_TOKEN", "")
+COEVO_METRICS_PUBLIC = env_bool("COEVO_METRICS_PUBLIC", False)
 # Database figures on /metrics are read at most once per this many seconds.
 COEVO_METRICS_CACHE_S = env_int("COEVO_METRICS_CACHE_S", 10, minimum=0)
 # /readyz: each dependency's timeout, and how long a policy endpoint's answer is reused.
