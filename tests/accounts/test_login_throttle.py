@@ -167,6 +167,21 @@ def test_the_old_password_of_the_password_page_counts_as_a_login(settings, owner
     assert log_in(client_from(ADDRESSES[1]), "owner", PASSWORD).status_code == 429
 
 
+def test_the_admin_password_page_sends_staff_to_the_throttled_one():
+    admin = get_user_model().objects.create_superuser("admin", "admin@example.com", PASSWORD)
+    client = client_from(ADDRESSES[0])
+    client.force_login(admin)
+    new = {"new_password1": "a-new-long-passphrase", "new_password2": "a-new-long-passphrase"}
+
+    page = client.get("/admin/password_change/")
+    post = client.post("/admin/password_change/", {"old_password": WRONG, **new})
+
+    assert page.status_code == post.status_code == 302
+    assert page["Location"] == post["Location"] == reverse("accounts:password_change")
+    admin.refresh_from_db()
+    assert admin.check_password(PASSWORD)  # no password was checked, nor changed, there
+
+
 def test_it_counts_an_ipv6_client_by_its_64_prefix(settings, owner, outsider, project):
     settings.COEVO_LOGIN_MAX_FAILURES = 2
     log_in(client_from(ADDRESSES[3]), "outsider", WRONG)
