@@ -69,7 +69,10 @@ class StrategyEntryIn(serializers.Serializer):
     kind = serializers.CharField(max_length=32, help_text="config, llm-patch or merge.")
     options = serializers.DictField(
         required=False,
-        help_text="Per proposer: e.g. llm-patch {base_url, model, api, max_tokens, ...}.",
+        help_text=(
+            "Per proposer: e.g. llm-patch {endpoint (a registered policy endpoint's name), "
+            "model, api, max_tokens, ...}."
+        ),
     )
 
 

@@ -50,7 +50,7 @@ from coevo.campaigns.services import (
 )
 from coevo.errors import CoevoError, NotFound
 from coevo.evaluations.ledger import BudgetLimits
-from coevo.policies.models import PolicyVersion
+from coevo.policies.models import PolicyEndpoint, PolicyVersion
 from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
@@ -330,11 +330,16 @@ class CampaignStartForm(forms.Form):
         initial=[ProposerKind.CONFIG.value],
         help_text="they take turns, in this order",
     )
-    llm_base_url = forms.URLField(
-        assume_scheme="http",
+    # A registered endpoint, never a typed URL: the worker posts to it and reads the reply
+    # (coevo.campaigns.proposers.llm_patch checks the name again).
+    llm_endpoint = forms.ModelChoiceField(
+        queryset=PolicyEndpoint.objects.none(),
+        to_field_name="name",
         required=False,
         label="llm-patch endpoint",
-        help_text="the proposer model's OpenAI-compatible base URL (default: the policy server)",
+        empty_label="the policy's endpoint",
+        help_text="the registered policy endpoint serving the proposer model (operators "
+        "register endpoints in the admin)",
     )
     llm_model = forms.CharField(
         max_length=200, required=False, label="llm-patch model", help_text="default: the policy's"
@@ -396,6 +401,9 @@ class CampaignStartForm(forms.Form):
         )
         self.fields["suite"].label_from_instance = lambda s: f"{s.name} {s.version}"
         self.fields["policy_version"].queryset = PolicyVersion.objects.order_by("name")
+        self.fields["llm_endpoint"].queryset = PolicyEndpoint.objects.order_by("name")
+        # Its name only: the endpoint's URL (an internal address) is the operators' business.
+        self.fields["llm_endpoint"].label_from_instance = lambda e: e.name
         self.fields["alternation_trainer"].queryset = Trainer.objects.filter(enabled=True)
 
     def campaign_fields(self) -> list[forms.BoundField]:
@@ -431,8 +439,8 @@ class CampaignStartForm(forms.Form):
             if kind == ProposerKind.LLM_PATCH:
                 # Left out when blank: the proposer then defaults to the policy server's.
                 options = {"api": data["llm_api"]}
-                if data["llm_base_url"]:
-                    options["base_url"] = data["llm_base_url"]
+                if data["llm_endpoint"]:
+                    options["endpoint"] = data["llm_endpoint"].name
                 if data["llm_model"]:
                     options["model"] = data["llm_model"]
             strategy.append({"kind": kind, "options": options})

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 from coevo.campaigns.models import Campaign, CampaignState, Proposal
 from harness_store.derive import candidate_derive
 from tests.api.conftest import assert_error
-from tests.campaigns.support import AGENT, marked_suite, styled_seed
+from tests.campaigns.support import AGENT, marked_suite, proposer_endpoint, styled_seed
 from tests.campaigns.test_pages import make_campaign_data
 
 BASE = "/api/v1/projects/demo/campaigns/"
@@ -69,6 +69,31 @@ def test_it_starts_a_campaign_with_202_and_a_status_url(
     assert status["state"] == "running" and status["best"] is None
     assert status["spend"]["rollouts"] == {"spent": 0, "reserved": 0, "limit": 100}
     assert status["stop_rules"]["max_proposals"] == 3
+
+
+def test_it_sends_the_llm_patch_proposer_only_to_a_registered_endpoint(
+    make_client, researcher, start_body
+):
+    client = make_client(researcher, ["campaigns:run"])
+    for options in (
+        {"base_url": "http://169.254.169.254/latest/meta-data/"},
+        {"base_url": "http://127.0.0.1:6379"},
+        {"endpoint": "nope"},
+    ):
+        strategy = [{"kind": "llm-patch", "options": options}]
+        error = assert_error(
+            client.post(BASE, {**start_body, "strategy": strategy}, format="json"),
+            400,
+            "invalid_input",
+        )
+        assert "registered policy endpoint" in error["message"]
+    assert not Campaign.objects.exists()
+
+    proposer_endpoint("http://10.0.0.7:8000/v1", name="big-model")
+    strategy = [{"kind": "llm-patch", "options": {"endpoint": "big-model"}}]
+    response = client.post(BASE, {**start_body, "strategy": strategy}, format="json")
+    assert response.status_code == 202, response.content
+    assert Campaign.objects.get().strategy[0]["options"]["endpoint"] == "big-model"
 
 
 def test_it_refuses_bad_starts_without_creating_anything(make_client, researcher, start_body):

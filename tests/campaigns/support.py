@@ -10,6 +10,8 @@ from coevo.campaigns.models import Campaign, Proposal, ProposalState
 from coevo.campaigns.runner import campaign_advance
 from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState
 from coevo.evaluations.services import rollout_claim, rollout_finish
+from coevo.policies.client import normalize_base_url
+from coevo.policies.models import EndpointKind, PolicyEndpoint
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.services import suite_import_jsonl
 from harness_store.services import candidate_import_directory
@@ -109,3 +111,11 @@ def drive(campaign: Campaign, passes, max_rounds: int = 60) -> Campaign:
             if evaluation_id:
                 finish_open_rollouts(Evaluation.objects.get(id=evaluation_id), passes(proposal))
     raise AssertionError(f"campaign still {campaign.state} after {max_rounds} rounds")
+
+
+def proposer_endpoint(url: str, *, name: str = "proposer") -> PolicyEndpoint:
+    """Register the server at ``url`` as a policy endpoint, as an operator would: the only
+    kind of address an llm-patch proposer may be sent to."""
+    return PolicyEndpoint.objects.create(
+        name=name, base_url=normalize_base_url(url), kind=EndpointKind.OPENAI_COMPATIBLE
+    )

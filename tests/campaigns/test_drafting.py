@@ -17,7 +17,12 @@ from coevo.campaigns.runner import DRAFT_STALE_S, campaign_advance
 from coevo.campaigns.services import campaign_create, campaign_start, campaign_stop
 from coevo.errors import PolicyUnavailable
 from coevo.evaluations.models import Evaluation
-from tests.campaigns.support import finish_open_rollouts, marked_suite, styled_seed
+from tests.campaigns.support import (
+    finish_open_rollouts,
+    marked_suite,
+    proposer_endpoint,
+    styled_seed,
+)
 from tests.campaigns.test_llm_patch import STYLE_LINE, QueuedProposer, block
 from tests.support.openai_server import ScriptedOpenAIServer
 
@@ -35,6 +40,7 @@ def slow_proposer():
     policy.latency_s = 2.0
     with ScriptedOpenAIServer(policy) as server:
         policy.url = server.url
+        proposer_endpoint(server.url)
         yield policy
 
 
@@ -49,7 +55,7 @@ def campaign(project, tmp_path, policy_version, slow_proposer):
         strategy=[
             {
                 "kind": "llm-patch",
-                "options": {"base_url": slow_proposer.url, "model": "proposer-model"},
+                "options": {"endpoint": "proposer", "model": "proposer-model"},
             }
         ],
         max_proposals=1,

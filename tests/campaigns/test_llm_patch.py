@@ -1,21 +1,26 @@
 """The llm-patch proposer against a scripted proposer server, with a real worker: one good
 patch is evaluated, each broken kind is rejected at its stage with its reason, and no invalid
-proposal reaches evaluation."""
+proposal reaches evaluation. The proposer model is reached only through a registered policy
+endpoint: never a URL a campaign's author typed."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import tomllib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from coevo.campaigns.models import CampaignState, ProposalState, ProposerKind
+from coevo.campaigns.models import Campaign, CampaignState, ProposalState, ProposerKind
 from coevo.campaigns.proposers import strategy_validate
+from coevo.campaigns.proposers.llm_patch import LlmPatchProposer
 from coevo.campaigns.services import campaign_create, campaign_start
 from coevo.errors import InvalidInput
 from coevo.evaluations.models import Evaluation, TraceStep
-from tests.campaigns.support import MARKER, marked_suite, styled_seed
+from harness_store.selectors import candidate_read_file
+from tests.campaigns.support import MARKER, marked_suite, proposer_endpoint, styled_seed
 from tests.conftest import wait_until_final
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.manifest import parse_manifest
@@ -72,6 +77,7 @@ def proposer_server():
     policy.model = "proposer-model"
     with ScriptedOpenAIServer(policy) as server:
         policy.url = server.url
+        proposer_endpoint(server.url)
         yield policy
 
 
@@ -98,7 +104,7 @@ def test_it_validates_each_patch_and_evaluates_only_the_good_one(
         strategy=[
             {
                 "kind": "llm-patch",
-                "options": {"base_url": proposer_server.url, "model": "proposer-model"},
+                "options": {"endpoint": "proposer", "model": "proposer-model"},
             }
         ],
         max_proposals=len(ANSWERS),
@@ -164,23 +170,34 @@ def test_it_validates_each_patch_and_evaluates_only_the_good_one(
         assert MARKER not in json.dumps(request)
 
 
-def test_it_validates_llm_patch_options(project, tmp_path):
-    from harness_store.selectors import candidate_read_file
-
-    seed = styled_seed(project, tmp_path)
-    manifest = parse_manifest(
+def _manifest(seed):
+    return parse_manifest(
         tomllib.loads(candidate_read_file(candidate=seed, path="harness.toml").decode())
     )
+
+
+def test_it_validates_llm_patch_options(project, tmp_path):
+    manifest = _manifest(styled_seed(project, tmp_path))
+    proposer_endpoint("http://x:1/v1", name="big-model")
     cleaned = strategy_validate(
-        strategy=[{"kind": "llm-patch", "options": {"base_url": "http://x:1/v1", "api": "chat"}}],
+        strategy=[{"kind": "llm-patch", "options": {"endpoint": "big-model", "api": "chat"}}],
         manifest=manifest,
     )
     assert cleaned[0]["options"]["api"] == "chat"
+    assert cleaned[0]["options"]["endpoint"] == "big-model"
     assert cleaned[0]["options"]["max_tokens"] == 1024
+    # A registered endpoint's URL is still accepted (clients written before endpoint names),
+    # and stored as the endpoint's name.
+    [entry] = strategy_validate(
+        strategy=[{"kind": "llm-patch", "options": {"base_url": "http://x:1"}}], manifest=manifest
+    )
+    assert entry["options"]["endpoint"] == "big-model" and "base_url" not in entry["options"]
     for options, message in (
         ({"api": "rest"}, "api must be one of"),
         ({"temperature": 3}, "temperature must be between"),
-        ({"base_url": "ftp://x"}, "http"),
+        ({"base_url": "ftp://x"}, "not the URL of a registered policy endpoint"),
+        ({"endpoint": "nope"}, "'nope' is not a registered policy endpoint.*big-model"),
+        ({"endpoint": "big-model", "base_url": "http://x:1/v1"}, "not both"),
         ({"nope": 1}, "unknown options"),
         ({"parent": "random"}, "parent must be one of"),
     ):
@@ -195,8 +212,6 @@ def test_it_validates_llm_patch_options(project, tmp_path):
 def test_it_asks_the_policy_endpoint_by_default_and_records_what_it_sent(
     project, tmp_path, policy_version, scripted_policy
 ):
-    from coevo.campaigns.proposers.llm_patch import LlmPatchProposer
-
     scripted_policy.default = "Let me think about the harness."
     seed = styled_seed(project, tmp_path)
     campaign = campaign_create(
@@ -208,7 +223,7 @@ def test_it_asks_the_policy_endpoint_by_default_and_records_what_it_sent(
         strategy=[{"kind": "llm-patch", "options": {"max_tokens": 64}}],
     )
     options = campaign.strategy[0]["options"]
-    assert "base_url" not in options and "model" not in options
+    assert "endpoint" not in options and "model" not in options
 
     draft = LlmPatchProposer(campaign, options).propose(history=[])
 
@@ -222,3 +237,112 @@ def test_it_asks_the_policy_endpoint_by_default_and_records_what_it_sent(
     assert draft.failed and draft.stages[0]["stage"] == "applies"
     assert "no 'HYPOTHESIS: ...' line" in draft.stages[0]["reason"]
     assert draft.changes == {} and draft.parents == [seed]
+
+
+# --- the proposer model is reached only through a registered endpoint (SSRF) -------------------
+
+SECRET = "redis_version:7.2.4 requirepass=hunter2"
+
+
+class Listener:
+    """Any HTTP service on the worker's network a campaign's author might aim the proposer at
+    (Redis, the metadata service, an admin page): records each request, answers ``status``."""
+
+    def __init__(self, status: int = 200, body: bytes = b"{}") -> None:
+        listener = self
+        self.requests: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                listener.requests.append(self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def listener():
+    listener = Listener()
+    yield listener
+    listener.close()
+
+
+@pytest.fixture
+def start(project, tmp_path, policy_version):
+    """Creates an llm-patch campaign with the given options (one seed and suite per test)."""
+    seed, suite = styled_seed(project, tmp_path), marked_suite(project)
+
+    def start(options: dict, *, name: str = "llm") -> Campaign:
+        return campaign_create(
+            project=project,
+            name=name,
+            seed_candidate=seed,
+            policy_version=policy_version,
+            suite=suite,
+            strategy=[{"kind": "llm-patch", "options": options}],
+        )
+
+    return start
+
+
+def test_it_refuses_a_base_url_that_is_no_registered_endpoint(start, listener):
+    for url in ("http://169.254.169.254/latest/meta-data/", "http://127.0.0.1:6379", listener.url):
+        with pytest.raises(InvalidInput, match="not the URL of a registered policy endpoint"):
+            start({"base_url": url})
+    assert not Campaign.objects.exists()
+    assert listener.requests == []
+
+
+def test_the_worker_sends_nothing_to_an_endpoint_that_is_not_registered(start, listener):
+    campaign = start({})
+    # Stored before endpoints were named, with a URL no endpoint has (or edited in the DB).
+    legacy = {**campaign.strategy[0]["options"], "base_url": listener.url}
+    Campaign.objects.filter(pk=campaign.pk).update(
+        strategy=[{"kind": "llm-patch", "options": legacy}]
+    )
+    campaign.refresh_from_db()
+    draft = LlmPatchProposer(campaign, campaign.strategy[0]["options"]).propose(history=[])
+    assert draft.failed and draft.changes == {}
+    assert "not the URL of a registered policy endpoint" in draft.stages[0]["reason"]
+    assert "No request was sent" in draft.stages[0]["reason"]
+
+    # Registered when the campaign started, removed since: the worker checks again.
+    endpoint = proposer_endpoint(listener.url, name="gone")
+    second = start({"endpoint": "gone"}, name="llm 2")
+    endpoint.delete()
+    draft = LlmPatchProposer(second, second.strategy[0]["options"]).propose(history=[])
+    assert (
+        draft.failed and "'gone' is not a registered policy endpoint" in draft.stages[0]["reason"]
+    )
+    assert listener.requests == []
+
+
+def test_it_shows_members_no_part_of_a_refusing_reply(start):
+    refusing = Listener(400, json.dumps({"error": {"message": SECRET}}).encode())
+    try:
+        proposer_endpoint(refusing.url)
+        # A registered endpoint's URL, as clients written before endpoint names send it.
+        campaign = start({"base_url": refusing.url})
+        draft = LlmPatchProposer(campaign, campaign.strategy[0]["options"]).propose(history=[])
+    finally:
+        refusing.close()
+    assert len(refusing.requests) == 1
+    [refused] = draft.stages
+    assert not refused["ok"] and "HTTP 400" in refused["reason"]
+    assert "workspace_chars" in refused["reason"]  # what the status usually means, and the fix
+    assert "hunter2" not in json.dumps([draft.stages, draft.params, draft.response])
+    assert draft.params["endpoint"] == "proposer"  # recorded by name, the URL stays unshown

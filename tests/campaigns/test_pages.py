@@ -20,7 +20,7 @@ from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.services import suite_import_jsonl
 from harness_store.derive import candidate_derive
 from harness_store.models import Candidate
-from tests.campaigns.support import AGENT, MANIFEST, marked_suite, styled_seed
+from tests.campaigns.support import AGENT, MANIFEST, marked_suite, proposer_endpoint, styled_seed
 from tests.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db
@@ -299,6 +299,41 @@ def test_it_starts_a_campaign_from_the_form(client, researcher, project, tmp_pat
     assert campaign.strategy[1]["options"]["api"] == "completions"
     budget = campaign.budget
     assert (budget.limit_rollouts, budget.limit_tokens, budget.limit_wall_s) == (50, None, 600)
+
+
+def test_it_offers_the_llm_patch_proposer_registered_endpoints_and_no_url(
+    client, researcher, project, tmp_path, policy_version
+):
+    seed = styled_seed(project, tmp_path)
+    suite = marked_suite(project)
+    proposer_endpoint("http://10.0.0.7:8000/v1", name="big-model")
+    client.force_login(researcher)
+    form = client.get("/p/demo/campaigns/new/").content.decode()
+    assert '<option value="big-model">big-model</option>' in form
+    assert "10.0.0.7" not in form  # an endpoint's address stays with the operators
+
+    response = client.post(
+        "/p/demo/campaigns/new/",
+        form_data(
+            seed,
+            suite,
+            policy_version,
+            proposers=["llm-patch"],
+            llm_endpoint="big-model",
+            # The field the form had: a typed URL is no longer read.
+            llm_base_url="http://169.254.169.254/latest/meta-data/",
+        ),
+    )
+    assert response.status_code == 302
+    options = Campaign.objects.get().strategy[0]["options"]
+    assert options["endpoint"] == "big-model" and "base_url" not in options
+
+    refused = client.post(
+        "/p/demo/campaigns/new/",
+        form_data(seed, suite, policy_version, proposers=["llm-patch"], llm_endpoint="nope"),
+    )
+    assert refused.status_code == 400 and 'id="error-llm_endpoint"' in refused.content.decode()
+    assert Campaign.objects.count() == 1
 
 
 def test_it_shows_form_errors_inline(client, researcher, project, tmp_path, policy_version):

@@ -12,7 +12,7 @@ from coevo.campaigns.models import CampaignState, ProposalState, ProposerKind
 from coevo.campaigns.services import campaign_create, campaign_start
 from coevo.evaluations.models import Evaluation
 from coevo.policies.embedded import DEFAULT_MODEL_ALIAS
-from tests.campaigns.support import MARKER, marked_suite, styled_seed
+from tests.campaigns.support import MARKER, marked_suite, proposer_endpoint, styled_seed
 
 pytestmark = pytest.mark.llm
 
@@ -34,7 +34,7 @@ def test_it_validates_whatever_gemma_proposes(
             {
                 "kind": "llm-patch",
                 "options": {
-                    "base_url": llama_server,
+                    "endpoint": proposer_endpoint(llama_server).name,
                     "model": DEFAULT_MODEL_ALIAS,
                     "api": "completions",
                     "max_tokens": 96,

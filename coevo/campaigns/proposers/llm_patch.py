@@ -2,7 +2,12 @@
 (code, search scores, failing search traces) and answers with a hypothesis and edits.
 
 The proposer model is configured per campaign, separately from the policy (a stronger model
-is typical), and reached through ``coevo.policies.client.PolicyClient`` like every model.
+is typical), and reached through ``coevo.policies.client.PolicyClient`` like every model. It is
+served by a *registered* policy endpoint (``endpoint``: its name), never by a URL a campaign's
+author types: the worker posts a whole workspace there and reads the answer, so an arbitrary
+URL would let any researcher make the worker send requests into its own network (the cloud's
+metadata service, Redis, PostgreSQL) and read what comes back. Only operators register
+endpoints (the admin), and the worker checks the name again before each request.
 What it was shown, the prompt, the raw answer and its token usage are recorded on the
 proposal; its tokens are proposer spend, kept on the proposal and never charged to the
 campaign's policy budget (the ledger has no proposer unit yet).
@@ -26,7 +31,13 @@ from coevo.campaigns.models import Campaign, ProposerKind
 from coevo.campaigns.proposers.base import Draft, stage
 from coevo.campaigns.workspace import DEFAULT_BUDGET_CHARS, workspace_build
 from coevo.errors import HarnessStoreError, InvalidInput, NotFound, PolicyRequestRejected
-from coevo.policies.client import PolicyClient, Sampling
+from coevo.policies.client import (
+    PolicyClient,
+    RoutedPolicyClient,
+    Sampling,
+    normalize_base_url,
+)
+from coevo.policies.models import PolicyEndpoint
 from coevo.policies.services import policy_client_for
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_read_file
@@ -37,6 +48,7 @@ logger = logging.getLogger(__name__)
 API_KINDS = ("chat", "completions")
 PARENT_RULES = ("best", "front")
 OPTION_KEYS = (
+    "endpoint",
     "base_url",
     "model",
     "api",
@@ -51,7 +63,9 @@ OPTION_KEYS = (
 def llm_patch_options_validate(*, manifest: Manifest, options: dict[str, Any]) -> dict[str, Any]:
     """The ``llm-patch`` strategy entry's options, with defaults filled in.
 
-    ``base_url`` (an OpenAI-compatible endpoint; default: the campaign's policy endpoint),
+    ``endpoint`` (the name of a registered policy endpoint serving the proposer model;
+    default: the campaign's policy endpoint; ``base_url`` is still accepted when it is a
+    registered endpoint's URL, and is stored as that endpoint's name),
     ``model`` (default: the policy version's served name), ``api`` (chat|completions, default
     completions),
     ``max_tokens`` (1..32768, default 1024), ``temperature`` (0..2, default 0.7),
@@ -71,15 +85,22 @@ def llm_patch_options_validate(*, manifest: Manifest, options: dict[str, Any]) -
             'is nothing it may edit (add e.g. components = ["agent.py"] under [harness]).'
         )
     cleaned: dict[str, Any] = {}
-    for key in ("base_url", "model"):
+    for key in ("endpoint", "base_url", "model"):
         if key not in options:
             continue  # resolved when proposing: the campaign's policy endpoint / served name
         value = options[key]
         if not isinstance(value, str) or not value.strip():
             raise InvalidInput(f"llm-patch proposer: {key} must be a non-empty string.")
         cleaned[key] = value.strip()
-    if not cleaned.get("base_url", "http://").startswith(("http://", "https://")):
-        raise InvalidInput("llm-patch proposer: base_url must be an http(s) URL.")
+    if "endpoint" in cleaned and "base_url" in cleaned:
+        raise InvalidInput(
+            "llm-patch proposer: give endpoint (a registered endpoint's name), not both "
+            "endpoint and base_url."
+        )
+    if "endpoint" in cleaned or "base_url" in cleaned:
+        endpoint = llm_patch_endpoint(options=cleaned)
+        cleaned.pop("base_url", None)
+        cleaned["endpoint"] = endpoint.name
     api = options.get("api", "completions")
     if api not in API_KINDS:
         raise InvalidInput(f"llm-patch proposer: api must be one of {', '.join(API_KINDS)}.")
@@ -95,6 +116,33 @@ def llm_patch_options_validate(*, manifest: Manifest, options: dict[str, Any]) -
     )
     cleaned["timeout_s"] = _number(options, "timeout_s", 240, 1, 3600, integer=True)
     return cleaned
+
+
+def llm_patch_endpoint(*, options: dict[str, Any]) -> PolicyEndpoint:
+    """The registered policy endpoint the options name (``endpoint``, or a stored ``base_url``
+    equal to a registered endpoint's URL, as campaigns created before endpoints were named
+    have); InvalidInput for anything else. Checked when a campaign starts and again by the
+    worker before each request (an endpoint may have been removed since)."""
+    if "endpoint" in options:
+        endpoint = PolicyEndpoint.objects.filter(name=options["endpoint"]).first()
+        wanted = f"endpoint {str(options['endpoint'])[:64]!r} is not a registered policy endpoint"
+    else:
+        url = str(options.get("base_url", ""))
+        wanted = "base_url is not the URL of a registered policy endpoint"
+        endpoint = None
+        if url.startswith(("http://", "https://")):
+            url = normalize_base_url(url)
+            endpoint = next(
+                (e for e in PolicyEndpoint.objects.all() if normalize_base_url(e.base_url) == url),
+                None,
+            )
+    if endpoint is not None:
+        return endpoint
+    names = list(PolicyEndpoint.objects.order_by("name").values_list("name", flat=True)[:20])
+    raise InvalidInput(
+        f"llm-patch proposer: {wanted}. Choose one by name with endpoint "
+        f"({', '.join(names) or 'none registered'}); an operator registers endpoints in the admin."
+    )
 
 
 def _number(
@@ -142,18 +190,30 @@ class LlmPatchProposer:
         )
         draft.params = {
             "model": self.options.get("model", self.campaign.policy_version.served_name),
-            "base_url": self.options.get("base_url", "(the policy endpoint)"),
+            "endpoint": "(the policy endpoint)",
             "api": self.options.get("api", "completions"),
             "sampling": sampling.as_params(),
             "parent_rule": self.options.get("parent", "best"),
         }
         try:
-            completion = self._ask(workspace.text, sampling)
+            client, draft.params["endpoint"] = self._client()
+        except InvalidInput as exc:
+            # Checked before any request: a campaign whose endpoint was removed, or one stored
+            # with a base_url that no registered endpoint has, sends nothing.
+            draft.stages.append(stage("applies", False, f"{exc} No request was sent."))
+            return draft
+        try:
+            completion = self._ask(client, workspace.text, sampling)
         except PolicyRequestRejected as exc:
             # A 4xx is a persistent answer (say, the workspace exceeds the proposer's context):
             # recorded as a rejected proposal. PolicyUnavailable (the server is down) propagates:
             # an infrastructure failure must not count as a proposal; the next advance retries.
-            draft.stages.append(stage("applies", False, f"the proposer model refused: {exc}"))
+            # Every member reads the stage, so it says what the status means, never what the
+            # server wrote back; the reply goes to the worker's log.
+            logger.warning(
+                "campaign %s: the proposer model refused the request: %s", self.campaign.id, exc
+            )
+            draft.stages.append(stage("applies", False, _refusal_summary(exc.status)))
             return draft
         draft.response = completion.text
         draft.proposer_tokens = completion.prompt_tokens + completion.completion_tokens
@@ -194,22 +254,25 @@ class LlmPatchProposer:
         # Stateless: the next workspace reads every outcome from the campaign's records.
         return None
 
-    def _client(self) -> PolicyClient:
+    def _client(self) -> tuple[PolicyClient | RoutedPolicyClient, str]:
+        """The client, and the endpoint's name as the proposal records it."""
         version = self.campaign.policy_version
-        if "base_url" not in self.options:
+        if "endpoint" not in self.options and "base_url" not in self.options:
             # The policy's own endpoint, holding one of its concurrency slots per request.
             client = policy_client_for(version=version)
             client.model = self.options.get("model", version.served_name)
-            return client
-        return PolicyClient(
-            self.options["base_url"],
+            return client, "(the policy endpoint)"
+        endpoint = llm_patch_endpoint(options=self.options)  # again: it may be gone since
+        client = PolicyClient(
+            endpoint.base_url,
             model=self.options.get("model", version.served_name),
             timeout_s=self.options.get("timeout_s", 240),
             retries=settings.COEVO_POLICY_RETRIES,
         )
+        return client, endpoint.name
 
-    def _ask(self, text: str, sampling: Sampling) -> Any:
-        with self._client() as client:
+    def _ask(self, client: PolicyClient | RoutedPolicyClient, text: str, sampling: Sampling) -> Any:
+        with client:
             if self.options.get("api", "completions") == "chat":
                 return client.chat([{"role": "user", "content": text}], sampling)
             return client.complete(text, sampling)
@@ -231,6 +294,26 @@ class LlmPatchProposer:
         made = campaign.proposals.filter(kind=ProposerKind.LLM_PATCH).count()
         sha = front[made % len(front)]
         return Candidate.objects.filter(project=campaign.project_id, sha=sha).first() or best
+
+
+# What a proposer model's refusal usually means, by status: said to members instead of the reply.
+_REFUSALS = {
+    400: "often a prompt longer than the model's context: lower workspace_chars or max_tokens",
+    401: "the endpoint wants credentials coevo does not send",
+    403: "the endpoint wants credentials coevo does not send",
+    404: "often a model name the endpoint does not serve: check the model option",
+    413: "the prompt is too large for the endpoint: lower workspace_chars",
+    422: "often a prompt longer than the model's context: lower workspace_chars or max_tokens",
+}
+
+
+def _refusal_summary(status: int | None) -> str:
+    code = f"HTTP {status}" if status else "an error"
+    hint = _REFUSALS.get(status or 0, "")
+    return (
+        f"the proposer model refused the request ({code}{'; ' + hint if hint else ''}); "
+        "its reply is in the worker's log"
+    )
 
 
 def _unified(files: dict[str, str], changes: dict[str, bytes | None]) -> str:
