@@ -3,7 +3,10 @@
 Each matching webhook gets a WebhookDelivery row first; its id is enqueued on commit, and the
 task POSTs the JSON body signed with the webhook's secret. Failed attempts are retried with
 exponential backoff until COEVO_WEBHOOK_MAX_ATTEMPTS, then the delivery ends ``failed``. The
-row is the log the webhooks page shows.
+row is the log the webhooks page shows: status codes and errors, never a reply's body.
+
+Where a POST may go is coevo.audit.outbound's to decide (public addresses only, checked when a
+URL is saved and again, pinned, at every send; COEVO_WEBHOOK_ALLOWED_HOSTS for internal hosts).
 """
 
 from __future__ import annotations
