@@ -32,7 +32,11 @@ class SuiteOut(serializers.Serializer):
     name = serializers.CharField()
     version = serializers.CharField()
     kind = serializers.ChoiceField(choices=SuiteKind.choices)
-    content_hash = serializers.CharField()
+    content_hash = serializers.CharField(help_text="The hash of the tasks and the scorer.")
+    split_seed = serializers.CharField(
+        help_text="With content_hash, the suite's identity: the same tasks split another way "
+        "are another suite (results are never shared between the two)."
+    )
     description = serializers.CharField()
     task_counts = TaskCountsOut()
     url = serializers.URLField()
@@ -60,6 +64,7 @@ def suite_out(view: ApiView, suite: Suite) -> dict:
         "version": suite.version,
         "kind": suite.kind,
         "content_hash": suite.content_hash,
+        "split_seed": suite.split_seed,
         "description": suite.description,
         "task_counts": {
             "search": suite.search_count,

@@ -165,7 +165,8 @@ class Rollout(TimeStampedModel):
     epoch = models.PositiveSmallIntegerField(default=0)
     seed = models.BigIntegerField()
     stage = models.PositiveSmallIntegerField(default=0)
-    # Identical inputs (tree, policy version, task, seed, knobs) give a reusable result.
+    # Identical inputs (project, split, tree, policy version, task, seed, knobs) give a
+    # reusable result; empty on the held-out split, which the cache never serves.
     cache_key = models.CharField(max_length=64, blank=True)
     reused_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -184,12 +184,18 @@ def rollout_list(*, evaluation: Evaluation) -> QuerySet[Rollout]:
     )
 
 
-def rollout_get(*, project: Project, rollout_id: Any) -> Rollout:
+def rollout_get(*, project: Project, rollout_id: Any, include_heldout: bool = False) -> Rollout:
+    """``include_heldout=True`` only on a promotion request's pages, which check that the
+    rollout is part of the request's evidence: anywhere else a held-out rollout (its outcome,
+    score and detail as much as its trace) is answered as not found, like its evaluation."""
+    rollouts = Rollout.objects.filter(evaluation__project=project)
+    if not include_heldout:
+        rollouts = rollouts.exclude(evaluation__split=Split.HELDOUT)
     try:
         return (
-            Rollout.objects.select_related("evaluation__candidate", "evaluation__suite", "task")
+            rollouts.select_related("evaluation__candidate", "evaluation__suite", "task")
             .defer("task__verifier")
-            .get(evaluation__project=project, id=rollout_id)
+            .get(id=rollout_id)
         )
     except (Rollout.DoesNotExist, ValueError, TypeError):
         raise NotFound(f"No rollout {rollout_id} in project {project.slug}.") from None

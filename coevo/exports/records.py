@@ -53,6 +53,9 @@ def rollouts_selected(selection: Selection) -> QuerySet[Rollout]:
         state="done",
         outcome__in=EXPORTABLE_OUTCOMES,
     ).exclude(task__split=Split.HELDOUT)
+    # A reused rollout's trace is its source's: never one from the sealed split, whatever an
+    # older cache key let through (coevo.evaluations.cache).
+    rollouts = rollouts.exclude(reused_from__evaluation__split=Split.HELDOUT)
     if selection.successful_only:
         rollouts = rollouts.filter(outcome=Outcome.PASSED)
     if selection.min_score is not None:

@@ -288,7 +288,7 @@ def promotion_rollout(
     """A rollout of the request's evaluations, held-out ones unsealed: reviewers only."""
     _require_role(request, project, Role.REVIEWER, "Reading held-out traces")
     promotion = review_selectors.promotion_get(project=project, request_id=request_id)
-    rollout = rollout_get(project=project, rollout_id=rollout_id)
+    rollout = rollout_get(project=project, rollout_id=rollout_id, include_heldout=True)
     if rollout.evaluation_id not in (
         promotion.candidate_evaluation_id,
         promotion.holder_evaluation_id,

@@ -292,13 +292,14 @@ def test_the_reviewer_rollout_path_is_refused_to_a_researcher_and_to_foreign_rol
     assert MARKER not in response.content.decode()
 
 
-def test_the_sealed_rollout_page_hides_the_marker_even_from_a_reviewer(project, planted, reviewer):
+def test_the_held_out_rollout_page_is_not_found_even_for_a_reviewer(project, planted, reviewer):
+    """Outside its promotion request a held-out rollout is not found: its outcome, score and
+    detail are held-out results as much as its trace is."""
     response = _login(reviewer).get(
         reverse("web:rollout", args=[project.slug, planted["rollout_id"]])
     )
-    assert response.status_code == 200
+    assert response.status_code == 404
     assert MARKER not in response.content.decode()
-    assert 'id="sealed"' in response.content.decode()
 
 
 def test_a_reviewer_sees_heldout_details_on_the_promotion_pages_and_nowhere_else(

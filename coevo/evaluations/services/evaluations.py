@@ -131,9 +131,12 @@ def evaluation_create(
                 for epoch in range(epochs):
                     rollout_seed = _rollout_seed(seed, epoch)
                     key = rollout_cache_key(
+                        project_id=candidate.project_id,
+                        split=split,
                         tree_sha=candidate.tree_sha,
                         policy_version_id=policy_version.id,
                         suite_content_hash=suite.content_hash,
+                        suite_split_seed=suite.split_seed,
                         task_key=task.key,
                         seed=rollout_seed,
                         knobs=resolved_knobs,
@@ -148,7 +151,7 @@ def evaluation_create(
                             cache_key=key,
                         )
                     )
-        reused = _reuse_cached(rollouts) if use_cache else 0
+        reused = _reuse_cached(evaluation, rollouts) if use_cache else 0
         Rollout.objects.bulk_create(rollouts)
         budget = budget_create(
             project=candidate.project,
@@ -198,8 +201,12 @@ def _manifest_of(candidate: Candidate) -> Any:
             raise InvalidInput(f"Candidate {candidate.short_sha} cannot run: {exc}") from None
 
 
-def _reuse_cached(rollouts: list[Rollout]) -> int:
-    hits = cache_lookup(keys=[r.cache_key for r in rollouts])
+def _reuse_cached(evaluation: Evaluation, rollouts: list[Rollout]) -> int:
+    hits = cache_lookup(
+        project_id=evaluation.project_id,
+        split=evaluation.split,
+        keys=[r.cache_key for r in rollouts],
+    )
     now = timezone.now()
     for rollout in rollouts:
         source = hits.get(rollout.cache_key)
