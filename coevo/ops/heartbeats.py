@@ -139,7 +139,10 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     except Exception:
         queues = []
     port = worker_metrics_server_start(
-        port=settings.COEVO_WORKER_METRICS_PORT, addr=settings.COEVO_WORKER_METRICS_ADDR
+        port=settings.COEVO_WORKER_METRICS_PORT,
+        addr=settings.COEVO_WORKER_METRICS_ADDR,
+        token=settings.COEVO_METRICS_TOKEN,
+        public=settings.COEVO_METRICS_PUBLIC,
     )
     thread = HeartbeatThread(
         interval_s=settings.COEVO_WORKER_HEARTBEAT_S,

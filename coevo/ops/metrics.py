@@ -9,18 +9,36 @@ depths, ledger spend, worker heartbeat age), the same whichever web process answ
 
 Labels stay low-cardinality: endpoint URL, served model, outcome, error kind, queue, project
 slug, worker hostname — never a task id, rollout id or SHA.
+
+Those labels are for operators (which projects exist and spend, which hosts run workers, where
+the policy servers are), so both endpoints answer only a scrape that sends COEVO_METRICS_TOKEN,
+or anyone when an operator opts in with COEVO_METRICS_PUBLIC=1; with neither, the web answers
+403 saying so and a worker opens no metrics port at all (``metrics_refusal``).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    make_wsgi_app,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
@@ -119,26 +137,102 @@ def _api_of(path: str) -> str:
     )
 
 
+# --- who may read them ----------------------------------------------------------------------
+
+METRICS_REALM = 'Bearer realm="coevo metrics"'
+
+
+@dataclass(frozen=True)
+class MetricsRefusal:
+    status: int  # 401: send (the right) token; 403: metrics are not served to anyone
+    message: str
+
+
+def metrics_refusal(*, authorization: str, token: str, public: bool) -> MetricsRefusal | None:
+    """Why a scrape with this ``Authorization`` header is refused, or None when it may read.
+
+    A configured token is always required (COEVO_METRICS_PUBLIC does not waive it); without
+    one, metrics are served only on the operator's explicit COEVO_METRICS_PUBLIC=1.
+    """
+    if token:
+        scheme, _, given = authorization.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode()):
+            return None
+        return MetricsRefusal(
+            401, "Send the metrics token: Authorization: Bearer <COEVO_METRICS_TOKEN>.\n"
+        )
+    if public:
+        return None
+    return MetricsRefusal(
+        403,
+        "Metrics are not served: they name projects, worker hosts and policy endpoints. "
+        "Set COEVO_METRICS_TOKEN and scrape with Authorization: Bearer <token>, or set "
+        "COEVO_METRICS_PUBLIC=1 to serve them to anyone who can reach this address.\n",
+    )
+
+
+def _guarded(app: Callable[..., Iterable[bytes]], *, token: str, public: bool) -> Callable:
+    """The registry's WSGI app behind ``metrics_refusal``."""
+
+    def guarded(environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        refusal = metrics_refusal(
+            authorization=environ.get("HTTP_AUTHORIZATION", ""), token=token, public=public
+        )
+        if refusal is None:
+            return app(environ, start_response)
+        headers = [("Content-Type", "text/plain; charset=utf-8")]
+        if refusal.status == 401:
+            headers.append(("WWW-Authenticate", METRICS_REALM))
+        start_response(f"{refusal.status} {HTTPStatus(refusal.status).phrase}", headers)
+        return [refusal.message.encode()]
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape on the worker's stderr is noise
+
+
 _server_lock = threading.Lock()
 _server: Any = None
 
 
-def worker_metrics_server_start(*, port: int, addr: str = "0.0.0.0") -> int | None:
+def worker_metrics_server_start(
+    *, port: int, addr: str = "0.0.0.0", token: str = "", public: bool = False
+) -> int | None:
     """Serve the default registry on ``port`` (0 disables); returns the bound port, or None.
 
+    Scrapes must send ``token`` when it is set; without one the server starts only when
+    ``public`` (COEVO_METRICS_PUBLIC), else the worker opens no port and says why in its log.
     A port already taken (two workers on one machine with the same setting) is logged, not
     fatal: the worker runs on without its endpoint.
     """
     global _server
     if port <= 0:
         return None
-    from prometheus_client import start_http_server
+    if not token and not public:
+        logger.info(
+            "worker metrics off: set COEVO_METRICS_TOKEN (scrapes send it as a bearer token) "
+            "or COEVO_METRICS_PUBLIC=1 to serve them on %s:%s",
+            addr,
+            port,
+        )
+        return None
 
     with _server_lock:
         if _server is not None:
             return _server.server_port
         try:
-            _server, _thread = start_http_server(port, addr=addr)
+            # The address family the address needs ("::" is IPv6), as prometheus_client does.
+            family, _, _, _, sockaddr = socket.getaddrinfo(
+                addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            server_class = type(
+                "_MetricsServer", (ThreadingWSGIServer,), {"address_family": family}
+            )
+            app = _guarded(make_wsgi_app(REGISTRY), token=token, public=public)
+            _server = make_server(sockaddr[0], port, app, server_class, handler_class=_QuietHandler)
         except OSError as exc:
             logger.warning(
                 "worker metrics: cannot listen on %s:%s (%s); set COEVO_WORKER_METRICS_PORT "
@@ -148,6 +242,7 @@ def worker_metrics_server_start(*, port: int, addr: str = "0.0.0.0") -> int | No
                 exc,
             )
             return None
+        threading.Thread(target=_server.serve_forever, name="metrics", daemon=True).start()
         logger.info("worker metrics on http://%s:%s/metrics", addr, _server.server_port)
         return _server.server_port
 

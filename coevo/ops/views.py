@@ -1,9 +1,8 @@
-"""Operations endpoints: /healthz, /readyz, /metrics (no login; /metrics takes a bearer token
-when COEVO_METRICS_TOKEN is set) and /system/ (staff only)."""
+"""Operations endpoints: /healthz, /readyz (no login), /metrics (no login, but the bearer token
+COEVO_METRICS_TOKEN, or COEVO_METRICS_PUBLIC=1: coevo/ops/metrics.py) and /system/ (staff
+only)."""
 
 from __future__ import annotations
-
-import hmac
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -15,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from coevo.ops import selectors
 from coevo.ops.health import readiness
-from coevo.ops.metrics import web_metrics_text
+from coevo.ops.metrics import METRICS_REALM, metrics_refusal, web_metrics_text
 
 
 @never_cache
@@ -39,18 +38,16 @@ def readyz(request: HttpRequest) -> JsonResponse:
 @never_cache
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
-    token = settings.COEVO_METRICS_TOKEN
-    if token:
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
-            response = HttpResponse(
-                "Send the metrics token: Authorization: Bearer <COEVO_METRICS_TOKEN>.\n",
-                status=401,
-                content_type="text/plain",
-            )
-            response["WWW-Authenticate"] = 'Bearer realm="coevo metrics"'
-            return response
+    refusal = metrics_refusal(
+        authorization=request.headers.get("Authorization", ""),
+        token=settings.COEVO_METRICS_TOKEN,
+        public=settings.COEVO_METRICS_PUBLIC,
+    )
+    if refusal is not None:
+        response = HttpResponse(refusal.message, status=refusal.status, content_type="text/plain")
+        if refusal.status == 401:
+            response["WWW-Authenticate"] = METRICS_REALM
+        return response
     return HttpResponse(web_metrics_text(), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -38,6 +38,7 @@ def test_it_beats_from_a_real_worker_and_is_marked_stopped_on_shutdown(tmp_path)
         COEVO_WORKER_HEARTBEAT_S="1",
         COEVO_WORKER_METRICS_PORT=str(port),
         COEVO_WORKER_METRICS_ADDR="127.0.0.1",
+        COEVO_METRICS_TOKEN="heartbeat-metrics-token",
     )
     try:
         row = wait_for(
@@ -60,7 +61,11 @@ def test_it_beats_from_a_real_worker_and_is_marked_stopped_on_shutdown(tmp_path)
             lambda: (workers_pinging(timeout_s=1.0) or set()) & {row.hostname},
             what="a ping answer",
         )
-        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        body = httpx.get(
+            f"http://127.0.0.1:{port}/metrics",
+            headers={"Authorization": "Bearer heartbeat-metrics-token"},
+            timeout=5,
+        ).text
         assert "coevo_worker_rollouts_started_total" in body
     finally:
         worker.stop()

@@ -16,14 +16,19 @@ from tests.support.net import free_port
 CORRECT = "    return [s for s in strings if substring in s]\n"  # HumanEval/7
 
 
+TOKEN = "metrics-secret-123"
+AUTHORIZED = {"Authorization": f"Bearer {TOKEN}"}
+
+
 @pytest.fixture(autouse=True)
-def _no_metrics_cache(settings):
+def _metrics_settings(settings):
     settings.COEVO_METRICS_CACHE_S = 0
-    settings.COEVO_METRICS_TOKEN = ""
+    settings.COEVO_METRICS_TOKEN = TOKEN
+    settings.COEVO_METRICS_PUBLIC = False
 
 
-def scrape(client, **headers) -> dict[tuple[str, tuple], float]:
-    response = client.get("/metrics", **headers)
+def scrape(client, headers=AUTHORIZED) -> dict[tuple[str, tuple], float]:
+    response = client.get("/metrics", headers=headers)
     assert response.status_code == 200, response.content[:500]
     assert response["Content-Type"].startswith("text/plain")
     samples = {}
@@ -144,13 +149,45 @@ def test_it_reports_the_broker_down_without_failing_the_scrape(client, db, monke
 
 
 def test_it_asks_for_the_token_when_one_is_set(client, db, settings):
-    settings.COEVO_METRICS_TOKEN = "metrics-secret-123"
     assert client.get("/metrics").status_code == 401
     wrong = client.get("/metrics", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401
     assert wrong["WWW-Authenticate"].startswith("Bearer")
     samples = scrape(client, headers={"Authorization": "Bearer metrics-secret-123"})
     assert value(samples, "coevo_broker_up") == 1
+    # The public opt-in does not waive a token that is set.
+    settings.COEVO_METRICS_PUBLIC = True
+    assert client.get("/metrics").status_code == 401
+
+
+def test_it_serves_no_metrics_without_a_token_or_the_public_opt_in(
+    client, seed_candidate, humaneval_suite, policy_version, settings
+):
+    from coevo.evaluations.services import evaluation_create
+    from coevo.suites.models import Split
+
+    # A project with ledger spend: its slug is a label of coevo_ledger_spent.
+    evaluation_create(
+        candidate=seed_candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=1,
+    )
+    settings.COEVO_METRICS_TOKEN = ""
+    for headers in ({}, {"Authorization": "Bearer anything"}):
+        response = client.get("/metrics", headers=headers)
+        assert response.status_code == 403
+        assert b'project="demo"' not in response.content
+        assert response.content.decode() == (
+            "Metrics are not served: they name projects, worker hosts and policy endpoints. "
+            "Set COEVO_METRICS_TOKEN and scrape with Authorization: Bearer <token>, or set "
+            "COEVO_METRICS_PUBLIC=1 to serve them to anyone who can reach this address.\n"
+        )
+
+    settings.COEVO_METRICS_PUBLIC = True
+    samples = scrape(client, headers={})
+    assert value(samples, "coevo_ledger_reserved", project="demo", unit="rollouts") == 1
 
 
 def test_it_counts_policy_retries_and_outages(scripted_policy):
@@ -182,13 +219,34 @@ def test_it_counts_sandbox_timeouts(settings):
     assert worker_value("coevo_sandbox_failures_total", reason="timeout") == before + 1
 
 
-def test_it_serves_the_worker_registry_over_http():
-    port = worker_metrics_server_start(port=free_port(), addr="127.0.0.1")
+def test_it_serves_the_worker_registry_over_http_to_the_token_only():
+    port = worker_metrics_server_start(port=free_port(), addr="127.0.0.1", token=TOKEN)
     assert port
+    url = f"http://127.0.0.1:{port}/metrics"
     try:
-        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        anonymous = httpx.get(url, timeout=5)
+        wrong = httpx.get(url, headers={"Authorization": "Bearer nope"}, timeout=5)
+        body = httpx.get(url, headers=AUTHORIZED, timeout=5).text
     finally:
         worker_metrics_server_stop()
+    assert anonymous.status_code == wrong.status_code == 401
+    assert anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+    assert "coevo_policy_requests_total" not in anonymous.text
     assert "coevo_policy_requests_total" in body or "# HELP coevo_policy_requests" in body
     assert "coevo_sandbox_failures" in body
-    assert worker_metrics_server_start(port=0) is None  # 0 disables
+    assert worker_metrics_server_start(port=0, token=TOKEN) is None  # 0 disables
+
+
+def test_it_opens_no_worker_metrics_port_without_a_token_or_the_public_opt_in():
+    port = free_port()
+
+    assert worker_metrics_server_start(port=port, addr="127.0.0.1") is None
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+    assert worker_metrics_server_start(port=port, addr="127.0.0.1", public=True) == port
+    try:
+        public = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    finally:
+        worker_metrics_server_stop()
+    assert public.status_code == 200 and "coevo_sandbox_failures" in public.text

@@ -140,11 +140,13 @@ MATRIX: dict[str, Entry] = {
     ),
     "accounts:password_change": Entry(lambda s: {}, ANY_USER),
     "accounts:password_change_done": Entry(lambda s: {}, ANY_USER),
-    # Probes and metrics answer without a login (load balancers, Prometheus).
+    # Probes answer without a login (load balancers).
     "ops:healthz": Entry(lambda s: {}, (OK,) * 6),
     # Its status reflects the dependencies' health here, never the caller's role.
     "ops:readyz": Entry(lambda s: {}, (SAME,) * 6),
-    "ops:metrics": Entry(lambda s: {}, (OK,) * 6),
+    # No role opens metrics: without COEVO_METRICS_TOKEN (or COEVO_METRICS_PUBLIC) they are
+    # served to nobody, logged in or not (tests/ops/test_metrics.py).
+    "ops:metrics": Entry(lambda s: {}, (FORBIDDEN,) * 6),
     # Staff only; to everyone else the page does not exist.
     "ops:system": Entry(lambda s: {}, (GONE,) * 5 + (LOGIN,)),
 }
