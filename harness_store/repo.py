@@ -17,6 +17,7 @@ import fcntl
 import io
 import os
 import re
+import subprocess
 import tarfile
 import tempfile
 import threading
@@ -30,6 +31,7 @@ from typing import IO
 import git
 
 from coevo.errors import HarnessStoreError, InvalidBundle, MissingPrerequisites, NotFound
+from harness_store.diffs import NAME_ERRORS, DiffTooLarge, DiffUnreadable, FilePatch, diff_parse
 
 CANDIDATE_REF_PREFIX = "refs/coevo/candidates/"
 # Where a bundle's refs land while its commits are checked and indexed; deleted afterwards.
@@ -40,6 +42,23 @@ TAG_PREFIX = "refs/tags/"
 # Never part of a harness: byte-code and the user's own git metadata.
 _IGNORED = "__pycache__/\n*.pyc\n*.pyo\n.git\n.DS_Store\n"
 _MAX_FILE_BYTES = 5 * 1024 * 1024
+# What a diff may hold by default (the web pages read it whole) and how long git may take
+# to write it: a candidate's file can be tens of megabytes, and so can its diff.
+DEFAULT_MAX_DIFF_BYTES = 5 * 1024 * 1024
+DEFAULT_GIT_TIMEOUT_S = 30.0
+# Options every diff is made with, whatever the server's git configuration says: the reader in
+# harness_store.diffs expects exactly this format (a/ b/ prefixes, C-quoted names, a space before
+# empty context lines, no colour, no drivers that rewrite content, submodules as one line).
+_DIFF_CONFIG = ("-c", "core.quotePath=true", "-c", "diff.suppressBlankEmpty=false")
+_DIFF_OPTIONS = (
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--find-renames",
+    "--submodule=short",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,36 @@ class TreeEntry:
     path: str
     size: int
     mode: int
+
+
+@dataclass(frozen=True)
+class TreeSize:
+    """How much a tree unpacks to: its files (blobs and submodule links, folders not counted)
+    and their bytes. ``complete`` is False when counting stopped at a limit (then ``files`` or
+    ``bytes`` is already above it)."""
+
+    files: int
+    bytes: int
+    complete: bool
+
+
+class GitTimedOut(HarnessStoreError):
+    """git ran past its time limit and was stopped."""
+
+    code = "harness_store_timeout"
+
+
+class _Output:
+    """git's standard output, remembering whether the reader reached its end."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self.at_end = False
+
+    def read1(self, size: int) -> bytes:
+        data = self._raw.read1(size)  # type: ignore[attr-defined]
+        self.at_end = self.at_end or not data
+        return data
 
 
 class HarnessRepo:
@@ -259,10 +308,18 @@ class HarnessRepo:
         self._repo.archive(data, treeish=tree_sha, format="tar.gz")
         return data.getvalue()
 
-    def diff_to_tree(self, base_sha: str, tree_sha: str, *, context: int = 3) -> str:
-        """Unified diff from a commit to a tree (what a merge would change on its first parent)."""
+    def diff_to_tree(
+        self,
+        base_sha: str,
+        tree_sha: str,
+        *,
+        context: int = 3,
+        max_bytes: int = DEFAULT_MAX_DIFF_BYTES,
+    ) -> str:
+        """Unified diff from a commit to a tree (what a merge would change on its first parent);
+        DiffTooLarge past ``max_bytes``."""
         base = self._commit(base_sha).hexsha
-        return self._repo.git.diff(base, tree_sha, f"-U{context}", "--no-color", "--no-ext-diff")
+        return _diff_text(self._diff_output(base, tree_sha, context=context, max_bytes=max_bytes))
 
     # --- bundles ---------------------------------------------------------------------------
 
@@ -444,11 +501,176 @@ class HarnessRepo:
             )
         return blob.data_stream.read()
 
-    def diff(self, base_sha: str | None, head_sha: str, *, context: int = 3) -> str:
-        """Unified diff from base to head (base None: against the empty tree)."""
+    def diff(
+        self,
+        base_sha: str | None,
+        head_sha: str,
+        *,
+        context: int = 3,
+        max_bytes: int = DEFAULT_MAX_DIFF_BYTES,
+    ) -> str:
+        """Unified diff from base to head (base None: against the empty tree).
+
+        Raises DiffTooLarge when git's output passes ``max_bytes``: git is stopped there, so a
+        diff of a huge file never sits whole in the caller's memory.
+        """
+        base, head = self._diff_ends(base_sha, head_sha)
+        return _diff_text(self._diff_output(base, head, context=context, max_bytes=max_bytes))
+
+    def diff_files(
+        self,
+        base_sha: str | None,
+        head_sha: str,
+        *,
+        context: int = 3,
+        max_bytes: int = DEFAULT_MAX_DIFF_BYTES,
+    ) -> list[FilePatch]:
+        """The diff from base to head, one part per file, checked against git's own list of
+        the changed files: DiffUnreadable when a file git lists is not in the parts (a reader
+        must never be shown fewer files than changed), DiffTooLarge as :meth:`diff`."""
+        base, head = self._diff_ends(base_sha, head_sha)
+        parts = diff_parse(self._diff_output(base, head, context=context, max_bytes=max_bytes))
+        listed = set(self._diff_names(base, head))
+        shown = {name for part in parts for name in (part.old_path, part.new_path) if name}
+        if listed != shown:
+            missing = sorted(listed - shown) or sorted(shown - listed)
+            raise DiffUnreadable(
+                f"The diff does not account for {', '.join(repr(n) for n in missing[:5])}; it is "
+                "not shown rather than shown without some of its files."
+            )
+        return parts
+
+    def diff_names(self, base_sha: str | None, head_sha: str) -> list[str]:
+        """Every path the diff from base to head touches (both names of a rename), unquoted.
+
+        Git's NUL-separated list, which holds any name as it is (tabs, newlines, quotes).
+        """
+        return self._diff_names(*self._diff_ends(base_sha, head_sha))
+
+    def _diff_names(self, base: str, head: str) -> list[str]:
+        out, complete = self._git_bounded(
+            [*_DIFF_CONFIG, "diff", "--name-status", "-z", *_DIFF_OPTIONS, base, head, "--"],
+            max_bytes=DEFAULT_MAX_DIFF_BYTES,
+        )
+        if not complete:
+            raise DiffTooLarge(
+                f"The list of changed files is longer than {DEFAULT_MAX_DIFF_BYTES} bytes; "
+                "compare candidates that are closer to each other."
+            )
+        fields = out.split(b"\0")
+        if fields and fields[-1] == b"":
+            fields.pop()
+        names: list[str] = []
+        i = 0
+        while i < len(fields):
+            # "M\0path", or "R086\0old\0new" for a rename or copy.
+            status, count = fields[i], 2 if fields[i][:1] in (b"R", b"C") else 1
+            if not status or i + count >= len(fields):
+                raise DiffUnreadable("git's list of changed files is cut short.")
+            names += [name.decode("utf-8", NAME_ERRORS) for name in fields[i + 1 : i + 1 + count]]
+            i += 1 + count
+        return names
+
+    def _diff_ends(self, base_sha: str | None, head_sha: str) -> tuple[str, str]:
         head = self._commit(head_sha).hexsha
         base = self._commit(base_sha).hexsha if base_sha else _EMPTY_TREE
-        return self._repo.git.diff(base, head, f"-U{context}", "--no-color", "--no-ext-diff")
+        return base, head
+
+    def _diff_output(self, base: str, head: str, *, context: int, max_bytes: int) -> bytes:
+        args = [*_DIFF_CONFIG, "diff", f"-U{int(context)}", *_DIFF_OPTIONS, base, head, "--"]
+        try:
+            out, complete = self._git_bounded(args, max_bytes=max_bytes)
+        except GitTimedOut:
+            raise DiffTooLarge(
+                f"git took more than {DEFAULT_GIT_TIMEOUT_S:.0f} s to write this diff: it is too "
+                "large to show. Compare candidates that are closer to each other, or read the "
+                "changed files one by one."
+            ) from None
+        if not complete:
+            raise DiffTooLarge(
+                f"The diff is larger than {max_bytes} bytes: too large to show. Compare "
+                "candidates that are closer to each other, or read the changed files one by one."
+            )
+        return out
+
+    def tree_size(self, tree_sha: str, *, max_files: int, max_bytes: int) -> TreeSize:
+        """Count a tree's files and bytes, stopping as soon as either passes its limit (a tree
+        of millions of entries is never listed whole)."""
+        files = size = 0
+        pending = b""
+        # "<mode> <type> <sha> <size>\t<path>\0" per file; size is "-" for a submodule link.
+        with self._git_stream(["ls-tree", "-r", "-l", "-z", "--full-tree", tree_sha]) as out:
+            while chunk := out.read1(_CHUNK):
+                pending += chunk
+                *records, pending = pending.split(b"\0")
+                for record in records:
+                    meta = record.split(b"\t", 1)[0].split()
+                    files += 1
+                    size += int(meta[3]) if len(meta) == 4 and meta[3].isdigit() else 0
+                    if files > max_files or size > max_bytes:
+                        return TreeSize(files=files, bytes=size, complete=False)
+                if len(pending) > _MAX_LISTED_PATH:
+                    raise HarnessStoreError(
+                        f"Tree {tree_sha[:12]} holds a path longer than {_MAX_LISTED_PATH} bytes."
+                    )
+        return TreeSize(files=files, bytes=size, complete=True)
+
+    def _git_bounded(self, args: Sequence[str], *, max_bytes: int) -> tuple[bytes, bool]:
+        """``(git's output, True)``, or ``(b"", False)`` once it passes ``max_bytes``."""
+        chunks: list[bytes] = []
+        total = 0
+        with self._git_stream(args) as out:
+            # In chunks: read(n) on a pipe sets aside n bytes before git has written any.
+            while total <= max_bytes and (chunk := out.read1(_CHUNK)):
+                chunks.append(chunk)
+                total += len(chunk)
+        if total > max_bytes:
+            return b"", False  # the caller refuses it: no copy of what was read
+        return b"".join(chunks), True
+
+    @contextlib.contextmanager
+    def _git_stream(
+        self, args: Sequence[str], *, timeout_s: float = DEFAULT_GIT_TIMEOUT_S
+    ) -> Iterator[_Output]:
+        """Run ``git ARGS`` with its output as a stream the caller reads as far as it needs.
+
+        git is stopped when the block ends before its output does, and at ``timeout_s``
+        (GitTimedOut). Once read to the end, a failure of git raises HarnessStoreError with
+        what it said. (GitPython's execute reads the whole output into memory first.)
+        """
+        expired = threading.Event()
+        with tempfile.TemporaryFile() as stderr:
+            process = subprocess.Popen(
+                ["git", f"--git-dir={self.path}", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env={**os.environ, "LC_ALL": "C", "LANGUAGE": "C"},
+            )
+            assert process.stdout is not None  # noqa: S101 - stdout=PIPE
+
+            def expire() -> None:
+                expired.set()
+                process.kill()
+
+            timer = threading.Timer(timeout_s, expire)
+            timer.daemon = True
+            timer.start()
+            out = _Output(process.stdout)
+            try:
+                yield out
+            finally:
+                if not out.at_end:
+                    process.kill()
+                process.stdout.close()
+                status = process.wait()  # after the end of output, the timer still bounds it
+                timer.cancel()
+            if expired.is_set():
+                raise GitTimedOut(f"git ran for more than {timeout_s:.0f} s and was stopped.")
+            if out.at_end and status != 0:
+                stderr.seek(0)
+                said = " ".join(stderr.read(2000).decode(errors="replace").split())
+                raise HarnessStoreError(f"git failed: {said or f'exit status {status}'}")
 
     def log(self, sha: str, *, max_count: int = 100) -> list[CommitInfo]:
         return [
@@ -481,6 +703,14 @@ class HarnessRepo:
 
 
 _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+_CHUNK = 64 * 1024
+_MAX_LISTED_PATH = 64 * 1024
+
+
+def _diff_text(output: bytes) -> str:
+    # As GitPython returned it before: one trailing newline dropped; bytes that are not UTF-8
+    # (a Latin-1 file) shown as U+FFFD rather than failing the page or the JSON encoder.
+    return output.removesuffix(b"\n").decode("utf-8", "replace")
 
 
 def extract_archive(data: bytes, destination: Path) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from django.conf import settings
 from django.db.models import QuerySet
 
 from coevo.errors import NotFound
 from coevo.projects.models import Project
+from harness_store.diffs import FilePatch
 from harness_store.models import Candidate, TreeSnapshot
-from harness_store.repo import CommitInfo, TreeEntry, extract_archive
+from harness_store.repo import DEFAULT_MAX_DIFF_BYTES, CommitInfo, TreeEntry, extract_archive
 from harness_store.services import project_repo, tree_snapshot_ensure
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")
@@ -58,8 +60,30 @@ def candidate_read_file(*, candidate: Candidate, path: str) -> bytes:
 
 
 def candidate_diff(*, candidate: Candidate, base: Candidate | None) -> str:
-    """Unified diff from ``base`` (None: the empty tree) to ``candidate``."""
-    return project_repo(project=candidate.project).diff(base.sha if base else None, candidate.sha)
+    """Unified diff from ``base`` (None: the empty tree) to ``candidate``; DiffTooLarge above
+    ``COEVO_MAX_DIFF_BYTES`` (git is stopped there, the rest is never read)."""
+    return project_repo(project=candidate.project).diff(
+        base.sha if base else None, candidate.sha, max_bytes=_max_diff_bytes()
+    )
+
+
+def candidate_diff_files(*, candidate: Candidate, base: Candidate | None) -> list[FilePatch]:
+    """The same diff split by file, every file git lists accounted for (DiffUnreadable if not);
+    DiffTooLarge as :func:`candidate_diff`."""
+    return project_repo(project=candidate.project).diff_files(
+        base.sha if base else None, candidate.sha, max_bytes=_max_diff_bytes()
+    )
+
+
+def candidate_diff_names(*, candidate: Candidate, base: Candidate | None) -> list[str]:
+    """Every path the diff touches, for when the diff itself is too large to show."""
+    return project_repo(project=candidate.project).diff_names(
+        base.sha if base else None, candidate.sha
+    )
+
+
+def _max_diff_bytes() -> int:
+    return int(getattr(settings, "COEVO_MAX_DIFF_BYTES", DEFAULT_MAX_DIFF_BYTES))
 
 
 def candidate_parent(*, candidate: Candidate) -> Candidate | None:

@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 
 from coevo.errors import CoevoError, InvalidBundle, InvalidInput, PayloadTooLarge
 from coevo.projects.models import Project
-from harness_store.archives import archive_extract
+from harness_store.archives import archive_extract, archive_limits
 from harness_store.models import Candidate, CandidateOrigin, TreeSnapshot
 from harness_store.repo import CANDIDATE_REF_PREFIX, CommitInfo, HarnessRepo
 
@@ -216,6 +216,8 @@ def _candidate_index_history(
         history = repo.rev_list(sha)
     known = _candidate_shas(project=project, shas=[commit for commit, _ in history])
     new = [commit for commit, _ in history if commit not in known]
+    infos = {commit: repo.commit_info(commit) for commit in new}
+    _bundle_check_sizes(project=project, repo=repo, infos=list(infos.values()))
     created_tip = False
     kept = False
     try:
@@ -224,7 +226,7 @@ def _candidate_index_history(
                 _, created = _candidate_create(
                     project=project,
                     repo=repo,
-                    info=repo.commit_info(commit),
+                    info=infos[commit],
                     origin=origin,
                     created_by=created_by,
                 )
@@ -247,6 +249,39 @@ def _candidate_index_history(
         extra={"project": project.slug, "candidate_sha": sha},
     )
     return Candidate.objects.get(project=project, sha=sha), created_tip
+
+
+def _bundle_check_sizes(*, project: Project, repo: HarnessRepo, infos: list[CommitInfo]) -> None:
+    """Refuse the bundle if a commit it brings unpacks to more than an uploaded tarball may.
+
+    A bundle is compressed and delta-encoded: a 150 KiB one can carry a 150 MiB file, which
+    every later step would unpack (the tree snapshot for workers, their export, the diff page).
+    Checked before any row or kept ref exists; trees already snapshotted passed before.
+    """
+    max_files, max_bytes = archive_limits()
+    trees = list(dict.fromkeys(info.tree_sha for info in infos))
+    accepted = set(
+        TreeSnapshot.objects.filter(project=project, tree_sha__in=trees).values_list(
+            "tree_sha", flat=True
+        )
+    )
+    for info in infos:
+        if info.tree_sha in accepted:
+            continue
+        size = repo.tree_size(info.tree_sha, max_files=max_files, max_bytes=max_bytes)
+        if size.files > max_files:
+            raise PayloadTooLarge(
+                f"Commit {info.sha[:12]} in the bundle has more than {max_files} files; a "
+                "harness should be far smaller (leave out data sets, virtual environments and "
+                "caches, and rewrite the commits that added them)."
+            )
+        if size.bytes > max_bytes:
+            raise PayloadTooLarge(
+                f"Commit {info.sha[:12]} in the bundle unpacks to more than {max_bytes} bytes; "
+                "leave out large data files (a harness is code and prompts) and rewrite the "
+                "commits that added them."
+            )
+        accepted.add(info.tree_sha)
 
 
 def _candidate_shas(*, project: Project, shas: Iterable[str]) -> set[str]:

@@ -317,6 +317,57 @@ def test_it_refuses_a_bundle_above_the_size_limit(project, user_repo, tmp_path, 
     _assert_nothing_imported(project)
 
 
+def test_it_refuses_a_bundle_whose_commit_unpacks_past_the_byte_limit(
+    project, user_repo, tmp_path, settings
+):
+    # A few KiB of bundle carry megabytes of file (git compresses it); the commit after
+    # deletes the file again, but the one that added it would still become a candidate.
+    settings.COEVO_MAX_ARCHIVE_BYTES = 1024 * 1024
+    work = user_repo["work"]
+    big = _commit(work, "Add weights", {"weights.txt": "0" * (3 * 1024 * 1024)})
+    (work / "weights.txt").unlink()
+    _commit(work, "Drop weights", {})
+    bundle = _bundle(work, tmp_path, "main")
+    assert len(bundle) < 64 * 1024
+
+    with pytest.raises(PayloadTooLarge, match=f"Commit {big[:12]} .* more than 1048576 bytes"):
+        candidate_import_bundle(project=project, bundle=bundle, ref="main")
+
+    _assert_nothing_imported(project)
+
+
+def test_it_refuses_a_bundle_whose_commit_has_more_files_than_the_limit(
+    project, user_repo, tmp_path, settings
+):
+    settings.COEVO_MAX_ARCHIVE_FILES = 8
+    work = user_repo["work"]
+    many = _commit(work, "Add data", {f"data/{i}.txt": f"{i}\n" for i in range(8)})
+    bundle = _bundle(work, tmp_path, "main")
+
+    with pytest.raises(PayloadTooLarge, match=f"Commit {many[:12]} .* more than 8 files"):
+        candidate_import_bundle(project=project, bundle=bundle, ref="main")
+
+    _assert_nothing_imported(project)
+    # Its ancestors alone are within the limits and import (the refused objects dangle).
+    candidate, created = candidate_import_bundle(
+        project=project, bundle=bundle, ref=user_repo["c4"]
+    )
+    assert (candidate.sha, created) == (user_repo["c4"], True)
+
+
+def test_it_accepts_a_bundle_at_exactly_the_limits(project, user_repo, tmp_path, settings):
+    work = user_repo["work"]
+    files = _git(work, "ls-tree", "-r", "-l", "main").splitlines()
+    settings.COEVO_MAX_ARCHIVE_FILES = len(files)
+    settings.COEVO_MAX_ARCHIVE_BYTES = sum(int(line.split()[3]) for line in files)
+
+    candidate, created = candidate_import_bundle(
+        project=project, bundle=_bundle(work, tmp_path, "main"), ref="main"
+    )
+
+    assert (candidate.sha, created) == (user_repo["merge"], True)
+
+
 def test_it_leaves_no_row_and_no_ref_when_indexing_fails_halfway(
     project, user_repo, tmp_path, monkeypatch
 ):
