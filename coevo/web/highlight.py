@@ -6,7 +6,6 @@ Regenerate the stylesheet after a Pygments upgrade with ``python -m coevo.web.hi
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,11 +15,12 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, TextLexer, get_lexer_for_filename
 from pygments.util import ClassNotFound
 
+from harness_store.diffs import FilePatch
+
 STYLE = "default"
 CSS_PATH = Path(__file__).resolve().parent.parent.parent / "static" / "pygments.css"
 # Above this many bytes a file is shown as plain text: highlighting it would stall the page.
 _HIGHLIGHT_LIMIT = 512 * 1024
-_DIFF_HEADER = re.compile(r"^diff --git a/(?P<old>.+?) b/(?P<new>.+)$")
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,12 @@ class FileView:
 @dataclass(frozen=True)
 class FileDiff:
     path: str
+    renamed_from: str | None
     added: int
     removed: int
+    created: bool
     deleted: bool
+    binary: bool
     html: SafeString
 
 
@@ -71,30 +74,27 @@ def file_view(*, path: str, data: bytes) -> FileView:
     return FileView(path=path, size=len(data), binary=False, html=html, lines=text.count("\n") + 1)
 
 
-def diff_files(diff: str) -> list[FileDiff]:
-    """Split a unified git diff by file and highlight each part with the DiffLexer."""
-    chunks: list[tuple[str, list[str]]] = []
-    for line in diff.splitlines():
-        match = _DIFF_HEADER.match(line)
-        if match:
-            chunks.append((match["new"], [line]))
-        elif chunks:
-            chunks[-1][1].append(line)
+def diff_files(patches: list[FilePatch]) -> list[FileDiff]:
+    """Each file's part of a diff (``harness_store.diffs``), highlighted with the DiffLexer."""
     formatter = HtmlFormatter(wrapcode=True)
     result = []
-    for path, lines in chunks:
-        added = removed = 0
-        in_hunk = False
-        for line in lines:
-            if line.startswith("@@"):
-                in_hunk = True
-            elif in_hunk and line.startswith("+"):
-                added += 1
-            elif in_hunk and line.startswith("-"):
-                removed += 1
-        html = mark_safe(highlight("\n".join(lines) + "\n", DiffLexer(), formatter))
-        deleted = any(line.startswith("deleted file mode") for line in lines[:4])
-        result.append(FileDiff(path=path, added=added, removed=removed, deleted=deleted, html=html))
+    for patch in patches:
+        text = patch.text + "\n"
+        # A part too long to highlight quickly is shown as plain (escaped) text.
+        lexer = DiffLexer() if len(text) <= _HIGHLIGHT_LIMIT else TextLexer()
+        result.append(
+            FileDiff(
+                path=patch.path,
+                renamed_from=patch.renamed_from,
+                added=patch.added,
+                removed=patch.removed,
+                created=patch.created,
+                deleted=patch.deleted,
+                binary=patch.binary,
+                # Pygments escapes the text itself: its output is safe HTML.
+                html=mark_safe(highlight(text, lexer, formatter)),
+            )
+        )
     return result
 
 

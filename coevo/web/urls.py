@@ -29,6 +29,22 @@ class ShaConverter:
 
 register_converter(ShaConverter, "sha")
 
+
+class FilePathConverter:
+    """A path inside a candidate, newlines included: git allows them in names, and Django's
+    <path:> (".+") stops at one, so reversing a link to such a file failed the whole page."""
+
+    regex = "(?s:.+)"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(FilePathConverter, "filepath")
+
 app_name = "web"
 
 urlpatterns = [
@@ -36,7 +52,7 @@ urlpatterns = [
     path("p/<slug:slug>/", views.project_detail, name="project"),
     path("p/<slug:slug>/c/<sha:sha>/", views.candidate_detail, name="candidate"),
     path(
-        "p/<slug:slug>/c/<sha:sha>/files/<path:path>",
+        "p/<slug:slug>/c/<sha:sha>/files/<filepath:path>",
         views.candidate_file,
         name="candidate_file",
     ),

@@ -45,8 +45,10 @@ from coevo.web.presenters import (
     task_prompt,
     trace_viewer,
 )
+from harness_store.diffs import DiffTooLarge
 from harness_store.selectors import (
-    candidate_diff,
+    candidate_diff_files,
+    candidate_diff_names,
     candidate_files,
     candidate_get,
     candidate_list,
@@ -121,7 +123,18 @@ def candidate_diff_page(request: HttpRequest, project: Project, sha: str) -> Htt
         if base_sha
         else candidate_parent(candidate=candidate)
     )
-    diff = candidate_diff(candidate=candidate, base=base)
+    files, names, too_large, error = [], [], None, None
+    try:
+        files = diff_files(candidate_diff_files(candidate=candidate, base=base))
+    except DiffTooLarge as exc:
+        # Not shown, but named: a reviewer still sees every file the candidate changes.
+        too_large = str(exc)
+        try:
+            names = candidate_diff_names(candidate=candidate, base=base)
+        except HarnessStoreError as names_exc:
+            error = str(names_exc)
+    except HarnessStoreError as exc:
+        error = str(exc)
     return render(
         request,
         "web/diff.html",
@@ -130,7 +143,10 @@ def candidate_diff_page(request: HttpRequest, project: Project, sha: str) -> Htt
             "candidate": candidate,
             "base": base,
             "base_requested": base_sha,
-            "files": diff_files(diff),
+            "files": files,
+            "names": names,
+            "too_large": too_large,
+            "error": error,
         },
     )
 
