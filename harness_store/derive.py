@@ -15,6 +15,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from coevo.errors import InvalidInput
 from coevo.projects.models import Project
+from harness_store.diffs import DiffTooLarge
 from harness_store.models import Candidate, CandidateOrigin
 from harness_store.repo import HarnessRepo, extract_archive
 from harness_store.services import (
@@ -92,7 +93,8 @@ class MergePreview:
 
     tree_sha: str
     conflicts: list[str]  # paths both sides changed differently; empty when clean
-    patch: str  # unified diff from ours to the merged tree ("" when it conflicts)
+    patch: str  # unified diff from ours to the merged tree ("" when it conflicts or is too large)
+    patch_too_large: bool = False  # the diff passed DEFAULT_MAX_DIFF_BYTES: not kept
 
     @property
     def clean(self) -> bool:
@@ -108,7 +110,13 @@ def candidate_merge_preview(
     repo = project_repo(project=project)
     _check_mergeable(repo=repo, project=project, ours=ours, theirs=theirs)
     tree_sha, conflicts = repo.merge_tree(ours.sha, theirs.sha)
-    patch = "" if conflicts else repo.diff_to_tree(ours.sha, tree_sha)
+    if conflicts:
+        return MergePreview(tree_sha=tree_sha, conflicts=conflicts, patch="")
+    try:
+        patch = repo.diff_to_tree(ours.sha, tree_sha)
+    except DiffTooLarge:
+        # The merge itself is fine; only its description is too long to keep or show.
+        return MergePreview(tree_sha=tree_sha, conflicts=[], patch="", patch_too_large=True)
     return MergePreview(tree_sha=tree_sha, conflicts=conflicts, patch=patch)
 
 

@@ -128,7 +128,8 @@ def candidate_import_bundle(
     in one transaction, and only then are they kept under ``refs/coevo/candidates/``; on any
     failure no row and no ref remain (fetched objects dangle until ``git gc`` prunes them).
     A commit without a valid harness.toml is imported all the same: it keeps its SHA and fails
-    at run time with the manifest's error.
+    at run time with the manifest's error. A commit whose files pass the archive limits
+    (``COEVO_MAX_ARCHIVE_FILES``/``BYTES``, as for a tarball) is not: PayloadTooLarge.
     """
     ref = ref.strip()
     if not ref:

@@ -176,3 +176,18 @@ def test_it_refuses_a_merge_whose_manifest_no_longer_validates(project, base):
 def test_it_refuses_merging_a_candidate_with_itself_or_another_project(project, base):
     with pytest.raises(InvalidInput, match="with itself"):
         candidate_merge(project=project, ours=base, theirs=base, message="m", author_name="t")
+
+
+def test_it_merges_candidates_whose_merge_diff_is_too_large_to_keep(project, base):
+    # Diffs are read with a bound now (issue 15, item 3): a merge whose description would pass
+    # it is still a merge, only without the patch text.
+    ours = derive(project, base, {"prompts/p.txt": PROMPT.replace("one", "ONE").encode()}, "ours")
+    theirs = derive(project, base, {"data.txt": b"0123456789\n" * 600_000}, "theirs: 6.6 MB")
+
+    preview = candidate_merge_preview(project=project, ours=ours, theirs=theirs)
+    merged, created = candidate_merge(
+        project=project, ours=ours, theirs=theirs, message="merge", author_name="merger"
+    )
+
+    assert (preview.clean, preview.patch, preview.patch_too_large) == (True, "", True)
+    assert created and merged.parent_shas == [ours.sha, theirs.sha]
