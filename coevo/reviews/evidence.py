@@ -227,19 +227,22 @@ def _compute_delta(candidate: dict[str, Any], holder: dict[str, Any] | None) -> 
 
 
 def _diff(candidate: Candidate, holder: Candidate | None) -> dict[str, Any]:
-    from harness_store.selectors import candidate_diff
+    """The changed files and the diff's text. The list is git's own (NUL-separated, every name
+    as it is), not read back from the text's headers: a reviewer must see every changed file,
+    also when the text is too large to show or a name is one git quotes."""
+    from harness_store.selectors import candidate_diff, candidate_diff_names
 
+    base = holder.sha if holder else None
+    try:
+        files = candidate_diff_names(candidate=candidate, base=holder)
+    except CoevoError as exc:
+        return {"base": base, "files": [], "error": str(exc)}
     try:
         text = candidate_diff(candidate=candidate, base=holder)
     except CoevoError as exc:
-        return {"base": holder.sha if holder else None, "error": str(exc)}
-    # "diff --git a/PATH b/PATH": the new side's path (paths with " b/" in them are rare
-    # enough that the list is a summary, the text is the truth).
-    files = [
-        line.rsplit(" b/", 1)[-1] for line in text.splitlines() if line.startswith("diff --git ")
-    ]
+        return {"base": base, "files": files, "error": str(exc)}
     return {
-        "base": holder.sha if holder else None,
+        "base": base,
         "files": files,
         "text": text[:DIFF_MAX_CHARS],
         "truncated": len(text) > DIFF_MAX_CHARS,

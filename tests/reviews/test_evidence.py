@@ -11,7 +11,9 @@ from coevo.evaluations.services import evaluation_create
 from coevo.reviews.models import PromotionState
 from coevo.reviews.promotions import promotion_evidence_refresh, promotion_request_create
 from coevo.reviews.services import channel_get_or_create
+from harness_store.services import candidate_import_directory
 from tests.gates.conftest import record
+from tests.reviews.conftest import ASKS_THE_MODEL, MANIFEST
 
 pytestmark = pytest.mark.django_db
 
@@ -114,6 +116,35 @@ def test_it_shows_the_diff_and_the_lineage_from_the_holder(evidence, asker, gues
     lineage = evidence["lineage"]
     assert lineage["holder_is_ancestor"] and not lineage["candidate_is_ancestor"]
     assert [(c["sha"], c["parents"]) for c in lineage["commits"]] == [(asker.sha, [guesser.sha])]
+
+
+def test_it_lists_every_changed_file_whatever_its_name(
+    project, tmp_path, researcher, policy_version, arith_suite, guesser, production
+):
+    """Names git quotes in a diff's headers (non-ASCII) or that hold " b/" are listed as they
+    are: a reviewer approving the promotion sees every file it changes."""
+    directory = tmp_path / "odd"
+    (directory / "x b").mkdir(parents=True)
+    (directory / "harness.toml").write_text(MANIFEST.format(name="odd"))
+    (directory / "agent.py").write_text("import Aé\n" + ASKS_THE_MODEL)
+    (directory / "Aé.py").write_text("SECRET = 1\n")
+    (directory / "x b" / "y b.py").write_text("Y = 2\n")
+    odd, _ = candidate_import_directory(
+        project=project, directory=directory, message="odd", author_name="T", parent=guesser
+    )
+    request = promotion_request_create(
+        channel=production,
+        candidate=odd,
+        policy_version=policy_version,
+        requester=researcher,
+        suite=arith_suite,
+    )
+    record(request.candidate_evaluation)
+    record(request.holder_evaluation)
+
+    diff = promotion_evidence_refresh(request=request).evidence["diff"]
+
+    assert sorted(diff["files"]) == ["Aé.py", "agent.py", "harness.toml", "x b/y b.py"]
 
 
 def test_it_reassembles_ready_evidence_with_newer_results(
