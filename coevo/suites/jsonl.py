@@ -19,7 +19,7 @@ from typing import Any
 
 from coevo.errors import InvalidInput
 from coevo.suites.models import Split
-from coevo.suites.regexes import regex_problem
+from workers.environments.regexes import regex_problem
 
 MAX_FILE_BYTES = 50 * 1024**2
 MAX_LINE_BYTES = 1024**2

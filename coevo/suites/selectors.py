@@ -1,3 +1,4 @@
+from typing import Any
 from uuid import UUID
 
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
@@ -5,7 +6,8 @@ from django.db.models.functions import Coalesce
 
 from coevo.errors import NotFound
 from coevo.projects.models import Project
-from coevo.suites.models import Split, Suite, Task
+from coevo.suites.models import Split, Suite, SuiteKind, Task
+from workers.environments.regexes import regex_problem
 
 
 def suite_list(*, project: Project) -> QuerySet[Suite]:
@@ -72,3 +74,18 @@ def task_catalogue(*, suite: Suite, split: Split | None = None) -> QuerySet[Task
 def task_is_sealed(*, task: Task) -> bool:
     """Held-out tasks are sealed (DESIGN.md §8): no page or proposer may see their inputs."""
     return task.split == Split.HELDOUT
+
+
+def suite_unrunnable_patterns(*, suite: Suite, task_ids: list[Any]) -> int:
+    """How many of these tasks hold a regex pattern the worker's engine (RE2) refuses. Only a
+    suite imported before coevo matched with RE2 holds any: the import checks every pattern."""
+    if suite.kind != SuiteKind.JSONL or (suite.scorer or {}).get("kind") != "regex":
+        return 0
+    patterns = Task.objects.filter(suite=suite, id__in=task_ids).values_list(
+        "verifier__expected", flat=True
+    )
+    return sum(
+        1
+        for pattern in patterns.iterator()
+        if isinstance(pattern, str) and regex_problem(pattern) is not None
+    )

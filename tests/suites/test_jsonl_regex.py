@@ -9,10 +9,15 @@ import time
 
 import pytest
 
-from coevo.suites.jsonl import ScorerSpec, SuiteImportError, jsonl_tasks_parse
-from coevo.suites.regexes import MAX_REGEX_PROGRAM_SIZE, MAX_REGEX_WORK, regex_compile
+from coevo.errors import InvalidInput
+from coevo.evaluations.models import Evaluation
+from coevo.evaluations.services import evaluation_create
+from coevo.suites.jsonl import ScorerSpec, SuiteImportError, jsonl_tasks_parse, scorer_spec_build
+from coevo.suites.models import Split, Task
+from coevo.suites.services import suite_import_jsonl
 from tests.suites.test_jsonl import lines
 from workers.environments.jsonl import verify
+from workers.environments.regexes import MAX_REGEX_PROGRAM_SIZE, MAX_REGEX_WORK, regex_compile
 
 REGEX = ScorerSpec(kind="regex")
 # The issue's pattern: Python's re backtracks through 2^n ways to split n digits; 26 digits
@@ -194,3 +199,34 @@ def test_it_accepts_the_patterns_it_scores():
     )
 
     assert len(jsonl_tasks_parse(data=data, scorer=REGEX)) == 3
+
+
+@pytest.mark.django_db
+def test_it_refuses_to_evaluate_a_suite_imported_with_patterns_re2_refuses(
+    project, seed_candidate, policy_version
+):
+    """A suite imported before RE2 may hold lookaround: every such task would fail, so the
+    evaluation is refused up front, with what to do, instead of scoring them all 0."""
+    data = "\n".join(
+        f'{{"id": "t{i}", "input": "q", "expected": "a+", "split": "search"}}' for i in range(3)
+    ).encode()
+    suite, _ = suite_import_jsonl(
+        project=project, name="rx", data=data, scorer=scorer_spec_build(kind="regex")
+    )
+    evaluation_create(
+        candidate=seed_candidate, suite=suite, split=Split.SEARCH, policy_version=policy_version
+    )
+    # As an import before RE2 stored it.
+    Task.objects.filter(suite=suite, key="t1").update(
+        verifier={"scorer": {"kind": "regex"}, "expected": "(?=a)a+"}
+    )
+    before = Evaluation.objects.count()
+
+    with pytest.raises(InvalidInput, match="1 of its search tasks .* Import the suite again"):
+        evaluation_create(
+            candidate=seed_candidate,
+            suite=suite,
+            split=Split.SEARCH,
+            policy_version=policy_version,
+        )
+    assert Evaluation.objects.count() == before

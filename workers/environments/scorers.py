@@ -1,7 +1,7 @@
 """Scorers of custom (JSONL) suites: answer × expected → Verdict.
 
 ``exact``, ``normalized``, ``numeric`` and ``regex`` are pure functions on the worker (``regex``
-matches with RE2, linear time and bounded: coevo/suites/regexes.py). ``python``
+matches with RE2, linear time and bounded: workers/environments/regexes.py). ``python``
 runs the suite's own verifier module — untrusted code from whoever imported the suite — in a
 sandbox of its own with a timeout, fed JSON on stdin; whatever it does (crash, hang, print,
 return nonsense) ends as a failed task with the reason, never as a worker crash.
@@ -17,9 +17,9 @@ from typing import Any
 
 from django.conf import settings
 
-from coevo.suites.regexes import RegexAnswerTooLong, RegexRefused, regex_fullmatch
 from workers import sandbox
 from workers.environments.base import Verdict
+from workers.environments.regexes import RegexAnswerTooLong, RegexRefused, regex_fullmatch
 
 MAX_VERIFIER_OUTPUT = 16 * 1024
 RESULT_MARKER = "__coevo_score__ "

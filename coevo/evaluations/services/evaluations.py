@@ -30,6 +30,7 @@ from coevo.evaluations.models import (
 from coevo.evaluations.plans import EvaluationPlan, stages_for
 from coevo.policies.models import PolicyVersion
 from coevo.suites.models import Split, Suite, Task
+from coevo.suites.selectors import suite_unrunnable_patterns
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_export
 
@@ -99,6 +100,15 @@ def evaluation_create(
         tasks = tasks[:task_limit]
     if not tasks:
         raise InvalidInput(f"Suite {suite} has no tasks in the {split} split.")
+    unrunnable = suite_unrunnable_patterns(suite=suite, task_ids=[task.id for task in tasks])
+    if unrunnable:
+        # Counted, not named: the tasks may be held-out ones.
+        raise InvalidInput(
+            f"Suite {suite} was imported before coevo matched regexes with RE2, and {unrunnable} "
+            f"of its {split} tasks hold patterns RE2 refuses (lookaround, backreferences, …): "
+            "every one would fail. Import the suite again (the import names each line whose "
+            "pattern must change and why), then evaluate the new version."
+        )
     stages = stages_for(tasks, plan=plan, seed=seed, key=lambda task: task.key)
     unit = Amount(
         rollouts=1,
