@@ -21,6 +21,14 @@ PASSWORD = "correct-horse-battery"
 
 
 @pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    """Django's default hasher costs ~0.26 s a password on a CI core, and most tests create two
+    or three users and log one in: about a second a test. Tests are not about the hasher
+    (live_server threads share these settings; subprocess servers create their own users)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def _harness_store_dir(settings, tmp_path):
     """Each test gets its own harness store (a real git repository on disk)."""
     settings.COEVO_HARNESS_STORE_DIR = str(tmp_path / "harness-store")
