@@ -50,6 +50,13 @@ def outsider(db):
 
 
 @pytest.fixture
+def researcher(project):
+    user = get_user_model().objects.create_user("researcher", "r@example.com", PASSWORD)
+    membership_set(project=project, user=user, role=Role.RESEARCHER)
+    return user
+
+
+@pytest.fixture
 def project(owner, reviewer) -> Project:
     project = project_get_or_create(slug="demo", name="Demo agent")
     membership_set(project=project, user=owner, role=Role.ADMIN)

@@ -24,19 +24,6 @@ from tests.reviews.conftest import arith_suite, asker, guesser, production  # no
 ALL_BUT_APPROVE = [scope for scope in SCOPES if scope != "promotions:approve"]
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """Users are made per test; the production hasher's deliberate slowness is not tested here."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def researcher(project):
-    user = get_user_model().objects.create_user("researcher", "r@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.RESEARCHER)
-    return user
-
-
 @pytest.fixture
 def viewer(project):
     user = get_user_model().objects.create_user("viewer", "v@example.com", PASSWORD)

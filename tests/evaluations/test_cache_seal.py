@@ -9,7 +9,6 @@ from importlib import import_module
 
 import pytest
 from django.apps import apps
-from django.contrib.auth import get_user_model
 
 from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState
 from coevo.evaluations.services import evaluation_create, rollout_claim, rollout_finish
@@ -148,13 +147,6 @@ def test_it_never_reuses_another_projects_rollouts(project, owner, seed_candidat
     theirs = evaluate(twin, import_suite(other, "0"), policy_version, Split.SEARCH)
 
     assert reused_sources(theirs) == set()
-
-
-@pytest.fixture
-def researcher(project):
-    user = get_user_model().objects.create_user("researcher", "r@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.RESEARCHER)
-    return user
 
 
 @pytest.mark.parametrize("who", ["researcher", "reviewer", "owner"])

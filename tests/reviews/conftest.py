@@ -66,13 +66,6 @@ def harness(project, tmp_path: Path, name: str, agent: str, parent=None):
 
 
 @pytest.fixture
-def researcher(project):
-    user = get_user_model().objects.create_user("researcher", "r@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.RESEARCHER)
-    return user
-
-
-@pytest.fixture
 def second_reviewer(project):
     user = get_user_model().objects.create_user("reviewer2", "r2@example.com", PASSWORD)
     membership_set(project=project, user=user, role=Role.REVIEWER)

@@ -192,12 +192,6 @@ NEEDS_EVALUATION = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    # Six users per URL: the production hasher would make this file take minutes.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def scenario(request, project, owner, reviewer, monkeypatch) -> Scenario:
     monkeypatch.setattr("coevo.audit.webhooks._delivery_enqueue", lambda pk, countdown=0: None)

@@ -6,26 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import reverse
 
-from coevo.projects.models import Role
-from coevo.projects.services import membership_set
 from coevo.suites.models import Suite
-from tests.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db
 
 MIB = 1024**2
-
-
-@pytest.fixture
-def researcher(project):
-    user = get_user_model().objects.create_user("researcher", "r@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.RESEARCHER)
-    return user
 
 
 @pytest.fixture
