@@ -13,9 +13,7 @@ from coevo.evaluations.services import evaluation_create, rollout_claim, rollout
 from coevo.exports.models import TrajectoryExport
 from coevo.exports.services import export_path, trajectory_export_build
 from tests.api.conftest import (  # noqa: F401  (fixtures)
-    _fast_password_hashing,
     make_client,
-    researcher,
     viewer,
 )
 from tests.conftest import SEED_HARNESS

@@ -71,4 +71,4 @@ def written_matrix(
     return matrix
 
 
-from tests.api.conftest import make_client, researcher, viewer  # noqa: E402, F401 (fixtures)
+from tests.api.conftest import make_client, viewer  # noqa: E402, F401 (fixtures)
