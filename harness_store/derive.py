@@ -16,8 +16,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from coevo.errors import InvalidInput
 from coevo.projects.models import Project
 from harness_store.diffs import DiffTooLarge
+from harness_store.manifest import manifest_from_archive
 from harness_store.models import Candidate, CandidateOrigin
-from harness_store.repo import HarnessRepo, extract_archive
+from harness_store.repo import HarnessRepo
 from harness_store.services import (
     candidate_import_directory,
     candidate_index_commit,
@@ -139,8 +140,6 @@ def candidate_merge(
     (say, theirs is an ancestor of ours) returns that candidate and False. A merge whose
     harness.toml no longer validates raises InvalidManifest.
     """
-    from workers.manifest import load_manifest
-
     if not message.strip():
         raise InvalidInput("A candidate needs a commit message.")
     preview = candidate_merge_preview(project=project, ours=ours, theirs=theirs)
@@ -154,10 +153,8 @@ def candidate_merge(
     if existing is not None:
         return existing, False
     repo = project_repo(project=project)
-    with tempfile.TemporaryDirectory(prefix="coevo-merge-") as tmp:
-        extract_archive(repo.archive_tree(preview.tree_sha), Path(tmp))
-        # Each side's manifest validated, but a clean textual merge of two manifests need not.
-        load_manifest(Path(tmp))
+    # Each side's manifest validated, but a clean textual merge of two manifests need not.
+    manifest_from_archive(repo.archive_tree(preview.tree_sha))
     # Check-then-commit under the repository lock, as candidate_import_directory does: two
     # merges of the same pair at once end with one candidate.
     with repo.write_lock():

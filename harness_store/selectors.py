@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from coevo.errors import NotFound
 from coevo.projects.models import Project
 from harness_store.diffs import FilePatch
+from harness_store.manifest import Manifest, manifest_from_archive
 from harness_store.models import Candidate, TreeSnapshot
 from harness_store.repo import DEFAULT_MAX_DIFF_BYTES, CommitInfo, TreeEntry, extract_archive
 from harness_store.services import project_repo, tree_snapshot_ensure
@@ -102,6 +103,17 @@ def candidate_export(*, candidate: Candidate, destination: Path) -> None:
     This is how workers get candidate content: by SHA, with no access to the harness store's
     disk. (A candidate indexed before snapshots existed gets one from git, where git is here.)
     """
+    extract_archive(_snapshot_archive(candidate), destination)
+
+
+def candidate_manifest(*, candidate: Candidate) -> Manifest:
+    """The candidate's validated manifest, read from its snapshot as workers read candidates
+    (so it works where the store's disk is not), without writing its files anywhere.
+    InvalidManifest when it does not validate."""
+    return manifest_from_archive(_snapshot_archive(candidate))
+
+
+def _snapshot_archive(candidate: Candidate) -> bytes:
     snapshot = (
         TreeSnapshot.objects.filter(project_id=candidate.project_id, tree_sha=candidate.tree_sha)
         .only("archive")
@@ -114,4 +126,4 @@ def candidate_export(*, candidate: Candidate, destination: Path) -> None:
             sha=candidate.sha,
             tree_sha=candidate.tree_sha,
         )
-    extract_archive(bytes(snapshot.archive), destination)
+    return bytes(snapshot.archive)

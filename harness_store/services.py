@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from coevo.errors import CoevoError, InvalidBundle, InvalidInput, PayloadTooLarge
 from coevo.projects.models import Project
 from harness_store.archives import archive_extract, archive_limits
+from harness_store.manifest import load_manifest
 from harness_store.models import Candidate, CandidateOrigin, TreeSnapshot
 from harness_store.repo import CANDIDATE_REF_PREFIX, CommitInfo, HarnessRepo
 
@@ -55,8 +56,6 @@ def candidate_import_directory(
     tree_sha = repo.tree_of_directory(Path(directory))
     # A directory handed to coevo must be a harness that can run (a commit imported with its
     # history may not be: it keeps its SHA and fails at run time with the manifest's error).
-    from workers.manifest import load_manifest
-
     load_manifest(Path(directory))
     # Check-then-commit under the repository lock, so two imports of the same content at the
     # same time end with one candidate, not two commits of one tree.

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevo.errors import InvalidManifest, SandboxUnavailable
+from harness_store.manifest import load_manifest
 from harness_store.models import Candidate
 from workers import sandbox
-from workers.manifest import load_manifest
 from workers.rollout import RUNTIME_DIR
 
 IMPORT_TIMEOUT_S = 30

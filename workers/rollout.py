@@ -35,10 +35,10 @@ from coevo.errors import (
 )
 from coevo.evaluations.models import Outcome
 from coevo.policies.client import Completion, PolicyClient, Sampling
+from harness_store.manifest import Manifest, load_manifest
 from workers import sandbox
 from workers.environments import adapter_helpers, adapter_is_multi_step
 from workers.environments.base import Episode, InvalidHelperCall, Verdict
-from workers.manifest import Manifest, load_manifest
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 MAX_MESSAGE_BYTES = 1024 * 1024

@@ -39,7 +39,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from workers.manifest import MANIFEST_NAME
+from harness_store.manifest import MANIFEST_NAME
 
 MAX_HYPOTHESIS_CHARS = 500
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -27,13 +25,19 @@ from coevo.campaigns.proposers import strategy_validate
 from coevo.campaigns.proposers.base import stage
 from coevo.errors import InvalidInput, InvalidManifest, InvalidState
 from coevo.evaluations.ledger import BudgetLimits, budget_create
-from coevo.evaluations.models import EVALUATION_OPEN_STATES, Evaluation, EvaluationState
+from coevo.evaluations.models import (
+    EVALUATION_OPEN_STATES,
+    Evaluation,
+    EvaluationState,
+    PauseKind,
+)
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.policies.models import EndpointKind, PolicyVersion
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite, Task
+from harness_store.manifest import Manifest
 from harness_store.models import Candidate
-from harness_store.selectors import candidate_export
+from harness_store.selectors import candidate_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +161,11 @@ def campaign_pause(*, campaign: Campaign) -> Campaign:
                 f"Campaign {campaign.name} is {campaign.state}: only a running one pauses."
             )
         for evaluation_id in _open_evaluation_ids(campaign):
-            evaluation_pause(evaluation_id=evaluation_id, reason="its campaign was paused")
+            evaluation_pause(
+                evaluation_id=evaluation_id,
+                reason="its campaign was paused",
+                kind=PauseKind.CAMPAIGN,
+            )
     campaign.refresh_from_db()
     return campaign
 
@@ -253,7 +261,6 @@ def campaign_submit_candidate(
     Raises InvalidInput for a candidate of another project, InvalidState for an ended campaign.
     """
     from workers.import_check import candidate_import_check
-    from workers.manifest import load_manifest
 
     if candidate.project_id != campaign.project_id:
         raise InvalidInput(
@@ -262,14 +269,12 @@ def campaign_submit_candidate(
         )
     who = getattr(submitted_by, "username", "") or "an anonymous caller"
     stages = [stage("applies", True, f"commit {candidate.short_sha} submitted by {who}")]
-    with tempfile.TemporaryDirectory(prefix="coevo-manual-") as tmp:
-        candidate_export(candidate=candidate, destination=Path(tmp))
-        try:
-            load_manifest(Path(tmp))
-        except InvalidManifest as exc:
-            stages.append(stage("manifest", False, str(exc)))
-        else:
-            stages.append(stage("manifest", True, "harness.toml validates"))
+    try:
+        candidate_manifest(candidate=candidate)
+    except InvalidManifest as exc:
+        stages.append(stage("manifest", False, str(exc)))
+    else:
+        stages.append(stage("manifest", True, "harness.toml validates"))
     if stages[-1]["ok"]:
         check = candidate_import_check(candidate=candidate)
         stages.append(stage("imports", check.ok, check.reason))
@@ -355,12 +360,8 @@ def _new_id() -> Any:
     return uuid.uuid4()
 
 
-def _manifest_of(candidate: Candidate) -> Any:
-    from workers.manifest import load_manifest
-
-    with tempfile.TemporaryDirectory(prefix="coevo-manifest-") as tmp:
-        candidate_export(candidate=candidate, destination=Path(tmp))
-        try:
-            return load_manifest(Path(tmp))
-        except InvalidManifest as exc:
-            raise InvalidInput(f"Seed {candidate.short_sha} cannot run: {exc}") from None
+def _manifest_of(candidate: Candidate) -> Manifest:
+    try:
+        return candidate_manifest(candidate=candidate)
+    except InvalidManifest as exc:
+        raise InvalidInput(f"Seed {candidate.short_sha} cannot run: {exc}") from None

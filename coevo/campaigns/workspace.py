@@ -24,9 +24,9 @@ from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKi
 from coevo.evaluations.models import Outcome, Rollout, RolloutState
 from coevo.evaluations.selectors import evaluation_task_scores, rollout_trace
 from coevo.suites.models import Split
+from harness_store.manifest import MANIFEST_NAME, Manifest
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_files, candidate_read_file
-from workers.manifest import MANIFEST_NAME, Manifest
 
 logger = logging.getLogger(__name__)
 

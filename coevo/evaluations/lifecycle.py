@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from coevo.errors import InvalidState
@@ -24,12 +24,14 @@ from coevo.evaluations.models import (
     EvaluationStage,
     EvaluationState,
     Outcome,
+    PauseKind,
     Rollout,
     RolloutState,
     StageKind,
     StageState,
 )
 from coevo.evaluations.plans import EvaluationPlan
+from coevo.evaluations.stats.sequential import sequential_paired_decision
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,7 @@ def evaluation_cancel(*, evaluation: Evaluation, reason: str = "cancelled by a u
         ).update(
             state=EvaluationState.CANCELLED,
             state_detail=reason,
+            pause_kind="",
             finished_at=timezone.now(),
         )
         if not moved:
@@ -130,16 +133,26 @@ def evaluation_cancel(*, evaluation: Evaluation, reason: str = "cancelled by a u
     return cancelled
 
 
-def evaluation_pause(*, evaluation_id: Any, reason: str) -> bool:
-    """Running → paused: workers stop claiming its rollouts until it is resumed."""
+def evaluation_pause(*, evaluation_id: Any, reason: str, kind: PauseKind) -> bool:
+    """Pending or running → paused: workers stop claiming its rollouts until it is resumed.
+
+    ``kind`` says who resumes it: the watchdog resumes a ``policy_outage`` pause by itself once
+    the server answers; a ``campaign`` pause waits for the campaign to resume. A campaign's
+    pause also takes over an evaluation already paused for an outage, so that the watchdog
+    leaves it alone.
+    """
+    states = [EvaluationState.PENDING, EvaluationState.RUNNING]
+    pausable = Evaluation.objects.filter(id=evaluation_id, state__in=states)
+    if kind != PauseKind.POLICY_OUTAGE:
+        pausable = Evaluation.objects.filter(id=evaluation_id).filter(
+            Q(state__in=states)
+            | Q(state=EvaluationState.PAUSED, pause_kind=PauseKind.POLICY_OUTAGE)
+        )
     paused = (
-        Evaluation.objects.filter(
-            id=evaluation_id, state__in=[EvaluationState.PENDING, EvaluationState.RUNNING]
-        ).update(state=EvaluationState.PAUSED, state_detail=reason)
-        == 1
+        pausable.update(state=EvaluationState.PAUSED, state_detail=reason, pause_kind=kind) == 1
     )
     if paused:
-        logger.warning("evaluation %s paused: %s", evaluation_id, reason)
+        logger.warning("evaluation %s paused (%s): %s", evaluation_id, kind, reason)
     return paused
 
 
@@ -195,6 +208,7 @@ def evaluation_resume(*, evaluation: Evaluation) -> int:
         )
         evaluation.state = EvaluationState.RUNNING
         evaluation.state_detail = ""
+        evaluation.pause_kind = ""
         evaluation.stop_reason = ""
         evaluation.policy_outages = 0
         evaluation.finished_at = None
@@ -312,7 +326,6 @@ def _early_stop_decision(evaluation: Evaluation, stage: EvaluationStage) -> str 
     if not (plan.early_stop and evaluation.reference_id and stage.kind != StageKind.SMOKE):
         return None
     from coevo.evaluations.selectors import evaluation_task_scores
-    from coevo.evaluations.stats import sequential_paired_decision
 
     reference = evaluation_task_scores(evaluation_id=evaluation.reference_id)
     mine = evaluation_task_scores(evaluation_id=evaluation.id)

@@ -19,6 +19,15 @@ class EvaluationState(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class PauseKind(models.TextChoices):
+    """Why an evaluation is paused. Only a policy outage ends by itself (the watchdog resumes
+    it once the server answers); a campaign's pause (a person paused the campaign) waits for
+    the campaign to resume."""
+
+    POLICY_OUTAGE = "policy_outage"
+    CAMPAIGN = "campaign"
+
+
 EVALUATION_OPEN_STATES = (
     EvaluationState.PENDING,
     EvaluationState.RUNNING,
@@ -63,6 +72,8 @@ class Evaluation(TimeStampedModel):
         max_length=16, choices=EvaluationState.choices, default=EvaluationState.PENDING
     )
     state_detail = models.TextField(blank=True)
+    # Set while paused (and only then): who or what paused it, which decides who resumes it.
+    pause_kind = models.CharField(max_length=16, choices=PauseKind.choices, blank=True)
     stage = models.PositiveSmallIntegerField(default=0)
     stop_reason = models.TextField(blank=True)
     # Policy outages met since the evaluation last (re)started; past a threshold it pauses.
@@ -80,6 +91,11 @@ class Evaluation(TimeStampedModel):
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(epochs__gte=1), name="evaluation_epochs_positive"
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(state=EvaluationState.PAUSED) & ~models.Q(pause_kind=""))
+                | (~models.Q(state=EvaluationState.PAUSED) & models.Q(pause_kind="")),
+                name="evaluation_pause_kind_iff_paused",
             ),
         ]
 

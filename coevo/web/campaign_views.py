@@ -60,6 +60,7 @@ from coevo.web.access import project_view
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_get
 
+_DONE = {"pause": "paused", "resume": "resumed", "stop": "stopped"}
 ACTIONS = {"pause": campaign_pause, "resume": campaign_resume}
 PATTERNS_TEMPLATE = "campaigns/_patterns.html"
 SEED_CHOICES = 200
@@ -286,7 +287,7 @@ def campaign_action(
             campaign_stop(campaign=campaign, reason=f"stopped by {request.user.get_username()}")
         else:
             ACTIONS[action](campaign=campaign)
-        messages.success(request, f"Campaign {action}{'p' if action == 'stop' else ''}ed.")
+        messages.success(request, f"Campaign {campaign.name} {_DONE[action]}.")
     except CoevoError as exc:
         messages.error(request, str(exc))
     return redirect("web:campaign", project.slug, campaign.id)

@@ -8,8 +8,8 @@ import pytest
 
 from coevo.campaigns.proposers.config import knob_defaults_set, search_space
 from coevo.errors import InvalidManifest
+from harness_store.manifest import parse_manifest
 from tests.conftest import SEED_HARNESS
-from workers.manifest import parse_manifest
 
 TEXT = (SEED_HARNESS / "harness.toml").read_text()
 

@@ -19,11 +19,11 @@ from coevo.campaigns.proposers.llm_patch import LlmPatchProposer
 from coevo.campaigns.services import campaign_create, campaign_start
 from coevo.errors import InvalidInput
 from coevo.evaluations.models import Evaluation, TraceStep
+from harness_store.manifest import parse_manifest
 from harness_store.selectors import candidate_read_file
 from tests.campaigns.support import MARKER, marked_suite, proposer_endpoint, styled_seed
 from tests.conftest import wait_until_final
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
-from workers.manifest import parse_manifest
 
 
 class QueuedProposer(ScriptedPolicy):

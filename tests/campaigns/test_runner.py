@@ -208,6 +208,50 @@ def test_it_pauses_resumes_and_stops_with_compare_and_swap(project, seed, suite,
         campaign_resume(campaign=campaign)
 
 
+def run_beat_watchdog() -> None:
+    """The task beat's schedule names, run as the worker runs it (in this process)."""
+    from django.conf import settings
+
+    from coevo.celery import app
+
+    name = settings.CELERY_BEAT_SCHEDULE["rollouts-watchdog"]["task"]
+    app.tasks[name].apply(throw=True)
+
+
+def test_the_watchdog_leaves_a_paused_campaign_paused(project, seed, suite, policy_version):
+    from coevo.evaluations.lifecycle import evaluation_pause
+    from coevo.evaluations.models import Evaluation, EvaluationState, PauseKind
+
+    campaign = make(project, seed, suite, policy_version)
+    campaign_start(campaign=campaign)
+    campaign_advance(campaign_id=campaign.id)
+    evaluation_id = campaign.proposals.get().search_evaluation_id
+    campaign_pause(campaign=campaign)
+
+    run_beat_watchdog()  # the policy server answers: an outage pause would end here
+    evaluation = Evaluation.objects.get(id=evaluation_id)
+    assert (evaluation.state, evaluation.pause_kind) == (EvaluationState.PAUSED, "campaign")
+
+    # An outage pause ends by itself; a campaign pausing over it takes it over.
+    campaign_resume(campaign=campaign)
+    assert evaluation_pause(
+        evaluation_id=evaluation_id, reason="down", kind=PauseKind.POLICY_OUTAGE
+    )
+    run_beat_watchdog()
+    evaluation.refresh_from_db()
+    assert (evaluation.state, evaluation.pause_kind) == (EvaluationState.RUNNING, "")
+    assert evaluation_pause(
+        evaluation_id=evaluation_id, reason="down", kind=PauseKind.POLICY_OUTAGE
+    )
+    campaign_pause(campaign=campaign)
+    run_beat_watchdog()
+    evaluation.refresh_from_db()
+    assert (evaluation.state, evaluation.pause_kind) == (EvaluationState.PAUSED, "campaign")
+    campaign_resume(campaign=campaign)
+    evaluation.refresh_from_db()
+    assert (evaluation.state, evaluation.pause_kind) == (EvaluationState.RUNNING, "")
+
+
 def test_it_creates_one_proposal_when_advanced_twice_at_once(project, seed, suite, policy_version):
     campaign = make(project, seed, suite, policy_version)
     campaign_start(campaign=campaign)

@@ -56,6 +56,15 @@ def test_it_pauses_and_stops_from_the_page(client, owner, campaign):
     assert b'hx-trigger="every 3s"' not in page.content
 
 
+def test_it_says_what_each_action_did(client, owner, campaign):
+    client.force_login(owner)
+    said = []
+    for action in ("pause", "resume", "stop"):
+        page = client.post(f"/p/demo/campaigns/{campaign.id}/{action}/", follow=True)
+        said += [str(m) for m in page.context["messages"]]  # shown on the page it lands on
+    assert said == ["Campaign paged paused.", "Campaign paged resumed.", "Campaign paged stopped."]
+
+
 def test_it_starts_a_campaign_from_the_command_line(project, tmp_path, policy_version):
     seed = styled_seed(project, tmp_path)
     marked_suite(project)

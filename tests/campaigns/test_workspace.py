@@ -12,10 +12,10 @@ from coevo.campaigns.services import campaign_create
 from coevo.campaigns.workspace import workspace_build
 from coevo.evaluations.models import TraceStep
 from coevo.evaluations.services import evaluation_create
+from harness_store.manifest import parse_manifest
 from harness_store.selectors import candidate_read_file
 from tests.campaigns.support import MARKER, marked_suite, styled_seed
 from tests.conftest import wait_until_final
-from workers.manifest import parse_manifest
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from coevo.evaluations.models import (
     EvaluationState,
     LedgerEntry,
     Outcome,
+    PauseKind,
     Rollout,
     RolloutState,
     StageKind,
@@ -369,7 +370,9 @@ def test_a_paused_evaluation_is_not_claimed_until_it_resumes(
     evaluation = create(seed_candidate, humaneval_suite, policy_version, task_limit=2)
     rollout = evaluation.rollouts.first()
     rollout_claim(rollout_id=rollout.id, worker="test")  # starts it
-    assert evaluation_pause(evaluation_id=evaluation.id, reason="policy down")
+    assert evaluation_pause(
+        evaluation_id=evaluation.id, reason="policy down", kind=PauseKind.POLICY_OUTAGE
+    )
     other = evaluation.rollouts.exclude(id=rollout.id).get()
     assert rollout_claim(rollout_id=other.id, worker="test") is None
     evaluation.refresh_from_db()

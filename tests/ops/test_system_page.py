@@ -34,8 +34,9 @@ def login(client, user):
 
 
 def test_it_shows_workers_queues_endpoints_and_storage_to_staff(
-    client, staff, policy_version, seed_candidate
+    client, staff, policy_version, seed_candidate, empty_queue
 ):
+    # empty_queue: an earlier test may have left work in the shared broker (CI did, once).
     from coevo.policies.models import PolicyEndpoint
 
     identity = {"queues": ["default", "rollouts"], "concurrency": 8, "version": "0.1.0"}

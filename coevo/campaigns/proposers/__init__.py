@@ -13,7 +13,7 @@ from typing import Any
 from coevo.campaigns.models import Campaign, ProposerKind
 from coevo.campaigns.proposers.base import Draft, Outcome, Proposer
 from coevo.errors import InvalidInput
-from workers.manifest import Manifest
+from harness_store.manifest import Manifest
 
 Validator = Callable[..., dict[str, Any]]
 

@@ -34,8 +34,8 @@ from sqlalchemy.pool import NullPool
 from coevo.campaigns.models import Campaign, ProposerKind
 from coevo.campaigns.proposers.base import Draft, Outcome, stage
 from coevo.errors import InvalidInput, InvalidManifest
+from harness_store.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from harness_store.selectors import candidate_read_file
-from workers.manifest import MANIFEST_NAME, Manifest, parse_manifest
 
 logger = logging.getLogger(__name__)
 

@@ -39,9 +39,9 @@ from coevo.policies.client import (
 )
 from coevo.policies.models import PolicyEndpoint
 from coevo.policies.services import policy_client_for
+from harness_store.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_read_file
-from workers.manifest import MANIFEST_NAME, Manifest, parse_manifest
 
 logger = logging.getLogger(__name__)
 

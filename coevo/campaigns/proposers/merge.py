@@ -22,7 +22,7 @@ from coevo.campaigns.proposers.base import Draft, stage
 from coevo.campaigns.selectors import campaign_task_front
 from coevo.errors import InvalidInput
 from harness_store.derive import candidate_merge_preview
-from workers.manifest import Manifest
+from harness_store.manifest import Manifest
 
 NO_PAIR_REASON = "no two candidates improved on different tasks yet"
 OPTIONS = {"validated_only"}

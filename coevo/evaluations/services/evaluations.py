@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -31,8 +29,9 @@ from coevo.evaluations.plans import EvaluationPlan, stages_for
 from coevo.policies.models import PolicyVersion
 from coevo.suites.models import Split, Suite, Task
 from coevo.suites.selectors import suite_unrunnable_patterns
+from harness_store.manifest import Manifest
 from harness_store.models import Candidate
-from harness_store.selectors import candidate_export
+from harness_store.selectors import candidate_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -198,17 +197,13 @@ def _rollout_seed(evaluation_seed: int, epoch: int) -> int:
     return evaluation_seed * 1_000_003 + epoch
 
 
-def _manifest_of(candidate: Candidate) -> Any:
+def _manifest_of(candidate: Candidate) -> Manifest:
     """The candidate's validated manifest, read the way workers read candidates (from the
     database snapshot, so it also works where the store's disk is not)."""
-    from workers.manifest import load_manifest
-
-    with tempfile.TemporaryDirectory(prefix="coevo-manifest-") as tmp:
-        candidate_export(candidate=candidate, destination=Path(tmp))
-        try:
-            return load_manifest(Path(tmp))
-        except InvalidManifest as exc:
-            raise InvalidInput(f"Candidate {candidate.short_sha} cannot run: {exc}") from None
+    try:
+        return candidate_manifest(candidate=candidate)
+    except InvalidManifest as exc:
+        raise InvalidInput(f"Candidate {candidate.short_sha} cannot run: {exc}") from None
 
 
 def _reuse_cached(evaluation: Evaluation, rollouts: list[Rollout]) -> int:

@@ -26,6 +26,7 @@ from coevo.evaluations.models import (
     Evaluation,
     EvaluationState,
     Outcome,
+    PauseKind,
     Rollout,
     RolloutState,
 )
@@ -208,6 +209,7 @@ def _handle_infra_error(*, rollout: Rollout, detail: str) -> None:
 
             evaluation_pause(
                 evaluation_id=evaluation.id,
+                kind=PauseKind.POLICY_OUTAGE,
                 reason=(
                     f"paused after {outages} policy outages: {detail[:300]}. It resumes by "
                     "itself once the policy server answers again."

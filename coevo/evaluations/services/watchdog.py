@@ -15,6 +15,7 @@ from coevo.evaluations.models import (
     EvaluationStage,
     EvaluationState,
     Outcome,
+    PauseKind,
     Rollout,
     RolloutState,
 )
@@ -87,13 +88,18 @@ def rollout_resend_lost(*, unsent_after_s: int) -> int:
 
 
 def evaluations_resume_paused() -> int:
-    """Resume evaluations paused for a policy outage once their policy server answers."""
+    """Resume evaluations paused for a policy outage once their policy server answers.
+
+    Only that kind: an evaluation a person or its campaign paused stays paused until they
+    resume it (the watchdog runs every 30 s and would otherwise undo every such pause).
+    """
     from coevo.evaluations.lifecycle import evaluation_resume
 
     resumed = 0
-    for evaluation in Evaluation.objects.filter(state=EvaluationState.PAUSED).select_related(
-        "policy_version__endpoint"
-    ):
+    outage_paused = Evaluation.objects.filter(
+        state=EvaluationState.PAUSED, pause_kind=PauseKind.POLICY_OUTAGE
+    )
+    for evaluation in outage_paused.select_related("policy_version__endpoint"):
         if policy_endpoint_reachable(version=evaluation.policy_version):
             evaluation_resume(evaluation=evaluation)
             resumed += 1

@@ -1,9 +1,16 @@
-"""``harness.toml``: the harness manifest, validated with errors that name the file and key."""
+"""``harness.toml``: the harness manifest, validated with errors that name the file and key.
+
+The bottom of the harness layers: it knows the file format and nothing of the store, the
+database or the workers (it imports only ``coevo.errors``), so everything above may use it.
+"""
 
 from __future__ import annotations
 
+import io
 import re
+import tarfile
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +25,8 @@ TABLES = ("harness", "knobs", "limits")
 HARNESS_KEYS = ("name", "entrypoint", "policy_api", "components", "description")
 KNOB_KEYS = ("type", "default", "min", "max", "choices", "description")
 LIMIT_KEYS = ("max_model_calls", "max_tokens", "max_steps", "wall_time_s")
+# A manifest is a few hundred bytes; this bounds what is read (and parsed) from an archive.
+MAX_MANIFEST_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -96,18 +105,67 @@ class Manifest:
 
 
 def load_manifest(harness_dir: Path) -> Manifest:
+    """The manifest of a harness written out in ``harness_dir``."""
     path = Path(harness_dir) / MANIFEST_NAME
     if not path.is_file():
         raise InvalidManifest(f"{MANIFEST_NAME} is missing: every harness needs one at its root.")
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise InvalidManifest(_too_large())
+    return manifest_from_toml(
+        path.read_bytes(), has_file=lambda name: (Path(harness_dir) / name).is_file()
+    )
+
+
+def manifest_from_archive(data: bytes) -> Manifest:
+    """The manifest of a harness packed as a tar archive (a candidate's snapshot, or a tree's
+    ``git archive``), read without unpacking it: only ``harness.toml`` and the member names."""
+    files: set[str] = set()
+    text: bytes | None = None
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+        for member in archive:
+            if not member.isfile():
+                continue
+            name = member.name.removeprefix("./")
+            files.add(name)
+            if name == MANIFEST_NAME:
+                if member.size > MAX_MANIFEST_BYTES:
+                    raise InvalidManifest(_too_large())
+                handle = archive.extractfile(member)
+                text = handle.read() if handle is not None else None
+    if text is None:
+        raise InvalidManifest(f"{MANIFEST_NAME} is missing: every harness needs one at its root.")
+    return manifest_from_toml(text, has_file=files.__contains__)
+
+
+def manifest_from_toml(
+    text: bytes | str, *, has_file: Callable[[str], bool] | None = None
+) -> Manifest:
+    """Parse and validate ``harness.toml``'s text; ``has_file`` (when given) says whether a path
+    exists in the harness, to check that the entrypoint's module is there."""
     try:
-        data = tomllib.loads(path.read_text())
+        raw = text.decode() if isinstance(text, bytes) else text
+        data = tomllib.loads(raw)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InvalidManifest(f"{MANIFEST_NAME} is not valid TOML: {exc}") from None
-    return parse_manifest(data, harness_dir=Path(harness_dir))
+    return parse_manifest(data, has_file=has_file)
 
 
-def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> Manifest:
+def _too_large() -> str:
+    return f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES // 1024} KiB: it is not a manifest."
+
+
+def parse_manifest(
+    data: dict[str, Any],
+    *,
+    harness_dir: Path | None = None,
+    has_file: Callable[[str], bool] | None = None,
+) -> Manifest:
+    """Validate a parsed ``harness.toml``. The entrypoint's module is checked against
+    ``harness_dir`` or ``has_file`` when either is given."""
     where = MANIFEST_NAME
+    if harness_dir is not None and has_file is None:
+        root = Path(harness_dir)
+        has_file = lambda name: (root / name).is_file()  # noqa: E731
     section = _table(data, "harness", where)
     _refuse_unknown(data, TABLES, where, what="tables")
     _refuse_unknown(section, HARNESS_KEYS, f"{where} [harness]")
@@ -132,11 +190,10 @@ def parse_manifest(data: dict[str, Any], *, harness_dir: Path | None = None) -> 
                 f"{where} [harness] components: {component!r} is not a path inside the harness "
                 "(expected a relative path such as 'agent.py' or 'prompts/')."
             )
-    if harness_dir is not None:
+    if has_file is not None:
         module_path = entrypoint.split(":")[0].replace(".", "/")
         if not any(
-            (harness_dir / candidate).is_file()
-            for candidate in (f"{module_path}.py", f"{module_path}/__init__.py")
+            has_file(candidate) for candidate in (f"{module_path}.py", f"{module_path}/__init__.py")
         ):
             raise InvalidManifest(
                 f"{where} [harness] entrypoint = {entrypoint!r}: there is no {module_path}.py in the harness."

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from coevo.errors import InvalidInput, InvalidManifest
+from harness_store.manifest import Knob, Limits, load_manifest, parse_manifest
 from tests.conftest import SEED_HARNESS
-from workers.manifest import Knob, Limits, load_manifest, parse_manifest
 
 VALID = """
 [harness]
@@ -475,3 +475,56 @@ def test_it_refuses_inconsistent_knob_bounds(tmp_path, spec, expected):
 
 def test_it_defaults_max_steps_for_harnesses_that_do_not_declare_it(tmp_path):
     assert _load(tmp_path, _with_harness()).limits.max_steps == 100
+
+
+# --- read from an archive (a candidate's snapshot), without unpacking it -------------------
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_it_reads_the_manifest_from_an_archive_as_from_a_directory(tmp_path):
+    from harness_store.manifest import manifest_from_archive
+
+    archived = manifest_from_archive(_tar({"harness.toml": VALID.encode(), "agent.py": b""}))
+    assert archived == _load(tmp_path, VALID)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"agent.py": b""}, "harness.toml is missing"),
+        ({"harness.toml": VALID.encode()}, "there is no agent.py"),
+        ({"harness.toml": b"[harness\n", "agent.py": b""}, "not valid TOML"),
+        ({"harness.toml": b"#" * (300 * 1024), "agent.py": b""}, "larger than 256 KiB"),
+    ],
+)
+def test_it_refuses_an_archive_whose_manifest_does_not_validate(files, expected):
+    from harness_store.manifest import manifest_from_archive
+
+    with pytest.raises(InvalidManifest, match=expected):
+        manifest_from_archive(_tar(files))
+
+
+@pytest.mark.django_db
+def test_a_candidates_manifest_comes_from_its_snapshot_without_an_export(
+    seed_candidate, monkeypatch
+):
+    from harness_store import selectors
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("read the manifest without writing the candidate's files")
+
+    monkeypatch.setattr(selectors, "extract_archive", no_export)
+    manifest = selectors.candidate_manifest(candidate=seed_candidate)
+    assert manifest == load_manifest(SEED_HARNESS)
