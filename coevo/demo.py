@@ -456,7 +456,7 @@ def demo_textworld_suite(*, project, games: int, max_steps: int):
 
 def _wait_for_campaign(campaign, services: Services) -> None:
     from coevo.campaigns.models import PROPOSAL_OPEN_STATES, ProposerKind
-    from coevo.campaigns.tasks import campaign_advance_enqueue
+    from coevo.campaigns.services import campaign_advance_enqueue
     from coevo.evaluations.selectors import evaluation_progress
 
     last = None

@@ -186,7 +186,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
 # Declared, so that workers, purges and queue-depth checks all know both.
 CELERY_TASK_QUEUES = (Queue("default"), Queue("rollouts"), Queue("training"))
-CELERY_TASK_ROUTES = {"workers.tasks.rollout_run": {"queue": "rollouts"}}
+CELERY_TASK_ROUTES = {"coevo.evaluations.tasks.rollout_run": {"queue": "rollouts"}}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
@@ -194,7 +194,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 COEVO_WATCHDOG_INTERVAL_S = env_int("COEVO_WATCHDOG_INTERVAL_S", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "rollouts-watchdog": {
-        "task": "workers.tasks.rollouts_watchdog",
+        "task": "coevo.evaluations.tasks.rollouts_watchdog",
         "schedule": float(COEVO_WATCHDOG_INTERVAL_S),
     },
     # Finishes gates whose evaluation_finished signal was missed (coevo.gates).

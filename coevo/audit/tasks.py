@@ -11,9 +11,7 @@ from coevo.audit import webhooks
 logger = logging.getLogger(__name__)
 
 
-@shared_task(
-    name="coevo.audit.tasks.webhook_deliver", acks_late=True, soft_time_limit=60, time_limit=75
-)
+@shared_task(name=webhooks.WEBHOOK_DELIVER_TASK, acks_late=True, soft_time_limit=60, time_limit=75)
 def webhook_deliver(delivery_id: str) -> None:
     webhooks.webhook_delivery_attempt(delivery_id=delivery_id)
 

@@ -29,10 +29,14 @@ from django.utils import timezone
 from coevo.audit.models import DeliveryState, Webhook, WebhookDelivery
 from coevo.audit.outbound import outbound_post, outbound_url_check
 from coevo.audit.services import audit_record
+from coevo.enqueue import task_enqueue
 from coevo.errors import InvalidInput, InvalidState
 from coevo.projects.models import Project
 
 logger = logging.getLogger(__name__)
+
+# The Celery task name (coevo.audit.tasks registers it; services send it by name).
+WEBHOOK_DELIVER_TASK = "coevo.audit.tasks.webhook_deliver"
 
 # The events a webhook can subscribe to; "*" means all of them (and any added later). Only
 # events something sends belong here: coevo.reviews sends channel.moved for moves and
@@ -114,15 +118,16 @@ def webhook_delete(*, webhook: Webhook, actor: AbstractBaseUser | None) -> None:
 
 
 def _delivery_enqueue(delivery_id: Any, *, countdown: float = 0) -> None:
-    from coevo.audit.tasks import webhook_deliver
-
-    try:
-        result = webhook_deliver.apply_async(
-            args=[str(delivery_id)], queue="default", countdown=countdown or None
-        )
-        WebhookDelivery.objects.filter(pk=delivery_id).update(task_id=result.id or "")
-    except Exception as exc:  # kombu's errors differ by transport; beat's sweep finds it later
-        logger.warning("webhook delivery %s: could not enqueue (%s)", delivery_id, exc)
+    task_enqueue(
+        WEBHOOK_DELIVER_TASK,
+        str(delivery_id),
+        queue="default",
+        what=f"webhook delivery {delivery_id}",
+        record=lambda task_id: WebhookDelivery.objects.filter(pk=delivery_id).update(
+            task_id=task_id
+        ),
+        countdown=countdown or None,
+    )
 
 
 def _delivery_create(*, webhook: Webhook, event: str, payload: dict) -> WebhookDelivery:

@@ -7,6 +7,5 @@ class CampaignsConfig(AppConfig):
     verbose_name = "Evolution campaigns"
 
     def ready(self) -> None:
-        # Connect the evaluation_finished receiver and register the Celery tasks (the Celery
-        # app autodiscovers only some packages; every worker loads the Django apps).
-        from coevo.campaigns import receivers, tasks  # noqa: F401
+        # Connect the evaluation_finished receiver (Celery finds the tasks by autodiscovery).
+        from coevo.campaigns import receivers  # noqa: F401

@@ -23,6 +23,7 @@ from coevo.campaigns.models import (
 )
 from coevo.campaigns.proposers import strategy_validate
 from coevo.campaigns.proposers.base import stage
+from coevo.enqueue import task_enqueue
 from coevo.errors import InvalidInput, InvalidManifest, InvalidState
 from coevo.evaluations.ledger import BudgetLimits, budget_create
 from coevo.evaluations.models import (
@@ -40,6 +41,9 @@ from harness_store.models import Candidate
 from harness_store.selectors import candidate_manifest
 
 logger = logging.getLogger(__name__)
+
+# The Celery task name (coevo.campaigns.tasks registers it; services send it by name).
+CAMPAIGN_ADVANCE_TASK = "coevo.campaigns.tasks.campaign_advance"
 
 DEFAULT_PLAN = EvaluationPlan(smoke_tasks=1, minibatch_tasks=0, early_stop=True)
 
@@ -348,10 +352,20 @@ def _open_evaluation_ids(campaign: Campaign) -> list[Any]:
     )
 
 
-def _advance_on_commit(campaign_id: Any) -> None:
-    from coevo.campaigns.tasks import campaign_advance_enqueue
+def campaign_advance_enqueue(*, campaign_id: Any, on_commit: bool = False) -> None:
+    """Send ``campaign_advance`` for one campaign (once the caller's transaction commits, with
+    ``on_commit``); a broker that is down only delays it (beat's job advances it later)."""
+    task_enqueue(
+        CAMPAIGN_ADVANCE_TASK,
+        str(campaign_id),
+        queue="default",
+        what=f"campaign {campaign_id}",
+        on_commit=on_commit,
+    )
 
-    transaction.on_commit(lambda: campaign_advance_enqueue(campaign_id=campaign_id))
+
+def _advance_on_commit(campaign_id: Any) -> None:
+    campaign_advance_enqueue(campaign_id=campaign_id, on_commit=True)
 
 
 def _new_id() -> Any:

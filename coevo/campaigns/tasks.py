@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from celery import shared_task
 
 from coevo.campaigns.models import Campaign, CampaignState
 from coevo.campaigns.runner import campaign_advance as campaign_advance_service
+from coevo.campaigns.services import CAMPAIGN_ADVANCE_TASK
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(
-    name="coevo.campaigns.tasks.campaign_advance",
+    name=CAMPAIGN_ADVANCE_TASK,
     acks_late=True,
     soft_time_limit=300,
     time_limit=360,
@@ -35,10 +35,3 @@ def campaigns_advance_running() -> None:
             campaign_advance_service(campaign_id=campaign_id)
         except Exception:  # one broken campaign must not hold up the others
             logger.exception("campaign %s: advance failed", campaign_id)
-
-
-def campaign_advance_enqueue(*, campaign_id: Any) -> None:
-    try:
-        campaign_advance.apply_async(args=[str(campaign_id)], queue="default")
-    except Exception as exc:  # kombu's errors differ by transport
-        logger.warning("campaign %s: could not enqueue advance (%s); beat will", campaign_id, exc)

@@ -19,6 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from coevo.audit.services import audit_record
+from coevo.enqueue import task_enqueue
 from coevo.errors import InvalidInput, NotFound
 from coevo.evaluations.models import EVALUATION_FINAL_STATES, Evaluation
 from coevo.exports.models import ExportFormat, ExportState, TrajectoryExport
@@ -29,6 +30,9 @@ from coevo.suites.models import Split, Suite
 from harness_store.models import Candidate
 
 logger = logging.getLogger(__name__)
+
+# The Celery task name (coevo.exports.tasks registers it; services send it by name).
+TRAJECTORY_EXPORT_BUILD_TASK = "coevo.exports.tasks.trajectory_export_build"
 
 EXPORTABLE_SPLITS = (Split.SEARCH, Split.VALIDATION)
 MAX_LAST_TURNS = 10_000
@@ -159,14 +163,15 @@ def trajectory_export_create(
 
 
 def _enqueue(export_id: uuid.UUID) -> None:
-    from coevo.exports.tasks import trajectory_export_build
-
-    try:
-        result = trajectory_export_build.apply_async(args=[str(export_id)], queue="default")
-    except Exception as exc:  # kombu's errors differ by transport
-        logger.warning("export %s: could not enqueue its build (%s)", export_id, exc)
-        return
-    TrajectoryExport.objects.filter(id=export_id).update(celery_task_id=result.id or "")
+    task_enqueue(
+        TRAJECTORY_EXPORT_BUILD_TASK,
+        str(export_id),
+        queue="default",
+        what=f"export {export_id}",
+        record=lambda task_id: TrajectoryExport.objects.filter(id=export_id).update(
+            celery_task_id=task_id
+        ),
+    )
 
 
 def trajectory_exports_resend(*, older_than_s: float = 300.0) -> int:

@@ -8,7 +8,7 @@ from coevo.exports import services
 
 
 @shared_task(
-    name="coevo.exports.tasks.trajectory_export_build",
+    name=services.TRAJECTORY_EXPORT_BUILD_TASK,
     acks_late=True,
     soft_time_limit=1800,
     time_limit=2160,

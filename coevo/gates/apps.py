@@ -6,6 +6,5 @@ class GatesConfig(AppConfig):
     verbose_name = "Merge gates"
 
     def ready(self) -> None:
-        # Connect the evaluation_finished receiver and register the Celery tasks (the Celery
-        # app autodiscovers only ``workers``; every worker loads the Django apps).
-        from coevo.gates import receivers, tasks  # noqa: F401
+        # Connect the evaluation_finished receiver (Celery finds the tasks by autodiscovery).
+        from coevo.gates import receivers  # noqa: F401

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from coevo.enqueue import task_enqueue
 from coevo.errors import CoevoError, InvalidInput, NotFound, PermissionDenied
 from coevo.evaluations.models import (
     EVALUATION_FINAL_STATES,
@@ -39,6 +40,9 @@ from coevo.suites.models import Split, Suite, Task
 from harness_store.models import Candidate
 
 logger = logging.getLogger(__name__)
+
+# The Celery task name (coevo.gates.tasks registers it; services send it by name).
+GATE_ADVANCE_TASK = "coevo.gates.tasks.gate_advance"
 
 _SHA = re.compile(r"^[0-9a-fA-F]{7,40}$")
 
@@ -124,7 +128,7 @@ def gate_create(
         )
         # Both evaluations may be complete at once (every rollout from the cache) and their
         # signals sent before the gate row was visible: look once more after commit.
-        transaction.on_commit(lambda: _advance_later(gate.id))
+        gate_advance_enqueue(gate_id=gate.id)
     logger.info(
         "gate %s created: candidate %s against %s (%s) on %s/%s, rules %s",
         gate.id,
@@ -189,10 +193,12 @@ def _check_critical_tasks(*, suite: Suite, split: str, keys: Iterable[str]) -> N
         )
 
 
-def _advance_later(gate_id: Any) -> None:
-    from coevo.gates.tasks import gate_advance_enqueue
-
-    gate_advance_enqueue(gate_id=gate_id)
+def gate_advance_enqueue(*, gate_id: Any) -> None:
+    """Send ``gate_advance`` for one gate once the caller's transaction commits; a broker that
+    is down only delays it (beat's job finds the gate later)."""
+    task_enqueue(
+        GATE_ADVANCE_TASK, str(gate_id), queue="default", what=f"gate {gate_id}", on_commit=True
+    )
 
 
 def gate_advance(*, gate_id: Any) -> Gate | None:

@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class OpsConfig(AppConfig):
     name = "coevo.ops"
     verbose_name = "Operations"
+
+    def ready(self) -> None:
+        # Worker start and stop: the heartbeat row and thread, the worker metrics server, and
+        # log ids per task (Celery signals; every worker loads the Django apps first).
+        from coevo.ops import heartbeats  # noqa: F401

@@ -1,9 +1,9 @@
 """Worker liveness: a heartbeat row per worker, beaten by a daemon thread, and the Celery
 signal handlers that start it (with the worker's metrics server) and stop it.
 
-Connected when ``coevo.celery`` imports this module. ``worker_ready`` is sent only by a real
-``celery worker`` process (not by the in-thread test worker), so tests running a worker in a
-thread write no heartbeat rows behind other tests' backs.
+Connected when Django loads ``coevo.ops`` (``OpsConfig.ready``). ``worker_ready`` is sent only
+by a real ``celery worker`` process (not by the in-thread test worker), so tests running a
+worker in a thread write no heartbeat rows behind other tests' backs.
 
 Liveness through the broker is the other half: ``coevo.ops.selectors.workers_pinging`` asks
 every worker over the broker (``inspect().ping()``); the system page shows both.

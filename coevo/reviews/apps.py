@@ -6,6 +6,6 @@ class ReviewsConfig(AppConfig):
     verbose_name = "Review, channels and promotion"
 
     def ready(self) -> None:
-        # Connect the evaluation_finished receiver, register the Celery tasks (every worker
-        # loads the Django apps) and the retention protection of promotion requests.
-        from coevo.reviews import receivers, retention, tasks  # noqa: F401
+        # Connect the evaluation_finished receiver and the retention protection of promotion
+        # requests (Celery finds the tasks by autodiscovery).
+        from coevo.reviews import receivers, retention  # noqa: F401

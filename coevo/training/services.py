@@ -16,6 +16,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
 from coevo.audit.services import audit_record
+from coevo.enqueue import task_enqueue
 from coevo.errors import CoevoError, InvalidInput, InvalidState
 from coevo.exports.models import ExportState, TrajectoryExport
 from coevo.exports.services import export_path
@@ -34,6 +35,9 @@ from coevo.training.signals import training_finished
 from coevo.training.trainers import PLACEHOLDERS
 
 logger = logging.getLogger(__name__)
+
+# Celery task names (coevo.training.tasks registers them; services send them by name).
+TRAINING_RUN_EXECUTE_TASK = "coevo.training.tasks.training_run_execute"
 
 # --- runs ----------------------------------------------------------------------------------
 
@@ -98,20 +102,17 @@ def training_run_create(
 
 
 def training_run_enqueue(*, run: TrainingRun) -> None:
-    from coevo.training.tasks import training_run_execute as task
-
-    try:
+    task_enqueue(
+        TRAINING_RUN_EXECUTE_TASK,
+        str(run.id),
+        queue="training",
+        what=f"training run {run.id}",
+        later="the watchdog sends it again",
+        record=lambda task_id: TrainingRun.objects.filter(id=run.id).update(celery_task_id=task_id),
         # Per-call limits: above the run's own, which the service enforces with a clean stop.
-        result = task.apply_async(
-            args=[str(run.id)],
-            queue="training",
-            soft_time_limit=run.time_limit_s + 120,
-            time_limit=run.time_limit_s + 300,
-        )
-    except Exception as exc:  # kombu's errors differ by transport
-        logger.warning("training run %s: could not enqueue (%s); the watchdog will", run.id, exc)
-        return
-    TrainingRun.objects.filter(id=run.id).update(celery_task_id=result.id or "")
+        soft_time_limit=run.time_limit_s + 120,
+        time_limit=run.time_limit_s + 300,
+    )
 
 
 def training_run_dir(run: TrainingRun) -> Path:

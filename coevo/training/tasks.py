@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 # Acknowledged on receipt, not on completion: a training run can outlast the broker's
 # visibility timeout, and a killed worker's run must not start again silently on another
 # machine. The watchdog fails a run whose worker stopped heartbeating, with the reason.
-@shared_task(name="coevo.training.tasks.training_run_execute", acks_late=False)
+@shared_task(name=services.TRAINING_RUN_EXECUTE_TASK, acks_late=False)
 def training_run_execute(run_id: str) -> None:
     services.training_run_execute(run_id=run_id)
 

@@ -15,8 +15,7 @@ from django.db import connection
 
 from coevo.campaigns.models import CampaignState, Proposal, ProposalState, ProposerKind
 from coevo.campaigns.proposers.config import optuna_storage, study_name
-from coevo.campaigns.services import campaign_create, campaign_start
-from coevo.campaigns.tasks import campaign_advance_enqueue
+from coevo.campaigns.services import campaign_advance_enqueue, campaign_create, campaign_start
 from coevo.celery import app
 from coevo.evaluations.models import (
     Evaluation,

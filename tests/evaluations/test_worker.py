@@ -7,9 +7,9 @@ import time
 from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, Rollout, TraceStep
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.evaluations.services import evaluation_create
+from coevo.evaluations.tasks import rollout_run
 from coevo.suites.models import Split, Task
 from tests.conftest import wait_until_final
-from workers.tasks import rollout_run
 
 CORRECT_BODIES = {
     # Known-correct completions for two of the first four search-split problems.

@@ -7,7 +7,8 @@ import pytest
 from coevo.evaluations.models import EvaluationState, Outcome
 from coevo.gates.models import Gate, GateState
 from coevo.gates.services import gate_advance, gate_advance_ready
-from tests.gates.conftest import record, validation_keys
+from tests.gates.conftest import validation_keys
+from tests.support.factories import finish_evaluation
 
 pytestmark = pytest.mark.django_db
 
@@ -32,8 +33,8 @@ def test_it_passes_a_candidate_that_meets_every_rule(make_gate, humaneval_suite)
         critical_tasks=half[:2],
         max_error_rate=0.1,
     )
-    record(gate.baseline_evaluation, passed=half)
-    record(gate.candidate_evaluation, passed=half + keys[-2:])
+    finish_evaluation(gate.baseline_evaluation, passed=half)
+    finish_evaluation(gate.candidate_evaluation, passed=half + keys[-2:])
 
     gate = decide(gate)
 
@@ -59,8 +60,8 @@ def test_it_passes_a_candidate_that_meets_every_rule(make_gate, humaneval_suite)
 def test_it_fails_a_candidate_whose_score_is_surely_below_the_minimum(make_gate, humaneval_suite):
     keys = validation_keys(humaneval_suite)
     gate = make_gate(min_score=0.5)
-    record(gate.baseline_evaluation, passed=keys)
-    record(gate.candidate_evaluation, passed=keys[:2])
+    finish_evaluation(gate.baseline_evaluation, passed=keys)
+    finish_evaluation(gate.candidate_evaluation, passed=keys[:2])
 
     gate = decide(gate)
 
@@ -73,8 +74,8 @@ def test_it_fails_a_candidate_whose_score_is_surely_below_the_minimum(make_gate,
 def test_it_fails_a_candidate_that_regresses_beyond_the_allowed_margin(make_gate, humaneval_suite):
     keys = validation_keys(humaneval_suite)
     gate = make_gate(max_regression=0.1)
-    record(gate.baseline_evaluation, passed=keys)
-    record(gate.candidate_evaluation, passed=keys[: len(keys) // 3])
+    finish_evaluation(gate.baseline_evaluation, passed=keys)
+    finish_evaluation(gate.candidate_evaluation, passed=keys[: len(keys) // 3])
 
     gate = decide(gate)
 
@@ -90,8 +91,8 @@ def test_it_is_inconclusive_when_the_interval_straddles_the_threshold(make_gate,
     # A mean a little under the minimum, with an interval (n ≈ 30 tasks) that reaches it.
     passed = keys[: int(len(keys) * 0.45)]
     gate = make_gate(min_score=0.5, max_regression=0.2)
-    record(gate.baseline_evaluation, passed=passed)
-    record(gate.candidate_evaluation, passed=passed)
+    finish_evaluation(gate.baseline_evaluation, passed=passed)
+    finish_evaluation(gate.candidate_evaluation, passed=passed)
 
     gate = decide(gate)
 
@@ -106,9 +107,9 @@ def test_it_fails_on_a_newly_failing_critical_task_and_names_it(make_gate, human
     keys = validation_keys(humaneval_suite)
     broken, kept, always_failing = keys[0], keys[1], keys[2]
     gate = make_gate(critical_tasks=[broken, kept, always_failing])
-    record(gate.baseline_evaluation, passed=[k for k in keys if k != always_failing])
+    finish_evaluation(gate.baseline_evaluation, passed=[k for k in keys if k != always_failing])
     # The candidate is better overall, but breaks one critical task.
-    record(
+    finish_evaluation(
         gate.candidate_evaluation,
         passed=[k for k in keys if k not in (broken, always_failing)],
     )
@@ -125,8 +126,8 @@ def test_it_fails_on_a_newly_failing_critical_task_and_names_it(make_gate, human
 def test_it_does_not_fail_a_critical_task_that_already_failed(make_gate, humaneval_suite):
     keys = validation_keys(humaneval_suite)
     gate = make_gate(critical_tasks=[keys[0]])
-    record(gate.baseline_evaluation, passed=keys[1:])
-    record(gate.candidate_evaluation, passed=keys[1:])
+    finish_evaluation(gate.baseline_evaluation, passed=keys[1:])
+    finish_evaluation(gate.candidate_evaluation, passed=keys[1:])
 
     gate = decide(gate)
 
@@ -138,8 +139,8 @@ def test_it_fails_a_candidate_with_too_many_errors(make_gate, humaneval_suite):
     keys = validation_keys(humaneval_suite)
     errors = {key: Outcome.HARNESS_ERROR for key in keys[:4]}
     gate = make_gate(max_error_rate=0.1)
-    record(gate.baseline_evaluation, passed=keys)
-    record(gate.candidate_evaluation, passed=keys, outcomes=errors)
+    finish_evaluation(gate.baseline_evaluation, passed=keys)
+    finish_evaluation(gate.candidate_evaluation, passed=keys, outcomes=errors)
 
     gate = decide(gate)
 
@@ -152,8 +153,10 @@ def test_it_fails_a_candidate_with_too_many_errors(make_gate, humaneval_suite):
 def test_it_passes_an_error_rate_within_the_maximum(make_gate, humaneval_suite):
     keys = validation_keys(humaneval_suite)
     gate = make_gate(max_error_rate=0.1)
-    record(gate.baseline_evaluation, passed=keys)
-    record(gate.candidate_evaluation, passed=keys, outcomes={keys[0]: Outcome.HARNESS_ERROR})
+    finish_evaluation(gate.baseline_evaluation, passed=keys)
+    finish_evaluation(
+        gate.candidate_evaluation, passed=keys, outcomes={keys[0]: Outcome.HARNESS_ERROR}
+    )
 
     assert decide(gate).verdict == "pass"
 
@@ -162,8 +165,8 @@ def test_it_passes_an_error_rate_within_the_maximum(make_gate, humaneval_suite):
 def test_it_errs_when_an_evaluation_did_not_finish(make_gate, humaneval_suite, state):
     keys = validation_keys(humaneval_suite)
     gate = make_gate(min_score=0.1)
-    record(gate.baseline_evaluation, passed=keys)
-    record(
+    finish_evaluation(gate.baseline_evaluation, passed=keys)
+    finish_evaluation(
         gate.candidate_evaluation,
         passed=keys,
         outcomes={keys[0]: Outcome.INFRA_ERROR},
@@ -184,14 +187,14 @@ def test_it_waits_while_an_evaluation_runs_and_decides_once(make_gate, humaneval
     keys = validation_keys(humaneval_suite)
     gate = make_gate(min_score=0.1)
     assert gate.state == GateState.PENDING
-    record(gate.baseline_evaluation, passed=keys)
-    record(gate.candidate_evaluation, passed=keys, state=EvaluationState.RUNNING)
+    finish_evaluation(gate.baseline_evaluation, passed=keys)
+    finish_evaluation(gate.candidate_evaluation, passed=keys, state=EvaluationState.RUNNING)
 
     waiting = gate_advance(gate_id=gate.id)
     waiting.refresh_from_db()
     assert waiting.state == GateState.RUNNING and waiting.verdict == ""
 
-    record(gate.candidate_evaluation, passed=keys)
+    finish_evaluation(gate.candidate_evaluation, passed=keys)
     first = gate_advance(gate_id=gate.id)
     again = gate_advance(gate_id=gate.id)
     assert first.verdict == again.verdict == "pass"
@@ -202,8 +205,8 @@ def test_it_finishes_gates_that_missed_their_signal(make_gate, humaneval_suite):
     keys = validation_keys(humaneval_suite)
     ready, waiting = make_gate(min_score=0.1), make_gate(min_score=0.1)
     for gate in (ready, waiting):
-        record(gate.baseline_evaluation, passed=keys)
-    record(ready.candidate_evaluation, passed=keys)
+        finish_evaluation(gate.baseline_evaluation, passed=keys)
+    finish_evaluation(ready.candidate_evaluation, passed=keys)
 
     assert gate_advance_ready() == 1
 
@@ -216,6 +219,7 @@ def test_it_finishes_gates_that_missed_their_signal(make_gate, humaneval_suite):
 def test_beat_runs_the_catch_up_job(settings):
     from coevo.celery import app
 
+    app.loader.import_default_modules()  # what a worker does at start: autodiscovery
     schedule = settings.CELERY_BEAT_SCHEDULE["gates-advance"]
     assert schedule["task"] == "coevo.gates.tasks.gates_advance_ready"
     assert schedule["task"] in app.tasks

@@ -128,7 +128,7 @@ def test_it_reports_a_real_evaluation_on_metrics_and_in_the_worker_registry(
 
 def test_it_counts_messages_waiting_in_each_queue(client, db):
     from coevo.celery import app
-    from workers.tasks import rollout_run
+    from coevo.evaluations.tasks import rollout_run
 
     app.control.purge()
     try:

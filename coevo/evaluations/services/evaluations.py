@@ -10,6 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from coevo.enqueue import task_enqueue
 from coevo.errors import InvalidInput, InvalidManifest, PermissionDenied
 from coevo.evaluations.cache import cache_lookup, rollout_cache_key
 from coevo.evaluations.ledger import (
@@ -34,6 +35,10 @@ from harness_store.models import Candidate
 from harness_store.selectors import candidate_manifest
 
 logger = logging.getLogger(__name__)
+
+# Celery task names (coevo.evaluations.tasks registers them; services send them by name).
+ROLLOUT_RUN_TASK = "coevo.evaluations.tasks.rollout_run"
+ROLLOUTS_WATCHDOG_TASK = "coevo.evaluations.tasks.rollouts_watchdog"
 
 # The only purpose that may evaluate the held-out split (see evaluation_create).
 HELDOUT_PURPOSE = "promotion"
@@ -256,18 +261,17 @@ def evaluation_enqueue(
 
 def _send(rollout_id: Any) -> bool:
     """Publish one rollout; False (and a warning) when the broker cannot take it now."""
-    from workers.tasks import rollout_run
 
-    try:
-        result = rollout_run.apply_async(args=[str(rollout_id)], queue="rollouts")
-    except Exception as exc:  # kombu's errors differ by transport
-        logger.warning(
-            "could not send rollout %s to the broker (%s); the watchdog will send it again",
-            rollout_id,
-            exc,
+    def record(task_id: str) -> None:
+        Rollout.objects.filter(id=rollout_id).update(
+            celery_task_id=task_id, enqueued_at=timezone.now()
         )
-        return False
-    Rollout.objects.filter(id=rollout_id).update(
-        celery_task_id=result.id, enqueued_at=timezone.now()
+
+    return task_enqueue(
+        ROLLOUT_RUN_TASK,
+        str(rollout_id),
+        queue="rollouts",
+        what=f"rollout {rollout_id}",
+        later="the watchdog sends it again",
+        record=record,
     )
-    return True

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
+from coevo.enqueue import queue_depth
 from coevo.evaluations.models import (
     Evaluation,
     EvaluationStage,
@@ -22,6 +23,7 @@ from coevo.evaluations.models import (
 from coevo.evaluations.services.evaluations import _send, evaluation_enqueue
 from coevo.evaluations.services.rollouts import rollout_finish
 from coevo.policies.services import policy_endpoint_reachable
+from workers.outcomes import ErrorKind
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +48,11 @@ def rollout_requeue_stale(*, stale_after_s: int) -> tuple[int, int]:
                 _send(rollout.id)  # or, if the broker is down too, the resend check will
                 requeued += 1
         elif rollout_finish(
-            rollout=rollout, outcome=Outcome.INFRA_ERROR, score=None, detail=detail
+            rollout=rollout,
+            outcome=Outcome.INFRA_ERROR,
+            score=None,
+            detail=detail,
+            error_kind=ErrorKind.WORKER_LOST,
         ):
             failed += 1
     if requeued or failed:
@@ -62,9 +68,7 @@ def rollout_resend_lost(*, unsent_after_s: int) -> int:
     (the claim is a compare-and-swap), so the rule is simple: a rollout of a running stage that
     has waited longer than ``unsent_after_s`` since it was last sent is sent again.
     """
-    from workers.tasks import rollouts_queue_depth
-
-    if rollouts_queue_depth():
+    if queue_depth("rollouts"):
         # Messages are still waiting: workers are behind, not lost. (A deep queue of a long
         # evaluation would otherwise be sent again on every watchdog run.)
         return 0

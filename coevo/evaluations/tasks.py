@@ -1,4 +1,8 @@
-"""Celery tasks: take ids, call a service. Heavy work runs on the ``rollouts`` queue."""
+"""Evaluation tasks: take ids, call a service. Rollouts run on the ``rollouts`` queue.
+
+Services send these by name (``coevo.enqueue.task_enqueue``); nothing imports this module but
+Celery's autodiscovery.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from coevo.evaluations.services import (
     rollout_requeue_stale,
     rollout_resend_lost,
 )
+from coevo.evaluations.services.evaluations import ROLLOUT_RUN_TASK, ROLLOUTS_WATCHDOG_TASK
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +29,7 @@ _HARD_LIMIT_S = int(_SOFT_LIMIT_S * 1.2)
 
 @shared_task(
     bind=True,
-    name="workers.tasks.rollout_run",
+    name=ROLLOUT_RUN_TASK,
     acks_late=True,
     soft_time_limit=_SOFT_LIMIT_S,
     time_limit=_HARD_LIMIT_S,
@@ -40,21 +45,10 @@ def rollout_run(self, rollout_id: str) -> None:
         raise self.retry(countdown=exc.countdown, queue="rollouts") from exc
 
 
-@shared_task(name="workers.tasks.rollouts_watchdog", soft_time_limit=120, time_limit=150)
+@shared_task(name=ROLLOUTS_WATCHDOG_TASK, soft_time_limit=120, time_limit=150)
 def rollouts_watchdog() -> None:
     """Run by beat: re-run rollouts whose worker died, send again lost messages, and resume
     evaluations paused for a policy outage once the server answers."""
     rollout_requeue_stale(stale_after_s=settings.COEVO_ROLLOUT_STALE_S)
     rollout_resend_lost(unsent_after_s=settings.COEVO_ROLLOUT_RESEND_S)
     evaluations_resume_paused()
-
-
-def rollouts_queue_depth() -> int | None:
-    """Messages waiting in the broker's ``rollouts`` queue (None when the broker can't say)."""
-    from coevo.celery import app
-
-    try:
-        with app.connection_for_read() as conn:
-            return conn.default_channel.queue_declare(queue="rollouts", passive=True).message_count
-    except Exception:  # an undeclared queue, or a transport without counts
-        return None

@@ -1,0 +1,65 @@
+"""Sending Celery tasks by name: the one way services put work on the broker.
+
+A service never imports a task module (tasks sit above services: they take ids and call a
+service). It sends the task by its registered name instead, through :func:`task_enqueue`,
+which also does what every caller needs: wait for the caller's transaction to commit when
+asked, save the task id, and turn a broker that is down into a warning (each caller has a
+watchdog or beat job that sends the work again later), never into a failed request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import current_app
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+
+def task_enqueue(
+    name: str,
+    *args: str,
+    queue: str,
+    what: str,
+    later: str = "beat sends it again",
+    on_commit: bool = False,
+    record: Callable[[str], None] | None = None,
+    **options: Any,
+) -> bool:
+    """Send the task registered as ``name`` with ``args`` to ``queue``.
+
+    ``what`` names the work in the warning logged when the broker refuses it ("rollout
+    <id>"), and ``later`` says who sends it again. ``record`` receives the task id once the
+    broker took the message (to save it on the row). ``options`` go to Celery as they are
+    (``countdown``, ``soft_time_limit``, ``time_limit``). With ``on_commit`` the message is
+    sent once the caller's transaction commits (nothing is sent for a rolled-back change) and
+    True is returned; otherwise the result says whether the broker took it now.
+    """
+    if on_commit:
+        transaction.on_commit(
+            lambda: task_enqueue(
+                name, *args, queue=queue, what=what, later=later, record=record, **options
+            )
+        )
+        return True
+    try:
+        # current_app is coevo's (coevo/__init__.py creates it first, as the current app).
+        result = current_app.send_task(name, args=list(args), queue=queue, **options)
+    except Exception as exc:  # kombu's errors differ by transport
+        logger.warning("%s: could not send %s to the broker (%s); %s", what, name, exc, later)
+        return False
+    if record is not None:
+        record(result.id or "")
+    return True
+
+
+def queue_depth(name: str) -> int | None:
+    """Messages waiting in the broker's queue ``name`` (None when the broker cannot say)."""
+    try:
+        with current_app.connection_for_read() as conn:
+            return conn.default_channel.queue_declare(queue=name, passive=True).message_count
+    except Exception:  # an undeclared queue, or a transport without counts
+        return None
