@@ -1,23 +1,25 @@
 """Shared fixtures: real PostgreSQL (via DATABASE_URL), a real git repository per test,
-users with roles (an owner, a reviewer and an outsider), the seed harness and HumanEval."""
+users with roles (an owner, a reviewer, a researcher, a viewer and an outsider; an operator),
+the seed harness and a child of it, and HumanEval. Builders: tests/support/factories.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from celery.contrib.testing.worker import start_worker
-from django.contrib.auth import get_user_model
 from django.db import connection
 
 from coevo.celery import app
 from coevo.projects.models import Project, Role
 from coevo.projects.services import membership_set, project_get_or_create
+from tests.support.factories import (  # noqa: F401  (tests import REPO_ROOT, PASSWORD from here)
+    PASSWORD,
+    REPO_ROOT,
+    SEED_HARNESS,
+    make_child_candidate,
+    make_member,
+    make_user,
+)
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SEED_HARNESS = REPO_ROOT / "examples" / "humaneval-basic"
-PASSWORD = "correct-horse-battery"
 
 
 @pytest.fixture(autouse=True)
@@ -36,24 +38,33 @@ def _harness_store_dir(settings, tmp_path):
 
 @pytest.fixture
 def owner(db):
-    return get_user_model().objects.create_user("owner", "owner@example.com", PASSWORD)
+    return make_user("owner")
 
 
 @pytest.fixture
 def reviewer(db):
-    return get_user_model().objects.create_user("reviewer", "reviewer@example.com", PASSWORD)
+    return make_user("reviewer")
 
 
 @pytest.fixture
 def outsider(db):
-    return get_user_model().objects.create_user("outsider", "outsider@example.com", PASSWORD)
+    return make_user("outsider")
 
 
 @pytest.fixture
 def researcher(project):
-    user = get_user_model().objects.create_user("researcher", "r@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.RESEARCHER)
-    return user
+    return make_member(project, "researcher", Role.RESEARCHER)
+
+
+@pytest.fixture
+def viewer(project):
+    return make_member(project, "viewer", Role.VIEWER)
+
+
+@pytest.fixture
+def operator(django_user_model):
+    """A superuser (the Django admin's operator), who belongs to no project."""
+    return django_user_model.objects.create_superuser("operator", password="x")
 
 
 @pytest.fixture
@@ -77,6 +88,11 @@ def seed_candidate(project, owner):
         created_by=owner,
     )
     return candidate
+
+
+@pytest.fixture
+def child_candidate(project, seed_candidate, tmp_path):
+    return make_child_candidate(project, seed_candidate, tmp_path / "child")
 
 
 @pytest.fixture
