@@ -13,10 +13,10 @@ on every task).
 Each repetition draws one 0/1 outcome per candidate and task, shuffles the task order (the
 engine feeds a race in a random order) and the candidate order (so ties favour no one), then:
 - full evaluation: every candidate on every task, pick the highest mean (ties at random);
-- racing: `coevo.evaluations.stats.Race` on the same outcomes, task by task, stopping when one
-  candidate is left (eliminated: clearly worse than another with anytime-valid error control,
-  or too far behind the leader to catch up in the tasks left); rollouts = tasks each candidate
-  was evaluated on while in the race.
+- racing: `coevo.evaluations.stats.racing.Race` on the same outcomes, task by task, stopping
+  when one candidate is left (eliminated: clearly worse than another with anytime-valid error
+  control, or too far behind the leader to catch up in the tasks left); rollouts = tasks each
+  candidate was evaluated on while in the race.
 Both see the same outcomes, so their difference in picking the best one is a paired comparison.
 """
 
@@ -32,7 +32,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from coevo.evaluations.stats import Race, sign_test_p_value, wilson_interval  # noqa: E402
+from coevo.evaluations.stats.means import wilson_interval  # noqa: E402
+from coevo.evaluations.stats.paired import sign_test_p_value  # noqa: E402
+from coevo.evaluations.stats.racing import Race  # noqa: E402
 
 # One winner, a runner-up `--margin` points behind (8 by default), and six weaker candidates.
 BEST, OTHERS = 0.60, (0.45, 0.42, 0.38, 0.35, 0.30, 0.25)

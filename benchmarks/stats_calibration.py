@@ -5,9 +5,9 @@
 The simulated suite has known per-task success probabilities p[t] ~ Beta(0.35, 0.45): as in
 real suites, many tasks are (nearly) always or never solved and some lie in between. Each
 repetition draws fresh 0/1 outcomes (k epochs per task) for two evaluations and compares them
-with `coevo.evaluations.stats.paired_comparison` (exact McNemar / sign test, paired bootstrap)
-and with `sequential_paired_decision` checked after every task (as the engine's early stopping
-does):
+with `coevo.evaluations.stats.paired.paired_comparison` (exact McNemar / sign test, paired
+bootstrap) and with `sequential_paired_decision` checked after every task (as the engine's
+early stopping does):
 
 - A/A: both evaluations are of the same candidate (same p). Every "significant" is a false
   alarm; at 95% confidence it must happen in at most 5% of repetitions.
@@ -33,12 +33,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from coevo.evaluations.stats import (  # noqa: E402
-    paired_comparison,
-    sequential_paired_decision,
-    sign_test_p_value,
-    wilson_interval,
-)
+from coevo.evaluations.stats.means import wilson_interval  # noqa: E402
+from coevo.evaluations.stats.paired import paired_comparison, sign_test_p_value  # noqa: E402
+from coevo.evaluations.stats.sequential import sequential_paired_decision  # noqa: E402
 
 ALPHA = 0.05
 IMPROVEMENT = 0.10

@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
 from coevo.errors import NotFound
 from coevo.evaluations.ledger import BudgetLimits
-from coevo.evaluations.stats import Interval
+from coevo.evaluations.stats.base import Interval
 from coevo.matrices.models import CompatibilityMatrix, MatrixState
 from coevo.matrices.selectors import (
     GridCell,

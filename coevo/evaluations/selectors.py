@@ -15,16 +15,15 @@ from coevo.evaluations.models import (
     Rollout,
     RolloutState,
 )
-from coevo.evaluations.stats import (
-    PairedComparison,
+from coevo.evaluations.stats.means import (
     ScoreSummary,
     mean_score_summary,
-    paired_comparison,
     pass_at_k_summary,
     pass_rate_summary,
     per_task_means,
     per_task_pass_counts,
 )
+from coevo.evaluations.stats.paired import PairedComparison, paired_comparison
 from coevo.evaluations.traces import PAGE_SIZE as TRACE_PAGE_SIZE
 from coevo.evaluations.traces import Cursor, TracePage, trace_page
 from coevo.projects.models import Project

@@ -21,13 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coevo.evaluations.models import EvaluationState, Outcome
-from coevo.evaluations.stats import (
-    PairedComparison,
-    ScoreSummary,
-    mean_score_summary,
-    paired_comparison,
-    per_task_means,
-)
+from coevo.evaluations.stats.means import ScoreSummary, mean_score_summary, per_task_means
+from coevo.evaluations.stats.paired import PairedComparison, paired_comparison
 from coevo.gates.models import Verdict
 from coevo.gates.policy import GatePolicy
 

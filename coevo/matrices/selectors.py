@@ -15,13 +15,9 @@ from django.db.models import QuerySet
 from coevo.errors import NotFound
 from coevo.evaluations.models import Evaluation, EvaluationState
 from coevo.evaluations.selectors import evaluation_task_scores
-from coevo.evaluations.stats import (
-    Interval,
-    PairedComparison,
-    mean_score_summary,
-    paired_comparison,
-    per_task_means,
-)
+from coevo.evaluations.stats.base import Interval
+from coevo.evaluations.stats.means import mean_score_summary, per_task_means
+from coevo.evaluations.stats.paired import PairedComparison, paired_comparison
 from coevo.matrices.models import CompatibilityMatrix, MatrixCell, MatrixState
 from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Project

@@ -10,7 +10,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from coevo.evaluations.models import Outcome, Rollout, RolloutState
-from coevo.evaluations.stats import ScoreSummary
+from coevo.evaluations.stats.means import ScoreSummary
 
 register = template.Library()
 

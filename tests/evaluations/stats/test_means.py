@@ -1,29 +1,22 @@
-"""Statistics: intervals, pass@k, paired comparison, sequential stopping and racing."""
+"""Means with intervals (Wilson, bootstrap) and pass@k."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from statistics import NormalDist
 
 import pytest
 
-from coevo.evaluations.stats import (
-    Interval,
-    InvalidStatisticsInput,
-    Race,
+from coevo.evaluations.stats.base import Interval, InvalidStatisticsInput
+from coevo.evaluations.stats.means import (
     ScoreSummary,
     mean_score_summary,
-    paired_comparison,
     pass_at_k,
     pass_at_k_summary,
     pass_rate_summary,
     per_task_means,
     per_task_pass_counts,
-    race,
-    sequential_paired_decision,
-    sign_test_p_value,
     wilson_interval,
 )
 
@@ -299,230 +292,3 @@ def test_it_refuses_scores_outside_zero_and_one(scores):
 
 def test_it_summarises_no_scores_without_a_mean():
     assert mean_score_summary([]).mean is None
-
-
-# --- paired comparison -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("wins", "losses", "expected"),
-    [
-        (1, 6, 0.125),  # 2 * (C(7,0) + C(7,1)) / 2^7 = 2 * 8 / 128
-        (6, 1, 0.125),
-        (0, 5, 0.0625),  # 2 / 2^5
-        (10, 0, 0.001953125),  # 2 / 2^10
-        (3, 3, 1.0),
-        (0, 0, 1.0),
-        (2, 8, 0.109375),  # 2 * (1 + 10 + 45) / 1024
-    ],
-)
-def test_it_computes_the_exact_mcnemar_p_value(wins, losses, expected):
-    assert sign_test_p_value(wins, losses) == pytest.approx(expected, abs=1e-15)
-
-
-def test_it_classifies_flips_and_drops_unshared_tasks():
-    reference = {"a": [1], "b": [0], "c": [1], "d": [0], "only-ref": [1]}
-    candidate = {"a": [1], "b": [1], "c": [0], "d": [0], "only-cand": [0]}
-
-    result = paired_comparison(reference, candidate)
-
-    assert result.kind == "binary"
-    assert result.flips == {
-        "fixed": ("b",),
-        "broken": ("c",),
-        "both_pass": ("a",),
-        "both_fail": ("d",),
-    }
-    assert (result.tasks, result.reference_only, result.candidate_only) == (4, 1, 1)
-    assert result.difference == 0.0
-    assert result.p_value == 1.0
-    assert result.verdict == "no significant difference"
-
-
-def test_it_finds_a_clear_improvement_significant():
-    reference = {f"t{i}": [0.0] if i < 10 else [float(i % 2)] for i in range(20)}
-    candidate = {f"t{i}": [1.0] if i < 10 else [float(i % 2)] for i in range(20)}
-
-    result = paired_comparison(reference, candidate)
-
-    assert len(result.flips["fixed"]) == 10 and result.flips["broken"] == ()
-    assert result.p_value == pytest.approx(0.001953125)
-    assert result.difference == pytest.approx(0.5)
-    assert result.interval.low > 0
-    assert result.significant and result.verdict == "better"
-    assert paired_comparison(candidate, reference).verdict == "worse"
-
-
-def test_it_compares_epochs_by_per_task_pass_rate_with_a_sign_test():
-    reference = {"a": [1, 0], "b": [0, 0], "c": [1, 1], "d": [0, 1]}
-    candidate = {"a": [1, 1], "b": [0, 1], "c": [1, 0], "d": [1, 0]}
-
-    result = paired_comparison(reference, candidate)
-
-    assert result.kind == "graded"
-    assert result.flips == {"improved": ("a", "b"), "regressed": ("c",), "tied": ("d",)}
-    assert result.difference == pytest.approx((0.5 + 0.5 - 0.5 + 0) / 4)
-    assert result.p_value == sign_test_p_value(2, 1) == 1.0
-
-
-def test_it_bootstraps_the_paired_difference_deterministically_by_seed():
-    rng = random.Random(5)
-    reference = {i: [float(rng.random() < 0.5)] for i in range(80)}
-    candidate = {i: [float(rng.random() < 0.6)] for i in range(80)}
-
-    first = paired_comparison(reference, candidate, seed=1)
-
-    assert first == paired_comparison(reference, candidate, seed=1)
-    assert first.interval != paired_comparison(reference, candidate, seed=2).interval
-    assert first.interval.low < first.difference < first.interval.high
-
-
-def test_it_serialises_a_comparison_to_json():
-    result = paired_comparison({"a": [1], "b": [0]}, {"a": [0], "b": [1]})
-
-    data = json.loads(json.dumps(result.as_dict()))
-
-    assert data["flips"]["fixed"] == ["b"] and data["flip_counts"]["broken"] == 1
-    assert data["test"] == "exact McNemar" and data["verdict"] == "no significant difference"
-
-
-def test_it_compares_no_shared_tasks_without_a_difference():
-    result = paired_comparison({"a": [1]}, {"b": [1]})
-
-    assert result.tasks == 0 and result.difference is None and not result.significant
-
-
-# --- sequential early stopping -----------------------------------------------------------------
-
-
-def test_it_computes_the_mixture_p_value_by_hand():
-    # M = 2^n B(F + 1/2, B + 1/2) / B(1/2, 1/2): 1 after one discordant task, 3/2 after 2-0;
-    # 2^7 Gamma(7.5) Gamma(0.5) / (Gamma(8) pi) = 26.81... after 7-0.
-    assert sequential_paired_decision(1, 0).p_value == pytest.approx(1.0)
-    assert sequential_paired_decision(2, 0).p_value == pytest.approx(2 / 3)
-    seven = 2**7 * math.gamma(7.5) * math.gamma(0.5) / (math.gamma(8) * math.pi)
-    assert sequential_paired_decision(0, 7).p_value == pytest.approx(1 / seven)
-
-
-def test_it_stops_a_lopsided_comparison_with_a_reason():
-    decision = sequential_paired_decision(0, 7, tasks=23)
-
-    assert decision.stop and decision.direction == "worse"
-    assert decision.reason == (
-        "stopped after 23 tasks: clearly worse than the reference "
-        "(7 broken, 0 fixed; anytime-valid p = 0.0373 < 0.05)"
-    )
-    assert sequential_paired_decision(7, 0).direction == "better"
-    assert not sequential_paired_decision(0, 6).stop  # exact McNemar would say 0.03 here
-
-
-def test_it_never_stops_on_perfectly_balanced_data():
-    for t in range(0, 2000, 2):
-        assert not sequential_paired_decision(t // 2, t // 2, tasks=t).stop
-
-
-def test_it_rarely_stops_on_balanced_data_although_checked_after_every_task():
-    rng = random.Random(11)
-    stopped = 0
-    for _ in range(300):
-        fixed = broken = 0
-        for _ in range(100):  # discordant tasks, each way with probability 1/2
-            if rng.random() < 0.5:
-                fixed += 1
-            else:
-                broken += 1
-            if sequential_paired_decision(fixed, broken).stop:
-                stopped += 1
-                break
-
-    assert stopped / 300 <= 0.05
-
-
-def test_it_stops_early_on_lopsided_data():
-    rng = random.Random(12)
-    lengths = []
-    for _ in range(100):
-        fixed = broken = 0
-        while not sequential_paired_decision(fixed, broken).stop:
-            if rng.random() < 0.9:
-                broken += 1
-            else:
-                fixed += 1
-        lengths.append(fixed + broken)
-        assert sequential_paired_decision(fixed, broken).direction == "worse"
-
-    assert max(lengths) < 40
-
-
-def test_it_refuses_inconsistent_counts():
-    with pytest.raises(InvalidStatisticsInput, match="cannot be fewer"):
-        sequential_paired_decision(3, 4, tasks=5)
-
-
-# --- racing ----------------------------------------------------------------------------------
-
-
-def test_it_eliminates_an_obviously_bad_candidate_early():
-    rng = random.Random(4)
-    contest = Race(["good", "fair", "bad"])
-    for _ in range(200):
-        contest.observe(
-            {c: float(rng.random() < 0.8) for c in contest.alive if c == "good"}
-            | {c: float(rng.random() < 0.5) for c in contest.alive if c == "fair"}
-            | {c: 0.0 for c in contest.alive if c == "bad"}
-        )
-        if contest.finished:
-            break
-
-    result = contest.result()
-    bad = next(e for e in result.eliminations if e.candidate == "bad")
-    assert bad.after_tasks < 20 and bad.by == "good"
-    assert bad.reason.startswith(
-        f"eliminated after {bad.after_tasks} tasks: clearly worse than good"
-    )
-    assert result.winner == "good" and result.decided
-    assert result.rollouts < 3 * result.tasks_seen
-
-
-def test_it_keeps_equal_candidates_in_the_race():
-    rng = random.Random(9)
-    eliminated = 0
-    races = 30
-    for _ in range(races):
-        probabilities = [rng.random() for _ in range(60)]
-        scores = {c: [float(rng.random() < p) for p in probabilities] for c in "abc"}
-        result = race(scores, alpha=0.05)
-        eliminated += sum(e.kind == "evidence" for e in result.eliminations)
-
-    # Each candidate is wrongly dropped with probability at most alpha (here all are best).
-    assert eliminated / (3 * races) <= 0.05
-
-
-def test_it_picks_the_highest_mean_when_tasks_run_out():
-    contest = Race(["a", "b"])
-    for a, b in [(1, 1), (0, 1), (1, 1), (0, 0)]:
-        contest.observe({"a": a, "b": b})
-
-    result = contest.result()
-
-    assert not result.decided and result.winner == "b" and result.alive == ("a", "b")
-    assert result.means == {"a": 0.5, "b": 0.75} and result.rollouts == 8
-    assert json.loads(json.dumps(result.as_dict()))["winner"] == "b"
-
-
-def test_it_drops_a_candidate_that_cannot_catch_up_in_the_tasks_left():
-    result = race({"a": [1, 1, 1, 0, 0], "b": [0, 0, 0, 0, 0]})
-
-    (dropped,) = result.eliminations
-    assert (dropped.candidate, dropped.kind, dropped.after_tasks) == ("b", "out_of_reach", 3)
-    assert dropped.reason == (
-        "eliminated after 3 tasks: cannot catch up with a in the 2 tasks left (0 vs 3 passed)"
-    )
-    assert result.winner == "a" and result.rollouts == 6
-
-
-def test_it_refuses_to_observe_without_every_alive_candidate():
-    contest = Race(["a", "b"])
-
-    with pytest.raises(InvalidStatisticsInput, match="missing scores"):
-        contest.observe({"a": 1.0})
