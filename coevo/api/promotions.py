@@ -23,9 +23,10 @@ from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
 from coevo.errors import InvalidInput, NotFound
 from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Project, Role
-from coevo.reviews import promotions as review_promotions
 from coevo.reviews import selectors as review_selectors
 from coevo.reviews import services as review_services
+from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.decide import promotion_decide
 from coevo.suites.models import Split, Suite
 from coevo.suites.selectors import suite_get
 from harness_store.selectors import candidate_get
@@ -193,7 +194,7 @@ class PromotionListView(ApiView):
             from coevo.policies.services import policy_version_get_default
 
             policy_version = channel.policy_version or policy_version_get_default()
-        promotion = review_promotions.promotion_request_create(
+        promotion = promotion_request_create(
             channel=channel,
             candidate=candidate,
             policy_version=policy_version,
@@ -230,7 +231,7 @@ class PromotionDecisionView(ApiView):
         data = DecisionIn(data=request.data)
         data.is_valid(raise_exception=True)
         promotion = review_selectors.promotion_get(project=self.project, request_id=request_id)
-        review_promotions.promotion_decide(
+        promotion_decide(
             request=promotion,
             reviewer=request.user,
             decision=self.decision,

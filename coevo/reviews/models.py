@@ -166,7 +166,8 @@ class PromotionRequest(TimeStampedModel):
     holder_evaluation = models.ForeignKey(
         Evaluation, null=True, blank=True, on_delete=models.RESTRICT, related_name="+"
     )
-    # Assembled by coevo.reviews.evidence once both held-out evaluations are final; {} before.
+    # Assembled by coevo.reviews.promotions.evidence once both held-out evaluations are final;
+    # {} before.
     evidence = models.JSONField(default=dict, blank=True)
     # Held-out evaluations of the project (and of the candidate's campaign) so far, this
     # request's own included: repeated looks at held-out scores are themselves overfitting.

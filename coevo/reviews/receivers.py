@@ -9,15 +9,14 @@ from django.db import transaction
 from django.dispatch import receiver
 
 from coevo.evaluations.signals import evaluation_finished
+from coevo.reviews.promotions.refresh import promotions_for_evaluation
+from coevo.reviews.tasks import promotion_refresh_enqueue
 
 
 @receiver(evaluation_finished, dispatch_uid="coevo.reviews.refresh_on_evaluation_finished")
 def refresh_promotions_on_evaluation_finished(
     sender: Any, evaluation_id: Any, **kwargs: Any
 ) -> None:
-    from coevo.reviews.promotions import promotions_for_evaluation
-    from coevo.reviews.tasks import promotion_refresh_enqueue
-
     for request_id in promotions_for_evaluation(evaluation_id=evaluation_id):
         transaction.on_commit(
             lambda request_id=request_id: promotion_refresh_enqueue(request_id=request_id)

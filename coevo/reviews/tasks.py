@@ -7,8 +7,8 @@ from typing import Any
 
 from celery import shared_task
 
-from coevo.reviews import promotions
 from coevo.reviews.models import PromotionRequest
+from coevo.reviews.promotions import refresh
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 def promotion_refresh(request_id: str) -> None:
     request = PromotionRequest.objects.filter(id=request_id).first()
     if request is not None:
-        promotions.promotion_evidence_refresh(request=request)
+        refresh.promotion_evidence_refresh(request=request)
 
 
 @shared_task(
@@ -30,7 +30,7 @@ def promotion_refresh(request_id: str) -> None:
 )
 def promotions_refresh_open() -> None:
     """Run by beat: assemble the evidence of requests whose evaluation_finished was missed."""
-    ready = promotions.promotions_refresh_open()
+    ready = refresh.promotions_refresh_open()
     if ready:
         logger.info("promotions watchdog: %d request(s) became ready after a missed signal", ready)
 

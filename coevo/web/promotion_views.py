@@ -24,10 +24,12 @@ from coevo.evaluations.selectors import rollout_get
 from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
-from coevo.reviews import promotions as review_promotions
 from coevo.reviews import selectors as review_selectors
 from coevo.reviews import services as review_services
 from coevo.reviews.models import PromotionState
+from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.decide import promotion_comment, promotion_decide
+from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.selectors import channel_history, channel_list_for_project
 from coevo.suites.selectors import suite_list
 from coevo.web.access import project_view
@@ -189,7 +191,7 @@ def _create_from_form(*, project: Project, values: dict[str, str], user: Any) ->
         from coevo.policies.services import policy_version_get_default
 
         policy_version = channel.policy_version or policy_version_get_default()
-    return review_promotions.promotion_request_create(
+    return promotion_request_create(
         channel=channel,
         candidate=candidate,
         policy_version=policy_version,
@@ -262,15 +264,15 @@ def promotion_action(
     try:
         if action == "comment":
             _require_role(request, project, Role.RESEARCHER, "Commenting")
-            review_promotions.promotion_comment(request=promotion, author=request.user, body=body)
+            promotion_comment(request=promotion, author=request.user, body=body)
             messages.success(request, "Comment added.")
         elif action == "refresh":
             _require_role(request, project, Role.RESEARCHER, "Refreshing the evidence")
-            review_promotions.promotion_evidence_refresh(request=promotion, by=request.user)
+            promotion_evidence_refresh(request=promotion, by=request.user)
             messages.success(request, "Evidence refreshed against the channel's current holder.")
         elif action in DECISIONS:
             _require_role(request, project, Role.REVIEWER, "Approving or rejecting")
-            review_promotions.promotion_decide(
+            promotion_decide(
                 request=promotion, reviewer=request.user, decision=action, comment=body
             )
             messages.success(request, "Approved." if action == "approve" else "Rejected.")

@@ -15,7 +15,8 @@ from coevo.errors import PermissionDenied
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set, project_get_or_create
 from coevo.reviews.models import Approval, PromotionRequest, PromotionState
-from coevo.reviews.promotions import promotion_evidence_refresh, promotion_request_create
+from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.selectors import channel_holder
 from coevo.reviews.services import channel_move
 from coevo.suites.jsonl import scorer_spec_build

@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from coevo.campaigns.services import campaign_create
 from coevo.evaluations.services import evaluation_create
-from coevo.reviews.promotions import promotion_request_create
+from coevo.reviews.promotions.create import promotion_request_create
 from coevo.reviews.services import channel_get_or_create
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.services import suite_import_jsonl

@@ -11,12 +11,10 @@ from coevo.evaluations.models import Evaluation
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.reviews.models import Approval, PromotionState
-from coevo.reviews.promotions import (
-    promotion_comment,
-    promotion_decide,
-    promotion_evidence_refresh,
-    promotion_request_create,
-)
+from coevo.reviews.promotions import decide
+from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.decide import promotion_comment, promotion_decide
+from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.selectors import (
     channel_holder,
     promotion_comments,
@@ -216,9 +214,7 @@ def test_it_refuses_an_approval_when_the_channel_moves_during_the_decision(
 ):
     """The staleness check and the move are separate reads: the move's compare-and-swap on
     the evidence's generation is what finally holds, and the approval rolls back with it."""
-    import coevo.reviews.promotions as promotions
-
-    monkeypatch.setattr(promotions, "promotion_is_stale", lambda request: False)
+    monkeypatch.setattr(decide, "promotion_is_stale", lambda request: False)
     hotfix = harness(project, tmp_path, "hotfix", ASKS_THE_MODEL + "\n# hotfix\n", parent=guesser)
     production = ready_request.channel
     production.refresh_from_db()

@@ -9,7 +9,8 @@ import pytest
 from coevo.evaluations.models import Outcome, Rollout
 from coevo.evaluations.services import evaluation_create
 from coevo.reviews.models import PromotionState
-from coevo.reviews.promotions import promotion_evidence_refresh, promotion_request_create
+from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.services import channel_get_or_create
 from harness_store.services import candidate_import_directory
 from tests.gates.conftest import record

@@ -11,7 +11,7 @@ from coevo.errors import PermissionDenied
 from coevo.evaluations.models import Evaluation
 from coevo.evaluations.services import evaluation_create
 from coevo.projects.services import project_get_or_create
-from coevo.reviews.promotions import promotion_request_create
+from coevo.reviews.promotions.create import promotion_request_create
 from coevo.reviews.selectors import heldout_looks
 from coevo.suites.models import Split
 from tests.campaigns.support import styled_seed

@@ -112,7 +112,8 @@ def promotion(project, owner, seed_candidate, policy_version, tmp_path):
     """A ready promotion request on a suite whose held-out task *keys* carry the marker too,
     with a flipped task and traces: the per-task evidence a reviewer reads."""
     from coevo.reviews.models import PromotionState
-    from coevo.reviews.promotions import promotion_evidence_refresh, promotion_request_create
+    from coevo.reviews.promotions.create import promotion_request_create
+    from coevo.reviews.promotions.refresh import promotion_evidence_refresh
     from coevo.reviews.services import channel_get_or_create, channel_move
     from coevo.suites.jsonl import scorer_spec_build
     from coevo.suites.services import suite_import_jsonl

@@ -21,7 +21,8 @@ from coevo.evaluations.services import evaluation_create
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.reviews.models import Approval, ChannelMove, PromotionRequest, PromotionState
-from coevo.reviews.promotions import promotion_evidence_refresh, promotion_request_create
+from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.selectors import channel_holder
 from coevo.reviews.services import channel_move
 from tests.conftest import PASSWORD

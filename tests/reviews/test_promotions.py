@@ -15,12 +15,9 @@ from coevo.ops.retention import protected_evaluations
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.reviews.models import ChannelMove, PromotionRequest, PromotionState
-from coevo.reviews.promotions import (
-    promotion_cancel,
-    promotion_decide,
-    promotion_evidence_refresh,
-    promotion_request_create,
-)
+from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.decide import promotion_cancel, promotion_decide
+from coevo.reviews.promotions.refresh import promotion_evidence_refresh, promotions_refresh_open
 from coevo.reviews.selectors import channel_holder
 from coevo.reviews.services import channel_get_or_create, channel_move, channel_rollback
 from coevo.suites.models import Split
@@ -273,8 +270,6 @@ def test_it_keeps_the_traces_of_what_promotion_requests_reference(
 def test_it_catches_up_on_requests_whose_signal_was_missed(
     researcher, policy_version, arith_suite, asker, production
 ):
-    from coevo.reviews.promotions import promotions_refresh_open
-
     request = _request(production, asker, researcher, arith_suite, policy_version)
     assert promotions_refresh_open() == 0  # still running: nothing to do
     record(request.holder_evaluation)

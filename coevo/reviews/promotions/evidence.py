@@ -30,6 +30,8 @@ from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, Rollo
 from coevo.evaluations.selectors import evaluation_compare, evaluation_statistics
 from coevo.suites.models import Split
 from harness_store.models import Candidate
+from harness_store.selectors import candidate_diff, candidate_diff_names
+from harness_store.services import project_repo
 
 EVIDENCE_VERSION = 1
 DIFF_MAX_CHARS = 200_000
@@ -230,8 +232,6 @@ def _diff(candidate: Candidate, holder: Candidate | None) -> dict[str, Any]:
     """The changed files and the diff's text. The list is git's own (NUL-separated, every name
     as it is), not read back from the text's headers: a reviewer must see every changed file,
     also when the text is too large to show or a name is one git quotes."""
-    from harness_store.selectors import candidate_diff, candidate_diff_names
-
     base = holder.sha if holder else None
     try:
         files = candidate_diff_names(candidate=candidate, base=holder)
@@ -252,8 +252,6 @@ def _diff(candidate: Candidate, holder: Candidate | None) -> dict[str, Any]:
 def _lineage(candidate: Candidate, holder: Candidate | None) -> dict[str, Any]:
     """The commits on the path from the holder to the candidate: the candidate's ancestors
     (itself included) that are not the holder's, newest first."""
-    from harness_store.services import project_repo
-
     try:
         repo = project_repo(project=candidate.project)
         limit = LINEAGE_MAX_COMMITS + 1
