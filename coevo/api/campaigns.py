@@ -43,6 +43,7 @@ from coevo.campaigns.services import (
 )
 from coevo.errors import NotFound
 from coevo.evaluations.ledger import BudgetLimits
+from coevo.evaluations.selectors import search_validation_gap
 from coevo.exports.models import ExportFormat
 from coevo.policies.models import PolicyVersion
 from coevo.policies.services import policy_version_get_default
@@ -480,7 +481,7 @@ class CampaignDetailView(CampaignViewMixin):
             "proposal": best.sequence,
             "search_score": search,
             "validation_score": validation,
-            "gap": search - validation if search is not None and validation is not None else None,
+            "gap": search_validation_gap(search_score=search, validation_score=validation),
             "dashboard_url": self.absolute("web:candidate", self.project.slug, best.candidate.sha),
         }
 
@@ -492,9 +493,7 @@ class CampaignProposalsView(CampaignViewMixin):
         responses=paginated(ProposalOut),
     )
     def get(self, request: Request, slug: str, campaign_id: UUID) -> Response:
-        query = ProposalFilterIn(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        detail = query.validated_data["detail"]
+        detail = self.query(ProposalFilterIn)["detail"]
         campaign = self.campaign(campaign_id)
         proposals = Proposal.objects.filter(campaign=campaign).select_related(
             "candidate", "policy_version"

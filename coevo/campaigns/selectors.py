@@ -12,6 +12,7 @@ from coevo.errors import NotFound
 from coevo.evaluations.models import Budget
 from coevo.evaluations.selectors import evaluation_task_scores
 from coevo.projects.models import Project
+from coevo.training.models import TrainingRun
 
 
 def campaign_list(*, project: Project) -> QuerySet[Campaign]:
@@ -39,6 +40,15 @@ def proposal_list(*, campaign: Campaign) -> QuerySet[Proposal]:
         .select_related("candidate")
         .defer("shown", "prompt", "response")
         .order_by("sequence")
+    )
+
+
+def proposal_for_training_run(*, project: Project, run: TrainingRun) -> Proposal | None:
+    """The policy step that trained ``run``, with its campaign; None for a run started alone."""
+    return (
+        Proposal.objects.filter(training_run=run, campaign__project=project)
+        .select_related("campaign")
+        .first()
     )
 
 

@@ -320,6 +320,19 @@ class EvaluationComparison:
     flips: list[FlipRow]
 
 
+def evaluation_comparable_list(*, evaluation: Evaluation) -> QuerySet[Evaluation]:
+    """The evaluations ``evaluation`` compares with task by task (evaluation_compare): the same
+    suite and split, itself left out; never held-out ones (sealed, DESIGN.md §8)."""
+    return (
+        Evaluation.objects.filter(
+            project_id=evaluation.project_id, suite_id=evaluation.suite_id, split=evaluation.split
+        )
+        .exclude(split=Split.HELDOUT)
+        .exclude(id=evaluation.id)
+        .select_related("candidate", "suite")
+    )
+
+
 def evaluation_compare(*, reference: Evaluation, candidate: Evaluation) -> EvaluationComparison:
     """The paired comparison of two evaluations on the same suite split, with the flipped
     tasks (and a rollout of each side to open)."""
@@ -363,6 +376,16 @@ def evaluation_compare(*, reference: Evaluation, candidate: Evaluation) -> Evalu
     return EvaluationComparison(reference, candidate, statistics, rows)
 
 
+def search_validation_gap(
+    *, search_score: float | None, validation_score: float | None
+) -> float | None:
+    """How much of a search score did not carry over to validation: search − validation
+    (positive: the search split flattered it; AutoSaddler, HDA). None without both scores."""
+    if search_score is None or validation_score is None:
+        return None
+    return search_score - validation_score
+
+
 @dataclass(frozen=True)
 class SplitGap:
     """A candidate's latest finished search and validation scores on one suite and policy: the
@@ -377,9 +400,9 @@ class SplitGap:
 
     @property
     def gap(self) -> float | None:
-        if self.search_mean is None or self.validation_mean is None:
-            return None
-        return self.search_mean - self.validation_mean
+        return search_validation_gap(
+            search_score=self.search_mean, validation_score=self.validation_mean
+        )
 
 
 def candidate_split_gaps(*, candidate: Candidate) -> list[SplitGap]:

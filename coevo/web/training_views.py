@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
-from coevo.campaigns.models import Proposal
+from coevo.campaigns.selectors import proposal_for_training_run
 from coevo.errors import CoevoError, NotFound
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
@@ -46,11 +46,7 @@ def training_run_list_page(request: HttpRequest, project: Project) -> HttpRespon
 @project_view
 def training_run_detail(request: HttpRequest, project: Project, run_id: UUID) -> HttpResponse:
     run = training_run_get(project=project, run_id=run_id)
-    step = (
-        Proposal.objects.filter(training_run=run, campaign__project=project)
-        .select_related("campaign")
-        .first()
-    )
+    step = proposal_for_training_run(project=project, run=run)
     show_command = trainer_command_visible(user=request.user)
     context = {
         "project": project,

@@ -23,10 +23,10 @@ from coevo.evaluations.models import Rollout
 from coevo.evaluations.selectors import (
     candidate_split_gaps,
     evaluation_budget,
+    evaluation_comparable_list,
     evaluation_compare,
     evaluation_errors,
     evaluation_get,
-    evaluation_list,
     evaluation_progress,
     evaluation_stages,
     evaluation_statistics,
@@ -164,9 +164,7 @@ def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUI
         "errors": evaluation_errors(evaluation=evaluation),
         "rollouts": rollout_list(evaluation=evaluation),
         "can_run": project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER),
-        "comparable": evaluation_list(project=project, include_heldout=False)
-        .filter(suite=evaluation.suite, split=evaluation.split)
-        .exclude(id=evaluation.id)[:20],
+        "comparable": evaluation_comparable_list(evaluation=evaluation)[:20],
     }
     # The polling request (htmx) gets only the live part; its final render stops the polling.
     partial = request.htmx and not request.htmx.history_restore_request

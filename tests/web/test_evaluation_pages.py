@@ -3,6 +3,8 @@ and sealed held-out rollouts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
 
@@ -14,6 +16,7 @@ from coevo.evaluations.services.evaluations import HELDOUT_PURPOSE
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.suites.models import Split, Task
+from tests.support.factories import make_evaluation
 from tests.web.test_pages import plain, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -127,6 +130,25 @@ def test_it_compares_two_evaluations_with_links_to_both_traces(
     # The evaluation page offers the comparison.
     page = text(client.get(reverse("web:evaluation", args=[project.slug, candidate.id])))
     assert 'id="compare-form"' in page
+
+
+def test_it_offers_comparisons_only_on_the_same_suite_and_split(
+    client, owner, project, seed_candidate, humaneval_suite, policy_version
+):
+    def make(split=Split.SEARCH):
+        return make_evaluation(
+            candidate=seed_candidate,
+            suite=humaneval_suite,
+            policy_version=policy_version,
+            split=split,
+        )
+
+    shown, same, other_split = make(), make(), make(Split.VALIDATION)
+    client.force_login(owner)
+    page = text(client.get(reverse("web:evaluation", args=[project.slug, shown.id])))
+    offered = set(re.findall(r'<option value="([0-9a-f-]{36})"', page))
+    assert offered == {str(same.id)}
+    assert str(other_split.id) not in offered and str(shown.id) not in offered
 
 
 def test_it_refuses_to_compare_different_splits(
