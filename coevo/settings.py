@@ -397,12 +397,12 @@ CELERY_BEAT_SCHEDULE["training-watchdog"] = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    # coevo.ops.logs: the ids bound to the current rollout/task on every line, secrets and
+    # coevo.logs: the ids bound to the current rollout/task on every line, secrets and
     # held-out contents masked; JSON lines with COEVO_LOG_JSON=1.
-    "filters": {"context": {"()": "coevo.ops.logs.ContextFilter"}},
+    "filters": {"context": {"()": "coevo.logs.ContextFilter"}},
     "formatters": {
-        "plain": {"()": "coevo.ops.logs.PlainFormatter"},
-        "json": {"()": "coevo.ops.logs.JsonFormatter"},
+        "plain": {"()": "coevo.logs.PlainFormatter"},
+        "json": {"()": "coevo.logs.JsonFormatter"},
     },
     "handlers": {
         "console": {

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
 from coevo.errors import NotFound
 from coevo.evaluations.models import Evaluation
+from coevo.exports.downloads import export_file_response
 from coevo.exports.models import ExportFormat, ExportState, TrajectoryExport
 from coevo.exports.selectors import (
     trajectory_export_file,
@@ -26,7 +27,6 @@ from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Role
 from coevo.suites.models import Suite
 from coevo.suites.selectors import suite_get
-from coevo.web.export_views import export_file_response
 from harness_store.selectors import candidate_get
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import datetime
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db.models import Q, QuerySet
 
 from coevo.audit.models import AuditEvent, Webhook, WebhookDelivery
 from coevo.errors import InvalidInput, NotFound
-from coevo.projects.models import Project
+
+if TYPE_CHECKING:
+    from coevo.projects.models import Project
 
 
 @dataclass(frozen=True)

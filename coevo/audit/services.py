@@ -6,13 +6,15 @@ import datetime
 import decimal
 import enum
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import models
 
 from coevo.audit.models import AuditEvent
-from coevo.projects.models import Project
+
+if TYPE_CHECKING:  # audit sits below every app it records, projects included
+    from coevo.projects.models import Project
 
 # Public ids first (see STYLE: UUIDs, slugs or SHAs), the integer pk only as a last resort.
 _ID_FIELDS = ("sha", "slug", "username", "name", "pk")

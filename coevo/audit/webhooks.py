@@ -17,7 +17,7 @@ import json
 import logging
 import secrets
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.conf import settings
@@ -31,7 +31,10 @@ from coevo.audit.outbound import outbound_post, outbound_url_check
 from coevo.audit.services import audit_record
 from coevo.enqueue import task_enqueue
 from coevo.errors import InvalidInput, InvalidState
-from coevo.projects.models import Project
+
+if TYPE_CHECKING:
+    from coevo.projects.models import Project
+
 
 logger = logging.getLogger(__name__)
 

@@ -80,7 +80,7 @@ class Evaluation(TimeStampedModel):
     policy_outages = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Set once retention deleted its trace steps (coevo.ops.retention); scores stay.
+    # Set once retention deleted its trace steps (coevo.evaluations.retention); scores stay.
     traces_pruned_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from coevo.ops.retention import protect_evaluations
+from coevo.evaluations.retention import protect_evaluations
 
 
 @protect_evaluations

@@ -22,7 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 
-from coevo.ops.logs import redact
+from coevo.logs import redact
 
 
 @dataclass(frozen=True)

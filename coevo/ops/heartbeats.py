@@ -18,7 +18,7 @@ from typing import Any
 
 from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutdown
 
-from coevo.ops.logs import log_context_pop, log_context_push
+from coevo.logs import log_context_pop, log_context_push
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 @shared_task(name="coevo.ops.tasks.traces_prune", soft_time_limit=6 * 3600, time_limit=7 * 3600)
 def traces_prune() -> None:
     """Delete the trace bodies of old, unprotected evaluations (COEVO_TRACE_RETENTION_DAYS)."""
-    from coevo.ops.retention import traces_prune as prune
+    from coevo.evaluations.retention import traces_prune as prune
 
     prune()
 

@@ -16,15 +16,13 @@ def suite_list(*, project: Project) -> QuerySet[Suite]:
 
 def suite_summaries(*, project: Project) -> QuerySet[Suite]:
     """The project's suites with task counts per split and how many evaluations used each."""
-    from coevo.evaluations.models import Evaluation
-
-    # Evaluations are counted in a subquery: joining them next to the tasks would multiply
-    # the rows (tasks × evaluations) before counting.
+    # Evaluations are counted in a subquery (through Evaluation.suite's reverse relation: the
+    # evaluations app sits above this one): joining them next to the tasks would multiply the
+    # rows (tasks × evaluations) before counting.
     evaluations = (
-        Evaluation.objects.filter(suite=OuterRef("pk"))
+        Suite.objects.filter(pk=OuterRef("pk"))
         .order_by()
-        .values("suite")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("evaluations"))
         .values("n")
     )
     return Suite.objects.filter(project=project).annotate(

@@ -8,10 +8,11 @@ from uuid import UUID
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import FileResponse, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from coevo.errors import CoevoError, InvalidState, NotFound
+from coevo.exports.downloads import export_file_response
 from coevo.exports.models import ExportFormat
 from coevo.exports.selectors import (
     trajectory_export_file,
@@ -115,15 +116,3 @@ def export_download(request: HttpRequest, project: Project, export_id: UUID) -> 
     except InvalidState as exc:
         return HttpResponse(str(exc), status=409, content_type="text/plain")
     return export_file_response(path=path, filename=export.filename)
-
-
-def export_file_response(*, path, filename: str) -> FileResponse:
-    """Streams the file in blocks (FileResponse), never loading it into memory."""
-    response = FileResponse(
-        path.open("rb"), as_attachment=True, filename=filename, content_type="application/x-ndjson"
-    )
-    # Never stored by the browser or any proxy: the file is immutable, but access to it is not.
-    # Each download asks again, so a member removed from the project (or an export whose
-    # project is gone) gets a 404 rather than a copy cached on the way.
-    response["Cache-Control"] = "private, no-store"
-    return response

@@ -11,7 +11,7 @@ import pytest
 from coevo.audit.models import AuditEvent
 from coevo.errors import InvalidInput, InvalidState, PermissionDenied
 from coevo.evaluations.models import Evaluation, EvaluationState
-from coevo.ops.retention import protected_evaluations
+from coevo.evaluations.retention import protected_evaluations
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.reviews.models import ChannelMove, PromotionRequest, PromotionState

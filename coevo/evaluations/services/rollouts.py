@@ -32,7 +32,7 @@ from coevo.evaluations.models import (
 )
 from coevo.evaluations.traces import TraceWriter
 from coevo.ops import metrics
-from coevo.ops.logs import log_bind, log_context, rollout_log_ids
+from coevo.logs import log_bind, log_context, rollout_log_ids
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
 from harness_store.selectors import candidate_export
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from coevo.ops.retention import traces_prune
+from coevo.evaluations.retention import traces_prune
 
 
 class Command(BaseCommand):

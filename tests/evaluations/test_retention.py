@@ -1,4 +1,4 @@
-"""Trace retention (coevo.ops.retention, manage.py prune_traces, the beat job): old trace bodies
+"""Trace retention (coevo.evaluations.retention, manage.py prune_traces, the beat job): old trace bodies
 go, scores stay, and nothing a channel, promotion or export references is ever pruned."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
+from coevo.evaluations import retention
 from coevo.evaluations.models import (
     Evaluation,
     EvaluationState,
@@ -19,9 +20,8 @@ from coevo.evaluations.models import (
     RolloutState,
     TraceStep,
 )
+from coevo.evaluations.retention import protect_candidates, protect_evaluations, traces_prune
 from coevo.evaluations.traces import COMPRESS_OVER_BYTES, TraceWriter
-from coevo.ops import retention
-from coevo.ops.retention import protect_candidates, protect_evaluations, traces_prune
 from coevo.suites.models import Split
 from harness_store.services import candidate_import_directory
 from tests.conftest import SEED_HARNESS

@@ -11,15 +11,15 @@ What is never pruned: evaluations of a *protected* candidate and *protected* eva
 Protection is a registry, so that each app that comes to reference candidates or evaluations
 (promotion requests, trajectory exports, …) declares it where its models live::
 
-    from coevo.ops.retention import protect_candidates
+    from coevo.evaluations.retention import protect_candidates
 
     @protect_candidates
     def _exported_candidates():
         # a queryset of candidate ids (None when the app has nothing to protect)
         return TrajectoryExport.objects.values("candidate_id")
 
-Candidates on a channel (now or in its history) are registered here. Rollouts that a
-protected evaluation reused from the cache keep their traces too: those traces are where the
+Candidates on a channel (now or in its history) are registered by ``coevo.reviews``. Rollouts
+that a protected evaluation reused from the cache keep their traces too: those traces are where the
 protected evaluation's results came from.
 
 The run deletes in batches, each its own short transaction, and marks an evaluation pruned
@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings
 from django.db.models import Count, F, Func, IntegerField, Q, QuerySet, Sum, TextField, Value
 from django.db.models.functions import Cast, Coalesce
@@ -65,31 +64,6 @@ def protect_evaluations(fn: ProtectedIds) -> ProtectedIds:
     if fn not in _protected_evaluations:
         _protected_evaluations.append(fn)
     return fn
-
-
-def _model(app_label: str, model_name: str) -> Any:
-    """A model of an app that may not be installed (or not have the model yet)."""
-    if not any(config.label == app_label for config in apps.get_app_configs()):
-        return None
-    try:
-        return apps.get_model(app_label, model_name)
-    except LookupError:
-        return None
-
-
-@protect_candidates
-def _channel_candidates() -> QuerySet | None:
-    """Candidates a channel points at now, or pointed at or from in its history."""
-    channel, move = _model("reviews", "Channel"), _model("reviews", "ChannelMove")
-    if channel is None:
-        return None
-    ids = channel.objects.filter(candidate__isnull=False).values("candidate_id")
-    if move is not None:
-        ids = ids.union(
-            move.objects.values("to_candidate_id"),
-            move.objects.filter(from_candidate__isnull=False).values("from_candidate_id"),
-        )
-    return ids
 
 
 def protected_evaluations() -> QuerySet[Evaluation]:

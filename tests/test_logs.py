@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from coevo.ops.logs import (
+from coevo.logs import (
     ContextFilter,
     JsonFormatter,
     PlainFormatter,
@@ -88,7 +88,7 @@ def test_it_writes_json_lines_when_coevo_log_json_is_set(tmp_path):
         """
         import logging, django
         django.setup()
-        from coevo.ops.logs import log_context
+        from coevo.logs import log_context
         with log_context(project="demo", worker="w1"):
             logging.getLogger("coevo.x").warning("ready for %s", "work")
         """
