@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
-from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -12,45 +10,14 @@ from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.utils import timezone
 
-from coevo.audit.models import AuditEvent
 from coevo.audit.selectors import audit_event_list, audit_event_page, audit_target_types
 from coevo.errors import InvalidInput
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.web.access import project_view
+from coevo.web.presenters import audit_changes
 
 PAGE_SIZE = 50
-MAX_VALUE_CHARS = 120
-
-
-@dataclass(frozen=True)
-class Change:
-    key: str
-    before: str | None  # None: absent on that side
-    after: str | None
-
-
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value) if value is not None else "null"
-    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 1] + "…"
-
-
-def audit_changes(event: AuditEvent) -> list[Change]:
-    """A compact diff: only the keys whose value differs between before and after."""
-    before = event.before if isinstance(event.before, dict) else {}
-    after = event.after if isinstance(event.after, dict) else {}
-    changes = []
-    for key in sorted(set(before) | set(after)):
-        if key in before and key in after and before[key] == after[key]:
-            continue
-        changes.append(
-            Change(
-                key=key,
-                before=_short(before[key]) if key in before else None,
-                after=_short(after[key]) if key in after else None,
-            )
-        )
-    return changes
 
 
 def _date(params: QueryDict, name: str, *, end: bool = False) -> datetime.datetime | None:

@@ -5,7 +5,6 @@ configuration, its current phase and the policy each proposal ran under."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -16,21 +15,14 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
-from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
 from coevo.campaigns.alternation import DEFAULTS as ALTERNATION_DEFAULTS
 from coevo.campaigns.alternation import SWITCH_RULES
-from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
-from coevo.campaigns.plots import (
-    LineageNode,
-    ParetoPoint,
-    lineage_svg,
-    pareto_plot_svg,
-    scores_plot_svg,
-)
+from coevo.campaigns.models import ProposerKind
+from coevo.campaigns.plots import lineage_svg, pareto_plot_svg, scores_plot_svg
 from coevo.campaigns.policy_steps import next_phase
 from coevo.campaigns.selectors import (
     campaign_best_proposal,
@@ -50,15 +42,25 @@ from coevo.campaigns.services import (
 )
 from coevo.errors import CoevoError, NotFound
 from coevo.evaluations.ledger import BudgetLimits
+from coevo.evaluations.selectors import search_validation_gap
 from coevo.policies.models import PolicyEndpoint, PolicyVersion
+from coevo.policies.selectors import policy_versions_list
 from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.suites.models import Suite
+from coevo.suites.selectors import suite_list
 from coevo.training.models import Trainer
 from coevo.web.access import project_view
+from coevo.web.presenters import (
+    bar_percent,
+    campaign_spend_rows,
+    lineage_nodes,
+    pareto_points,
+    proposal_rows,
+)
 from harness_store.models import Candidate
-from harness_store.selectors import candidate_get
+from harness_store.selectors import candidate_get, candidate_list
 
 _DONE = {"pause": "paused", "resume": "resumed", "stop": "stopped"}
 ACTIONS = {"pause": campaign_pause, "resume": campaign_resume}
@@ -86,120 +88,6 @@ def campaign_list_page(request: HttpRequest, project: Project) -> HttpResponse:
 # --- the campaign page -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ProposalRow:
-    proposal: Proposal
-    stages: list[dict[str, Any]]  # {stage, ok, reason}
-    failed_stage: dict[str, Any] | None
-    outcome: str  # the validation outcome, in words
-    outcome_class: str  # pass | fail | neutral (the badge)
-    gap: float | None  # search − validation: how much the search split flattered it
-
-
-def proposal_rows(*, proposals: list[Proposal]) -> list[ProposalRow]:
-    """Each proposal with its stages and what validation made of it, in sequence order.
-    "new best" is judged as the runner does: a strictly higher validation score than every
-    earlier proposal's (the seed, proposal 0, is the first best)."""
-    rows = []
-    best: float | None = None
-    for p in sorted(proposals, key=lambda p: p.sequence):
-        stages = [s for s in (p.stages or []) if isinstance(s, dict)]
-        failed = next((s for s in stages if not s.get("ok")), None)
-        outcome, css = _outcome(p, failed, best)
-        if p.validation_score is not None and (best is None or p.validation_score > best):
-            best = p.validation_score
-        gap = None
-        if p.search_score is not None and p.validation_score is not None:
-            gap = p.search_score - p.validation_score
-        rows.append(ProposalRow(p, stages, failed, outcome, css, gap))
-    return rows
-
-
-def _outcome(p: Proposal, failed: dict[str, Any] | None, best: float | None) -> tuple[str, str]:
-    if p.state == ProposalState.INVALID:
-        where = failed.get("stage") if failed else "validation"
-        return f"rejected at {where}", "fail"
-    if p.state == ProposalState.FAILED:
-        return "not evaluated (failed)", "fail"
-    if p.state in (ProposalState.PROPOSED, ProposalState.EVALUATING):
-        return "in progress", "neutral"
-    if p.validation_score is None:
-        return "stopped on search (worse than its parent)", "neutral"
-    if p.kind == ProposerKind.SEED:
-        return "baseline", "neutral"
-    if best is None or p.validation_score > best:
-        return "new best", "pass"
-    return "no improvement", "neutral"
-
-
-def lineage_nodes(
-    *, project: Project, campaign: Campaign, proposals: list[Proposal]
-) -> list[LineageNode]:
-    """The seed and every candidate a proposal produced, with their git parents (a merge has
-    two); a candidate several proposals arrived at (a duplicate) appears once, first come."""
-    seed = campaign.seed_candidate
-    best_id = campaign.best_candidate_id
-
-    def href(candidate: Candidate) -> str:
-        return reverse("web:candidate", args=[project.slug, candidate.sha])
-
-    nodes = [
-        LineageNode(
-            sha=seed.sha,
-            parents=list(seed.parent_shas or []),
-            label="seed",
-            href=href(seed),
-            status="best" if best_id == seed.id else "seed",
-            title=seed.subject,
-        )
-    ]
-    for p in sorted(proposals, key=lambda p: p.sequence):
-        candidate = p.candidate
-        if candidate is None or p.kind == ProposerKind.SEED:
-            continue
-        if candidate.id == best_id:
-            status = "best"
-        elif p.state in (ProposalState.INVALID, ProposalState.FAILED):
-            status = "failed"
-        elif p.state in (ProposalState.PROPOSED, ProposalState.EVALUATING):
-            status = "open"
-        elif p.validation_score is None:
-            status = "pruned"
-        else:
-            status = "evaluated"
-        nodes.append(
-            LineageNode(
-                sha=candidate.sha,
-                parents=list(candidate.parent_shas or p.parent_shas or []),
-                label=f"#{p.sequence} {p.kind}",
-                href=href(candidate),
-                status=status,
-                title=candidate.subject,
-            )
-        )
-    return nodes
-
-
-def pareto_points(
-    *, project: Project, proposals: list[Proposal], front: list[Proposal]
-) -> list[ParetoPoint]:
-    front_ids = {p.id for p in front}
-    return [
-        ParetoPoint(
-            label=f"#{p.sequence} {p.candidate.short_sha}",
-            tokens_per_task=p.tokens_per_task,
-            validation_score=p.validation_score,
-            on_front=p.id in front_ids,
-            href=reverse("web:candidate", args=[project.slug, p.candidate.sha]),
-        )
-        for p in proposals
-        if p.state == ProposalState.EVALUATED
-        and p.candidate is not None
-        and p.validation_score is not None
-        and p.tokens_per_task is not None
-    ]
-
-
 def _patterns_template() -> str | None:
     # The failure-patterns partial (coevo.campaigns.patterns' own, reading
     # campaign.failure_patterns) is another module's; the page renders without it. It sits in
@@ -211,12 +99,6 @@ def _patterns_template() -> str | None:
     return PATTERNS_TEMPLATE
 
 
-def _bar(part: float, whole: float | None) -> int | None:
-    if not whole:
-        return None
-    return max(0, min(100, round(100 * part / whole)))
-
-
 @project_view
 def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -> HttpResponse:
     campaign = campaign_get(project=project, campaign_id=campaign_id)
@@ -224,14 +106,6 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
     proposals = list(proposal_list(campaign=campaign).select_related("candidate", "policy_version"))
     front = campaign_pareto_front(campaign=campaign)
     progress = campaign_progress(campaign=campaign)
-    spend = [
-        {
-            **row,
-            "spent_percent": _bar(row["spent"], row["limit"]),
-            "reserved_percent": _bar(row["reserved"], row["limit"]),
-        }
-        for row in progress.spend()
-    ]
     # Plots are built here from escaped data (coevo.campaigns.plots escapes every string).
     plots = {
         "scores": mark_safe(scores_plot_svg(series=campaign_best_series(campaign=campaign))),
@@ -248,12 +122,14 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
         "project": project,
         "campaign": campaign,
         "progress": progress,
-        "proposal_percent": _bar(progress.proposals, campaign.max_proposals),
-        "spend": spend,
+        "proposal_percent": bar_percent(progress.proposals, campaign.max_proposals),
+        "spend": campaign_spend_rows(progress=progress),
         "best": best,
         "gap": (
-            best.search_score - best.validation_score
-            if best and best.search_score is not None and best.validation_score is not None
+            search_validation_gap(
+                search_score=best.search_score, validation_score=best.validation_score
+            )
+            if best
             else None
         ),
         "front": front,
@@ -397,11 +273,9 @@ class CampaignStartForm(forms.Form):
     def __init__(self, *args: Any, project: Project, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.project = project
-        self.fields["suite"].queryset = Suite.objects.filter(project=project).order_by(
-            "name", "-created_at"
-        )
+        self.fields["suite"].queryset = suite_list(project=project).order_by("name", "-created_at")
         self.fields["suite"].label_from_instance = lambda s: f"{s.name} {s.version}"
-        self.fields["policy_version"].queryset = PolicyVersion.objects.order_by("name")
+        self.fields["policy_version"].queryset = policy_versions_list()
         self.fields["llm_endpoint"].queryset = PolicyEndpoint.objects.order_by("name")
         # Its name only: the endpoint's URL (an internal address) is the operators' business.
         self.fields["llm_endpoint"].label_from_instance = lambda e: e.name
@@ -493,7 +367,7 @@ def campaign_new(request: HttpRequest, project: Project) -> HttpResponse:
         if request.GET.get("seed"):
             initial["seed_candidate"] = request.GET["seed"][:40]
         form = CampaignStartForm(initial=initial, project=project)
-    recent = Candidate.objects.filter(project=project).order_by("-created_at")[:SEED_CHOICES]
+    recent = candidate_list(project=project).order_by("-created_at")[:SEED_CHOICES]
     return render(
         request,
         "campaigns/new.html",

@@ -13,9 +13,7 @@ from coevo.evaluations.selectors import evaluation_progress
 from coevo.gates.selectors import gate_get
 from coevo.projects.models import Project
 from coevo.web.access import project_view
-
-# Verdict → badge class (coevo.css has pass / fail / infra).
-VERDICT_BADGES = {"pass": "pass", "fail": "fail", "inconclusive": "infra", "error": "fail"}
+from coevo.web.presenters import gate_verdict_badge
 
 
 @project_view
@@ -26,7 +24,7 @@ def gate_detail(request: HttpRequest, project: Project, gate_id: UUID) -> HttpRe
     context = {
         "project": project,
         "gate": gate,
-        "verdict_badge": VERDICT_BADGES.get(gate.verdict, "neutral"),
+        "verdict_badge": gate_verdict_badge(gate.verdict),
         "candidate_evaluation": candidate_evaluation,
         "baseline_evaluation": baseline_evaluation,
         "candidate_progress": evaluation_progress(evaluation=candidate_evaluation),

@@ -17,11 +17,14 @@ from coevo.errors import CoevoError
 from coevo.matrices.selectors import matrix_get, matrix_grid, matrix_list, matrix_state
 from coevo.matrices.services import MAX_COLUMNS, MAX_ROWS, matrix_create
 from coevo.policies.models import PolicyVersion
+from coevo.policies.selectors import policy_versions_list
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.suites.models import Split, Suite
+from coevo.suites.selectors import suite_list
 from coevo.web.access import project_view
 from harness_store.models import Candidate
+from harness_store.selectors import candidate_list
 
 CANDIDATE_CHOICES = 100
 
@@ -55,14 +58,12 @@ class MatrixCreateForm(forms.Form):
 
     def __init__(self, *args: Any, project: Project, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        recent = Candidate.objects.filter(project=project).order_by("-authored_at")
+        recent = candidate_list(project=project).order_by("-authored_at")
         ids = list(recent.values_list("id", flat=True)[:CANDIDATE_CHOICES])
         self.fields["candidates"].queryset = recent.filter(id__in=ids)
         self.fields["candidates"].label_from_instance = lambda c: f"{c.short_sha} {c.subject}"
-        self.fields["policy_versions"].queryset = PolicyVersion.objects.order_by("name")
-        self.fields["suite"].queryset = Suite.objects.filter(project=project).order_by(
-            "name", "-created_at"
-        )
+        self.fields["policy_versions"].queryset = policy_versions_list()
+        self.fields["suite"].queryset = suite_list(project=project).order_by("name", "-created_at")
         self.fields["suite"].label_from_instance = lambda s: f"{s.name} {s.version}"
 
 

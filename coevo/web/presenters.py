@@ -1,4 +1,6 @@
-"""Read functions the dashboard needs beyond the domain selectors, shaped for templates.
+"""What the dashboard's templates show, shaped from domain rows and selectors: rows, badges,
+previews, plot points. Views call these; no view builds its own. The domain rules (what is a
+new best, what is the gap) stay in the domain: these only read them.
 
 Every function takes an already permission-checked project (or a row reached through one).
 """
@@ -11,14 +13,27 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, QuerySet
+from django.urls import reverse
 
+from coevo.audit.models import AuditEvent
+from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
+from coevo.campaigns.plots import LineageNode, ParetoPoint
+from coevo.campaigns.selectors import CampaignProgress
 from coevo.evaluations.models import Rollout
-from coevo.evaluations.selectors import rollout_trace
+from coevo.evaluations.selectors import rollout_trace, search_validation_gap
 from coevo.evaluations.traces import Cursor, TracePage, TraceSummary, trace_summary
 from coevo.projects.models import Membership, Project
 from coevo.projects.selectors import project_list_for_user
+from coevo.reviews.models import PromotionRequest
+from coevo.suites.models import Task
+from coevo.suites.selectors import task_is_sealed
+from harness_store.models import Candidate
 
 OPEN_MODEL_CALLS_UP_TO = 4
+PREVIEW_CHARS = 240
+MAX_VALUE_CHARS = 120
+# Verdict → badge class (coevo.css has pass / fail / infra).
+VERDICT_BADGES = {"pass": "pass", "fail": "fail", "inconclusive": "infra", "error": "fail"}
 
 
 def project_summaries_for_user(*, user: AbstractBaseUser) -> QuerySet[Project]:
@@ -79,3 +94,225 @@ def task_prompt(*, rollout: Rollout) -> str:
     if prompt is None:
         return ""
     return prompt if isinstance(prompt, str) else json.dumps(prompt, indent=2, ensure_ascii=False)
+
+
+# --- campaigns -------------------------------------------------------------------------------
+
+
+def bar_percent(part: float, whole: float | None) -> int | None:
+    """A progress bar's width: ``part`` of ``whole`` in percent (0–100), None without a whole."""
+    if not whole:
+        return None
+    return max(0, min(100, round(100 * part / whole)))
+
+
+def campaign_spend_rows(*, progress: CampaignProgress) -> list[dict[str, Any]]:
+    """The budget's spend rows with the widths of their spent and reserved bars."""
+    return [
+        {
+            **row,
+            "spent_percent": bar_percent(row["spent"], row["limit"]),
+            "reserved_percent": bar_percent(row["reserved"], row["limit"]),
+        }
+        for row in progress.spend()
+    ]
+
+
+@dataclass(frozen=True)
+class ProposalRow:
+    proposal: Proposal
+    stages: list[dict[str, Any]]  # {stage, ok, reason}
+    failed_stage: dict[str, Any] | None
+    outcome: str  # the validation outcome, in words
+    outcome_class: str  # pass | fail | neutral (the badge)
+    gap: float | None  # search − validation: how much the search split flattered it
+
+
+def proposal_rows(*, proposals: list[Proposal]) -> list[ProposalRow]:
+    """Each proposal with its stages and what validation made of it, in sequence order."""
+    rows = []
+    for p in sorted(proposals, key=lambda p: p.sequence):
+        stages = [s for s in (p.stages or []) if isinstance(s, dict)]
+        failed = next((s for s in stages if not s.get("ok")), None)
+        outcome, css = _outcome(p, failed)
+        gap = search_validation_gap(
+            search_score=p.search_score, validation_score=p.validation_score
+        )
+        rows.append(ProposalRow(p, stages, failed, outcome, css, gap))
+    return rows
+
+
+def _outcome(p: Proposal, failed: dict[str, Any] | None) -> tuple[str, str]:
+    if p.state == ProposalState.INVALID:
+        where = failed.get("stage") if failed else "validation"
+        return f"rejected at {where}", "fail"
+    if p.state == ProposalState.FAILED:
+        return "not evaluated (failed)", "fail"
+    if p.state in (ProposalState.PROPOSED, ProposalState.EVALUATING):
+        return "in progress", "neutral"
+    if p.validation_score is None:
+        return "stopped on search (worse than its parent)", "neutral"
+    if p.kind == ProposerKind.SEED:
+        return "baseline", "neutral"
+    # As the runner recorded it when the proposal ended (coevo.campaigns.evaluating).
+    if p.improved:
+        return "new best", "pass"
+    return "no improvement", "neutral"
+
+
+def lineage_nodes(
+    *, project: Project, campaign: Campaign, proposals: list[Proposal]
+) -> list[LineageNode]:
+    """The seed and every candidate a proposal produced, with their git parents (a merge has
+    two); a candidate several proposals arrived at (a duplicate) appears once, first come."""
+    seed = campaign.seed_candidate
+    best_id = campaign.best_candidate_id
+
+    def href(candidate: Candidate) -> str:
+        return reverse("web:candidate", args=[project.slug, candidate.sha])
+
+    nodes = [
+        LineageNode(
+            sha=seed.sha,
+            parents=list(seed.parent_shas or []),
+            label="seed",
+            href=href(seed),
+            status="best" if best_id == seed.id else "seed",
+            title=seed.subject,
+        )
+    ]
+    for p in sorted(proposals, key=lambda p: p.sequence):
+        candidate = p.candidate
+        if candidate is None or p.kind == ProposerKind.SEED:
+            continue
+        if candidate.id == best_id:
+            status = "best"
+        elif p.state in (ProposalState.INVALID, ProposalState.FAILED):
+            status = "failed"
+        elif p.state in (ProposalState.PROPOSED, ProposalState.EVALUATING):
+            status = "open"
+        elif p.validation_score is None:
+            status = "pruned"
+        else:
+            status = "evaluated"
+        nodes.append(
+            LineageNode(
+                sha=candidate.sha,
+                parents=list(candidate.parent_shas or p.parent_shas or []),
+                label=f"#{p.sequence} {p.kind}",
+                href=href(candidate),
+                status=status,
+                title=candidate.subject,
+            )
+        )
+    return nodes
+
+
+def pareto_points(
+    *, project: Project, proposals: list[Proposal], front: list[Proposal]
+) -> list[ParetoPoint]:
+    front_ids = {p.id for p in front}
+    return [
+        ParetoPoint(
+            label=f"#{p.sequence} {p.candidate.short_sha}",
+            tokens_per_task=p.tokens_per_task,
+            validation_score=p.validation_score,
+            on_front=p.id in front_ids,
+            href=reverse("web:candidate", args=[project.slug, p.candidate.sha]),
+        )
+        for p in proposals
+        if p.state == ProposalState.EVALUATED
+        and p.candidate is not None
+        and p.validation_score is not None
+        and p.tokens_per_task is not None
+    ]
+
+
+# --- suites ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    key: str
+    split: str
+    position: int
+    preview: str | None  # None: sealed (held-out), never rendered
+
+
+def task_row(task: Task) -> TaskRow:
+    if task_is_sealed(task=task):
+        return TaskRow(task.key, task.split, task.position, None)
+    return TaskRow(task.key, task.split, task.position, input_preview(task.inputs))
+
+
+def input_preview(inputs: Any) -> str:
+    """A short text of what the harness sees (``inputs`` only; never the verifier)."""
+    if isinstance(inputs, dict):
+        # JSONL suites keep the task's input under "input"; HumanEval its "prompt".
+        for name in ("input", "prompt", "objective"):
+            if name in inputs:
+                inputs = inputs[name]
+                break
+    text = inputs if isinstance(inputs, str) else json.dumps(inputs, ensure_ascii=False)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+# --- promotions and gates --------------------------------------------------------------------
+
+
+def promotion_sides(*, evidence: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None]]:
+    """The candidate's and the holder's evidence, each with its search, validation and
+    held-out scores in that order (None where a side or a split has none)."""
+    return [(name, _side(evidence.get(name))) for name in ("candidate", "holder")]
+
+
+def _side(side: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not side:
+        return None
+    scores = side.get("scores") or {}
+    return {**side, "score_list": [scores.get(s) for s in ("search", "validation", "heldout")]}
+
+
+def promotion_looks(*, promotion: PromotionRequest) -> dict[str, int]:
+    """How often held-out was looked at, by scope (the campaign's only for a campaign's)."""
+    looks = {"in this project": promotion.heldout_looks_project}
+    if promotion.heldout_looks_campaign is not None:
+        looks["in the candidate's campaign"] = promotion.heldout_looks_campaign
+    return looks
+
+
+def gate_verdict_badge(verdict: str) -> str:
+    return VERDICT_BADGES.get(verdict, "neutral")
+
+
+# --- audit -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    before: str | None  # None: absent on that side
+    after: str | None
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value) if value is not None else "null"
+    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 1] + "…"
+
+
+def audit_changes(event: AuditEvent) -> list[Change]:
+    """A compact diff: only the keys whose value differs between before and after."""
+    before = event.before if isinstance(event.before, dict) else {}
+    after = event.after if isinstance(event.after, dict) else {}
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        if key in before and key in after and before[key] == after[key]:
+            continue
+        changes.append(
+            Change(
+                key=key,
+                before=_short(before[key]) if key in before else None,
+                after=_short(after[key]) if key in after else None,
+            )
+        )
+    return changes

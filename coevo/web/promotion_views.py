@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 
 from coevo.errors import CoevoError
 from coevo.evaluations.selectors import rollout_get
-from coevo.policies.models import PolicyVersion
+from coevo.policies.selectors import policy_version_find, policy_versions_list
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.reviews import selectors as review_selectors
@@ -33,6 +33,7 @@ from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.selectors import channel_history, channel_list_for_project
 from coevo.suites.selectors import suite_list
 from coevo.web.access import project_view
+from coevo.web.presenters import promotion_looks, promotion_sides
 from coevo.web.views import rollout_page
 from harness_store.selectors import candidate_get, candidate_list
 
@@ -128,7 +129,7 @@ def promotion_list_page(request: HttpRequest, project: Project) -> HttpResponse:
 def _form_choices(project: Project) -> dict[str, Any]:
     return {
         "candidates": candidate_list(project=project)[:200],
-        "policy_versions": PolicyVersion.objects.order_by("name"),
+        "policy_versions": policy_versions_list(),
         "channels": channel_list_for_project(project=project).order_by("name"),
         "suites": suite_list(project=project),
     }
@@ -168,7 +169,7 @@ def _create_from_form(*, project: Project, values: dict[str, str], user: Any) ->
     candidate = candidate_get(project=project, sha=values["candidate"])
     policy_version = None
     if values["policy_version"]:
-        policy_version = PolicyVersion.objects.filter(name=values["policy_version"]).first()
+        policy_version = policy_version_find(name_or_id=values["policy_version"])
         if policy_version is None:
             raise NotFound(f"No policy version {values['policy_version']!r}.")
     if not values["suite"]:
@@ -211,11 +212,8 @@ def promotion_detail(request: HttpRequest, project: Project, request_id: UUID) -
         "project": project,
         "promotion": promotion,
         "evidence": evidence,
-        "sides": [
-            ("candidate", _side(evidence.get("candidate"))),
-            ("holder", _side(evidence.get("holder"))),
-        ],
-        "looks": _looks(promotion),
+        "sides": promotion_sides(evidence=evidence),
+        "looks": promotion_looks(promotion=promotion),
         "is_stale": review_selectors.promotion_is_stale(request=promotion),
         "is_settled": promotion.state != PromotionState.EVALUATING,
         "is_reviewer": is_reviewer,
@@ -236,20 +234,6 @@ def promotion_detail(request: HttpRequest, project: Project, request_id: UUID) -
     response = render(request, template, context)
     patch_vary_headers(response, ("HX-Request",))
     return response
-
-
-def _side(side: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not side:
-        return None
-    scores = side.get("scores") or {}
-    return {**side, "score_list": [scores.get(s) for s in ("search", "validation", "heldout")]}
-
-
-def _looks(promotion: Any) -> dict[str, int]:
-    looks = {"in this project": promotion.heldout_looks_project}
-    if promotion.heldout_looks_campaign is not None:
-        looks["in the candidate's campaign"] = promotion.heldout_looks_campaign
-    return looks
 
 
 @require_POST

@@ -6,8 +6,6 @@ No page shows a task's ``verifier`` payload (expected answers, hidden tests, ver
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -25,14 +23,10 @@ from coevo.errors import CoevoError
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.suites.jsonl import MAX_FILE_BYTES, SCORERS, SuiteImportError, scorer_spec_build
-from coevo.suites.models import Split, Suite, Task
-from coevo.suites.selectors import (
-    suite_get_by_id,
-    suite_summaries,
-    task_catalogue,
-    task_is_sealed,
-)
+from coevo.suites.models import Split, Suite
+from coevo.suites.selectors import suite_get_by_id, suite_summaries, task_catalogue
 from coevo.web.access import project_view
+from coevo.web.presenters import task_row
 from coevo.web.uploads import (
     MULTIPART_SLACK,
     declared_length,
@@ -42,15 +36,6 @@ from coevo.web.uploads import (
 
 TASKS_PER_PAGE = 100
 MAX_ERRORS_SHOWN = 20
-PREVIEW_CHARS = 240
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    key: str
-    split: str
-    position: int
-    preview: str | None  # None: sealed (held-out), never rendered
 
 
 class JsonlImportForm(forms.Form):
@@ -103,24 +88,6 @@ def suite_detail(request: HttpRequest, project: Project, suite_id: UUID) -> Http
             "tasks": [task_row(task) for task in page],
         },
     )
-
-
-def task_row(task: Task) -> TaskRow:
-    if task_is_sealed(task=task):
-        return TaskRow(task.key, task.split, task.position, None)
-    return TaskRow(task.key, task.split, task.position, input_preview(task.inputs))
-
-
-def input_preview(inputs: Any) -> str:
-    """A short text of what the harness sees (``inputs`` only; never the verifier)."""
-    if isinstance(inputs, dict):
-        # JSONL suites keep the task's input under "input"; HumanEval its "prompt".
-        for name in ("input", "prompt", "objective"):
-            if name in inputs:
-                inputs = inputs[name]
-                break
-    text = inputs if isinstance(inputs, str) else json.dumps(inputs, ensure_ascii=False)
-    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 @csrf_exempt  # checked in _suite_import, once the upload limit is in place (CSRF reads the body)

@@ -89,6 +89,7 @@ def make_campaign_data(project, tmp_path, policy_version) -> Data:
         search_score=0.25,
         validation_score=0.5,
         tokens_per_task=30.0,
+        improved=True,  # the first best, as the runner records it
     )
     proposal(
         1,
@@ -101,6 +102,7 @@ def make_campaign_data(project, tmp_path, policy_version) -> Data:
         search_score=1.0,
         validation_score=0.75,
         tokens_per_task=40.0,
+        improved=True,
     )
     proposal(
         2,
