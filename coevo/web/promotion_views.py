@@ -19,9 +19,10 @@ from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
-from coevo.errors import CoevoError
+from coevo.errors import CoevoError, InvalidInput, NotFound
 from coevo.evaluations.selectors import rollout_get
 from coevo.policies.selectors import policy_version_find, policy_versions_list
+from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.reviews import selectors as review_selectors
@@ -31,7 +32,7 @@ from coevo.reviews.promotions.create import promotion_request_create
 from coevo.reviews.promotions.decide import promotion_comment, promotion_decide
 from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.selectors import channel_history, channel_list_for_project
-from coevo.suites.selectors import suite_list
+from coevo.suites.selectors import suite_get_by_id, suite_list
 from coevo.web.access import project_view
 from coevo.web.presenters import promotion_looks, promotion_sides
 from coevo.web.views import rollout_page
@@ -161,9 +162,6 @@ _FORM_FIELDS = ("candidate", "policy_version", "channel", "suite", "epochs")
 
 
 def _create_from_form(*, project: Project, values: dict[str, str], user: Any) -> Any:
-    from coevo.errors import InvalidInput, NotFound
-    from coevo.suites.selectors import suite_get_by_id
-
     if not values["candidate"]:
         raise InvalidInput("Choose the candidate to promote.")
     candidate = candidate_get(project=project, sha=values["candidate"])
@@ -189,8 +187,6 @@ def _create_from_form(*, project: Project, values: dict[str, str], user: Any) ->
     )
     if policy_version is None:
         # Like gates: the channel's policy version, else the configured default.
-        from coevo.policies.services import policy_version_get_default
-
         policy_version = channel.policy_version or policy_version_get_default()
     return promotion_request_create(
         channel=channel,

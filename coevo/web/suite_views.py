@@ -25,6 +25,7 @@ from coevo.projects.selectors import project_user_has_role
 from coevo.suites.jsonl import MAX_FILE_BYTES, SCORERS, SuiteImportError, scorer_spec_build
 from coevo.suites.models import Split, Suite
 from coevo.suites.selectors import suite_get_by_id, suite_summaries, task_catalogue
+from coevo.suites.services import suite_import_humaneval, suite_import_jsonl
 from coevo.web.access import project_view
 from coevo.web.presenters import task_row
 from coevo.web.uploads import (
@@ -169,8 +170,6 @@ def _render_import(
 def _import_jsonl(
     *, project: Project, form: JsonlImportForm, actor: AbstractBaseUser
 ) -> tuple[Suite, bool]:
-    from coevo.suites.services import suite_import_jsonl
-
     if not form.is_valid():
         raise SuiteImportError(
             [f"{name}: {' '.join(problems)}" for name, problems in form.errors.items()]
@@ -205,8 +204,6 @@ def _import_jsonl(
 
 def _import_bundled(*, project: Project, kind: str, actor: AbstractBaseUser) -> tuple[Suite, bool]:
     if kind == "humaneval":
-        from coevo.suites.services import suite_import_humaneval
-
         return suite_import_humaneval(project=project, actor=actor)
     if kind == "textworld":
         try:
