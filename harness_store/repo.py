@@ -302,12 +302,6 @@ class HarnessRepo:
         tree_sha, *paths = out.splitlines()
         return tree_sha.strip(), sorted({p for p in paths if p.strip()})
 
-    def archive_tree(self, tree_sha: str) -> bytes:
-        """A tree's files as a gzipped tar (a merge result checked before it is committed)."""
-        data = io.BytesIO()
-        self._repo.archive(data, treeish=tree_sha, format="tar.gz")
-        return data.getvalue()
-
     def diff_to_tree(
         self,
         base_sha: str,
@@ -319,7 +313,7 @@ class HarnessRepo:
         """Unified diff from a commit to a tree (what a merge would change on its first parent);
         DiffTooLarge past ``max_bytes``."""
         base = self._commit(base_sha).hexsha
-        return _diff_text(self._diff_output(base, tree_sha, context=context, max_bytes=max_bytes))
+        return self._diff_text(base, tree_sha, context=context, max_bytes=max_bytes)
 
     # --- bundles ---------------------------------------------------------------------------
 
@@ -515,7 +509,7 @@ class HarnessRepo:
         diff of a huge file never sits whole in the caller's memory.
         """
         base, head = self._diff_ends(base_sha, head_sha)
-        return _diff_text(self._diff_output(base, head, context=context, max_bytes=max_bytes))
+        return self._diff_text(base, head, context=context, max_bytes=max_bytes)
 
     def diff_files(
         self,
@@ -570,6 +564,12 @@ class HarnessRepo:
             names += [name.decode("utf-8", NAME_ERRORS) for name in fields[i + 1 : i + 1 + count]]
             i += 1 + count
         return names
+
+    def _diff_text(self, base: str, head: str, *, context: int, max_bytes: int) -> str:
+        # As GitPython returned it before: one trailing newline dropped; bytes that are not UTF-8
+        # (a Latin-1 file) shown as U+FFFD rather than failing the page or the JSON encoder.
+        output = self._diff_output(base, head, context=context, max_bytes=max_bytes)
+        return output.removesuffix(b"\n").decode("utf-8", "replace")
 
     def _diff_ends(self, base_sha: str | None, head_sha: str) -> tuple[str, str]:
         head = self._commit(head_sha).hexsha
@@ -680,8 +680,13 @@ class HarnessRepo:
 
     def archive(self, sha: str) -> bytes:
         """The candidate's files as a gzipped tar (what workers receive)."""
+        return self.archive_tree(self._commit(sha).hexsha)
+
+    def archive_tree(self, treeish: str) -> bytes:
+        """A tree's files as a gzipped tar: a commit's (:meth:`archive`, which checks the SHA)
+        or a bare tree's (a merge result checked before it is committed)."""
         data = io.BytesIO()
-        self._repo.archive(data, treeish=self._commit(sha).hexsha, format="tar.gz")
+        self._repo.archive(data, treeish=treeish, format="tar.gz")
         return data.getvalue()
 
     def export_tree(self, sha: str, destination: Path) -> None:
@@ -705,12 +710,6 @@ class HarnessRepo:
 _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 _CHUNK = 64 * 1024
 _MAX_LISTED_PATH = 64 * 1024
-
-
-def _diff_text(output: bytes) -> str:
-    # As GitPython returned it before: one trailing newline dropped; bytes that are not UTF-8
-    # (a Latin-1 file) shown as U+FFFD rather than failing the page or the JSON encoder.
-    return output.removesuffix(b"\n").decode("utf-8", "replace")
 
 
 def extract_archive(data: bytes, destination: Path) -> None:
