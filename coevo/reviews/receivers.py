@@ -10,7 +10,7 @@ from django.dispatch import receiver
 
 from coevo.evaluations.signals import evaluation_finished
 from coevo.reviews.promotions.refresh import promotions_for_evaluation
-from coevo.reviews.tasks import promotion_refresh_enqueue
+from coevo.reviews.promotions.transitions import refresh_later
 
 
 @receiver(evaluation_finished, dispatch_uid="coevo.reviews.refresh_on_evaluation_finished")
@@ -18,6 +18,4 @@ def refresh_promotions_on_evaluation_finished(
     sender: Any, evaluation_id: Any, **kwargs: Any
 ) -> None:
     for request_id in promotions_for_evaluation(evaluation_id=evaluation_id):
-        transaction.on_commit(
-            lambda request_id=request_id: promotion_refresh_enqueue(request_id=request_id)
-        )
+        transaction.on_commit(lambda request_id=request_id: refresh_later(request_id))

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from celery import shared_task
 
 from coevo.reviews.models import PromotionRequest
 from coevo.reviews.promotions import refresh
+from coevo.reviews.promotions.transitions import PROMOTION_REFRESH_TASK
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(
-    name="coevo.reviews.tasks.promotion_refresh",
+    name=PROMOTION_REFRESH_TASK,
     acks_late=True,
     soft_time_limit=240,
     time_limit=300,
@@ -33,14 +33,3 @@ def promotions_refresh_open() -> None:
     ready = refresh.promotions_refresh_open()
     if ready:
         logger.info("promotions watchdog: %d request(s) became ready after a missed signal", ready)
-
-
-def promotion_refresh_enqueue(*, request_id: Any) -> None:
-    """Send ``promotion_refresh`` for one request; a broker that is down only delays it
-    (beat's job finds the request later)."""
-    try:
-        promotion_refresh.apply_async(args=[str(request_id)], queue="default")
-    except Exception as exc:  # kombu's errors differ by transport
-        logger.warning(
-            "promotion %s: could not enqueue promotion_refresh (%s); beat will", request_id, exc
-        )

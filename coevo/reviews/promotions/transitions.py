@@ -11,9 +11,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from coevo.audit.services import audit_record
+from coevo.enqueue import task_enqueue
 from coevo.reviews.models import PROMOTION_OPEN_STATES, PromotionRequest
 
 logger = logging.getLogger(__name__)
+
+# The Celery task name (coevo.reviews.tasks registers it; services send it by name).
+PROMOTION_REFRESH_TASK = "coevo.reviews.tasks.promotion_refresh"
 
 
 def audit_event(
@@ -35,10 +39,11 @@ def audit_event(
 
 
 def refresh_later(request_id: Any) -> None:
-    # Imported here: coevo.reviews.tasks imports the refresh service, which imports this module.
-    from coevo.reviews.tasks import promotion_refresh_enqueue
-
-    promotion_refresh_enqueue(request_id=request_id)
+    """Send ``promotion_refresh`` for one request (by name: tasks sit above services); a
+    broker that is down only delays it (beat's job finds the request later)."""
+    task_enqueue(
+        PROMOTION_REFRESH_TASK, str(request_id), queue="default", what=f"promotion {request_id}"
+    )
 
 
 def transition(
