@@ -2,11 +2,12 @@
 
 The diff page and the promotion evidence show a reviewer what a candidate changes, so a file
 the reader cannot place is an error (DiffUnreadable), never silently left out. The reader
-expects the output of :meth:`harness_store.repo.HarnessRepo.diff`, whose options it relies on:
-``a/`` and ``b/`` prefixes, no colour, no external or textconv drivers, and C-quoted names
-(``core.quotePath=true``), so a header line is ASCII and a name with a tab, a newline, a quote or
-a non-ASCII character is written ``"a/tab\\there"``. Hunk bodies are read by their line counts,
-so a changed line that looks like a header (``diff --git …`` in a file) stays a changed line.
+expects the output of :meth:`harness_store.repo.HarnessRepo.diff` (harness_store.repo_diffs),
+whose options it relies on: ``a/`` and ``b/`` prefixes, no colour, no external or textconv
+drivers, and C-quoted names (``core.quotePath=true``), so a header line is ASCII and a name with
+a tab, a newline, a quote or a non-ASCII character is written ``"a/tab\\there"``. Hunk bodies
+are read by their line counts, so a changed line that looks like a header (``diff --git …`` in a
+file) stays a changed line.
 """
 
 from __future__ import annotations

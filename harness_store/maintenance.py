@@ -32,7 +32,8 @@ from django.utils import timezone
 from coevo.errors import HarnessStoreError
 from coevo.projects.models import Project
 from harness_store.models import Candidate, StoreCheck
-from harness_store.repo import HarnessRepo, _flock
+from harness_store.repo import HarnessRepo
+from harness_store.repo_base import flock
 from harness_store.services import project_repo
 
 logger = logging.getLogger(__name__)
@@ -267,7 +268,7 @@ def _restore_one(*, entry: BundleEntry, bundle: Path, store: Path) -> RestoreRes
     _git(["fsck", "--full", "--strict", "--no-dangling"], cwd=staging)
     replaced = False
     # The repository's own lock: no import writes into it while it is swapped.
-    with _flock(target.with_suffix(".lock")):
+    with flock(target.with_suffix(".lock")):
         old = None
         if target.exists():
             old = store / f".replaced-{entry.project_id}-{int(time.time())}.git"

@@ -13,7 +13,8 @@ from coevo.projects.models import Project
 from harness_store.diffs import FilePatch
 from harness_store.manifest import Manifest, manifest_from_archive
 from harness_store.models import Candidate, TreeSnapshot
-from harness_store.repo import DEFAULT_MAX_DIFF_BYTES, CommitInfo, TreeEntry, extract_archive
+from harness_store.repo import CommitInfo, TreeEntry, extract_archive
+from harness_store.repo_diffs import DEFAULT_MAX_DIFF_BYTES
 from harness_store.services import project_repo, tree_snapshot_ensure
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")

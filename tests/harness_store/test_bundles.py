@@ -16,7 +16,8 @@ from django.db import connection
 from coevo.errors import InvalidBundle, MissingPrerequisites, PayloadTooLarge
 from coevo.projects.services import project_get_or_create
 from harness_store.models import Candidate, CandidateOrigin, TreeSnapshot
-from harness_store.repo import CANDIDATE_REF_PREFIX, HarnessRepo, read_bundle_header
+from harness_store.repo import CANDIDATE_REF_PREFIX, HarnessRepo
+from harness_store.repo_bundles import read_bundle_header
 from harness_store.selectors import candidate_read_file, candidate_shas_known
 from harness_store.services import candidate_import_bundle, project_repo
 from tests.conftest import SEED_HARNESS
