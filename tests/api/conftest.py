@@ -1,4 +1,4 @@
-"""API test fixtures: users with each role, tokens with chosen scopes, a client per token."""
+"""API test fixtures: tokens with chosen scopes, a client per token (users: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from coevo.accounts.models import SCOPES, TokenKind
 from coevo.accounts.services import token_create
-from coevo.projects.models import Role
-from coevo.projects.services import membership_set
-from tests.conftest import PASSWORD, SEED_HARNESS
+from tests.conftest import SEED_HARNESS
 
 # The promotion fixtures of the reviews tests (a JSONL suite with held-out tasks, two harnesses,
 # production holding one), shared with tests/api/test_promotions.py.
 from tests.reviews.conftest import arith_suite, asker, guesser, production  # noqa: F401
 
 ALL_BUT_APPROVE = [scope for scope in SCOPES if scope != "promotions:approve"]
-
-
-@pytest.fixture
-def viewer(project):
-    user = get_user_model().objects.create_user("viewer", "v@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.VIEWER)
-    return user
 
 
 @pytest.fixture

@@ -22,8 +22,7 @@ from coevo.reviews.services import channel_move
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.services import suite_import_jsonl
 from tests.conftest import PASSWORD
-from tests.gates.conftest import record
-from tests.reviews.conftest import GUESSES, harness
+from tests.support.factories import GUESSES, finish_evaluation, make_agent_candidate, make_member
 
 pytestmark = pytest.mark.django_db
 
@@ -45,8 +44,8 @@ def make_ready(*, requester, channel, candidate, suite, policy_version) -> Promo
         requester=requester,
         suite=suite,
     )
-    record(request.candidate_evaluation, passed=["h-mul", "h-add"])
-    record(request.holder_evaluation)
+    finish_evaluation(request.candidate_evaluation, passed=["h-mul", "h-add"])
+    finish_evaluation(request.holder_evaluation)
     request = promotion_evidence_refresh(request=request)
     assert request.state == PromotionState.READY, request.state_detail
     return request
@@ -334,9 +333,7 @@ def test_the_requesters_own_token_cannot_approve(
 
 @pytest.fixture
 def second_reviewer_api(project, make_client):
-    user = get_user_model().objects.create_user("reviewer2", "r2@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.REVIEWER)
-    return make_client(user, scopes=APPROVE)
+    return make_client(make_member(project, "reviewer2", Role.REVIEWER), scopes=APPROVE)
 
 
 def test_a_request_still_evaluating_cannot_be_approved(
@@ -359,7 +356,7 @@ def test_a_request_still_evaluating_cannot_be_approved(
 def test_stale_evidence_cannot_be_approved(
     project, ready, make_client, reviewer, owner, tmp_path, policy_version
 ):
-    other = harness(project, tmp_path, "other", GUESSES.replace('"0"', '"1"'))
+    other = make_agent_candidate(project, tmp_path, "other", GUESSES.replace('"0"', '"1"'))
     channel_move(
         channel=ready.channel, candidate=other, policy_version=policy_version, moved_by=owner
     )

@@ -4,24 +4,18 @@ records them; the candidates are real commits (a merge has two parents)."""
 
 from __future__ import annotations
 
-import json
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalState
 from coevo.campaigns.services import campaign_create
-from coevo.projects.models import Role
-from coevo.projects.services import membership_set
-from coevo.suites.jsonl import scorer_spec_build
-from coevo.suites.services import suite_import_jsonl
 from harness_store.derive import candidate_derive
 from harness_store.models import Candidate
 from tests.campaigns.support import AGENT, MANIFEST, marked_suite, proposer_endpoint, styled_seed
-from tests.conftest import PASSWORD
+from tests.support.factories import make_jsonl_suite
 
 pytestmark = pytest.mark.django_db
 
@@ -144,12 +138,6 @@ def data(project, tmp_path, policy_version) -> Data:
     return make_campaign_data(project, tmp_path, policy_version)
 
 
-def member(project, name: str, role: Role):
-    user = get_user_model().objects.create_user(name, f"{name}@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=role)
-    return user
-
-
 def svg(content: str, element_id: str) -> ET.Element:
     match = re.search(rf'<svg[^>]*id="{element_id}".*?</svg>', content, re.S)
     assert match, f"no svg #{element_id}"
@@ -225,8 +213,7 @@ def test_it_renders_a_campaign_without_proposals(client, owner, project, tmp_pat
     ]
 
 
-def test_a_viewer_sees_the_page_but_cannot_start_or_pause(client, project, data):
-    viewer = member(project, "viewer", Role.VIEWER)
+def test_a_viewer_sees_the_page_but_cannot_start_or_pause(client, viewer, data):
     client.force_login(viewer)
     page = client.get(f"/p/demo/campaigns/{data.campaign.id}/")
     assert page.status_code == 200 and b'id="pause-campaign"' not in page.content
@@ -250,11 +237,6 @@ def test_an_outsider_gets_404_everywhere(client, outsider, data):
 
 
 # --- the start form --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def researcher(project):
-    return member(project, "researcher", Role.RESEARCHER)
 
 
 def form_data(seed, suite, policy_version, **overrides) -> dict:
@@ -353,14 +335,10 @@ def test_it_shows_form_errors_inline(client, researcher, project, tmp_path, poli
     assert 'id="error-max_proposals"' in content
 
     # The domain refuses what the form cannot see: a suite with no validation tasks.
-    search_only, _ = suite_import_jsonl(
-        project=project,
+    search_only = make_jsonl_suite(
+        project,
+        [{"id": f"s{i}", "input": "q", "expected": "yes", "split": "search"} for i in range(3)],
         name="search-only",
-        data="\n".join(
-            json.dumps({"id": f"s{i}", "input": "q", "expected": "yes", "split": "search"})
-            for i in range(3)
-        ).encode(),
-        scorer=scorer_spec_build(kind="exact"),
     )
     refused = client.post(
         "/p/demo/campaigns/new/", form_data(seed, search_only, policy_version)

@@ -12,10 +12,7 @@ from coevo.evaluations.models import Evaluation, Rollout, TraceStep
 from coevo.evaluations.services import evaluation_create, rollout_claim, rollout_finish
 from coevo.exports.models import TrajectoryExport
 from coevo.exports.services import export_path, trajectory_export_build
-from tests.api.conftest import (  # noqa: F401  (fixtures)
-    make_client,
-    viewer,
-)
+from tests.api.conftest import make_client  # noqa: F401  (fixture)
 from tests.conftest import SEED_HARNESS
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from django.utils import timezone
 
 from coevo.evaluations.ledger import budget_create
-from coevo.evaluations.models import Evaluation, EvaluationState, Outcome
+from coevo.evaluations.models import Outcome
 from coevo.matrices.models import CompatibilityMatrix, MatrixCell
 from coevo.policies.models import PolicyVersion
 from coevo.suites.models import Split, Task
-from tests.web.conftest import child_candidate, make_rollout  # noqa: F401 (fixture)
+from tests.support.factories import make_evaluation, make_rollout
 
 
 @pytest.fixture
@@ -43,16 +42,7 @@ def written_matrix(
     )
     for row, candidate in enumerate(candidates):
         for column, policy in enumerate(policy_versions):
-            evaluation = Evaluation.objects.create(
-                project=project,
-                candidate=candidate,
-                policy_version=policy,
-                suite=suite,
-                split=Split.SEARCH,
-                state=EvaluationState.FINISHED,
-                started_at=timezone.now(),
-                finished_at=timezone.now(),
-            )
+            evaluation = make_evaluation(candidate=candidate, suite=suite, policy_version=policy)
             for task, passed in zip(tasks, passes[row][column], strict=True):
                 make_rollout(
                     evaluation,
@@ -71,4 +61,4 @@ def written_matrix(
     return matrix
 
 
-from tests.api.conftest import make_client, viewer  # noqa: E402, F401 (fixtures)
+from tests.api.conftest import make_client  # noqa: E402, F401 (fixture)

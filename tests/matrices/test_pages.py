@@ -4,14 +4,11 @@ links to the comparison page, htmx polling that stops when every cell is final."
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
 from coevo.evaluations.models import Evaluation, EvaluationState
 from coevo.matrices.models import CompatibilityMatrix
-from coevo.projects.models import Role
-from coevo.projects.services import membership_set
 from tests.conftest import PASSWORD
 from tests.matrices.conftest import written_matrix
 
@@ -26,12 +23,6 @@ def client_for(user) -> Client:
     client = Client()
     assert client.login(username=user.get_username(), password=PASSWORD)
     return client
-
-
-def member(project, name: str, role: Role):
-    user = get_user_model().objects.create_user(name, f"{name}@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=role)
-    return user
 
 
 @pytest.fixture
@@ -82,9 +73,8 @@ def test_it_polls_while_a_cell_runs_and_answers_htmx_with_the_grid_only(project,
 
 
 def test_it_lets_a_researcher_create_a_matrix_from_the_form(
-    project, humaneval_suite, seed_candidate, policy_version, second_policy
+    project, researcher, humaneval_suite, seed_candidate, policy_version, second_policy
 ):
-    researcher = member(project, "researcher", Role.RESEARCHER)
     url = reverse("web:matrices", args=[project.slug])
     client = client_for(researcher)
     assert 'id="matrix-form"' in client.get(url).content.decode()
@@ -111,9 +101,8 @@ def test_it_lets_a_researcher_create_a_matrix_from_the_form(
 
 
 def test_it_refuses_the_create_form_to_a_viewer(
-    project, humaneval_suite, seed_candidate, policy_version
+    project, viewer, humaneval_suite, seed_candidate, policy_version
 ):
-    viewer = member(project, "viewer", Role.VIEWER)
     url = reverse("web:matrices", args=[project.slug])
     client = client_for(viewer)
 

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from django.urls import reverse
 
 from coevo.policies.models import PolicyEndpoint
-
-
-@pytest.fixture
-def operator(django_user_model):
-    return django_user_model.objects.create_superuser("operator", password="x")
 
 
 def test_it_lets_an_operator_set_an_endpoints_concurrency(client, operator, policy_version):

@@ -17,14 +17,9 @@ from coevo.reviews.selectors import (
 )
 from coevo.reviews.services import channel_get_or_create, channel_move
 from harness_store.services import project_repo
-from tests.gates.conftest import import_child
+from tests.support.factories import make_member
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def child_candidate(project, seed_candidate, tmp_path):
-    return import_child(project, seed_candidate, tmp_path / "child")
 
 
 def tags(project) -> dict[str, str]:
@@ -140,11 +135,9 @@ def test_the_command_explains_an_unknown_candidate(project):
 
 
 def test_it_lets_only_admins_create_channels_and_refuses_unknown_ones(client, project, owner):
-    from django.contrib.auth import get_user_model
     from django.urls import reverse
 
     from coevo.projects.models import Role
-    from coevo.projects.services import membership_set
     from coevo.reviews.models import Channel
     from coevo.reviews.services import channel_for_request
 
@@ -153,8 +146,7 @@ def test_it_lets_only_admins_create_channels_and_refuses_unknown_ones(client, pr
         channel_for_request(project=project, name="canary")
     assert channel_for_request(project=project, name="staging").name == "staging"
 
-    researcher = get_user_model().objects.create_user("res", "res@example.com", "pw-123456789")
-    membership_set(project=project, user=researcher, role=Role.RESEARCHER)
+    researcher = make_member(project, "res", Role.RESEARCHER)
     url = reverse("web:channel_create", args=[project.slug])
     client.force_login(researcher)
     assert client.post(url, {"name": "canary"}).status_code == 403

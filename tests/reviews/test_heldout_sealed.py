@@ -14,26 +14,31 @@ import json
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
-from django.utils import timezone
 from rest_framework.test import APIClient
 
 from coevo.accounts.models import SCOPES, TokenKind
 from coevo.accounts.services import token_create
 from coevo.evaluations.models import (
     Evaluation,
-    EvaluationState,
     Outcome,
     Rollout,
-    RolloutState,
     TraceStep,
 )
 from coevo.projects.models import Role
-from coevo.projects.services import membership_set
 from coevo.suites.models import Split, Task
 from tests.conftest import PASSWORD
+from tests.support.factories import (
+    ASKS_THE_MODEL,
+    add_steps,
+    finish_evaluation,
+    make_agent_candidate,
+    make_evaluation,
+    make_jsonl_suite,
+    make_member,
+    make_rollout,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -44,65 +49,32 @@ SKIPPED_PARAMETERS = {"action"}
 
 @pytest.fixture
 def leaky_suite(project):
-    from coevo.suites.jsonl import scorer_spec_build
-    from coevo.suites.services import suite_import_jsonl
-
     rows = [
         {"id": "s1", "input": "1 + 1 =", "expected": "2", "split": "search"},
         {"id": "v1", "input": "2 + 2 =", "expected": "4", "split": "validation"},
         {"id": "h1", "input": f"{MARKER} 3 + 3 =", "expected": "6", "split": "heldout"},
         {"id": "h2", "input": f"{MARKER} 4 + 4 =", "expected": "8", "split": "heldout"},
     ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="leaky",
-        data="\n".join(json.dumps(row) for row in rows).encode(),
-        scorer=scorer_spec_build(kind="exact"),
-    )
-    return suite
+    return make_jsonl_suite(project, rows, name="leaky")
 
 
-def _evaluation(project, candidate, suite, policy_version, split: str) -> Evaluation:
-    evaluation = Evaluation.objects.create(
-        project=project,
-        candidate=candidate,
-        policy_version=policy_version,
-        suite=suite,
-        split=split,
-        seed=7,
-        state=EvaluationState.FINISHED,
-        started_at=timezone.now(),
-        finished_at=timezone.now(),
+def _evaluation(candidate, suite, policy_version, split: str) -> Evaluation:
+    """Every task of ``split`` failed, each trace naming the task's input."""
+    evaluation = make_evaluation(
+        candidate=candidate, suite=suite, policy_version=policy_version, split=split, seed=7
     )
     for task in Task.objects.filter(suite=suite, split=split):
-        rollout = Rollout.objects.create(
-            evaluation=evaluation,
-            task=task,
-            seed=7,
-            state=RolloutState.DONE,
-            outcome=Outcome.TASK_FAILURE,
-            score=0.0,
-            detail="wrong",
-            attempts=1,
+        rollout = make_rollout(
+            evaluation, task, outcome=Outcome.TASK_FAILURE, score=0.0, detail="wrong"
         )
         prompt = json.dumps(task.inputs)
-        TraceStep.objects.bulk_create(
+        # Steps only: make_rollout would count these calls (and want their token counts).
+        add_steps(
+            rollout,
             [
-                TraceStep(
-                    rollout=rollout,
-                    attempt=1,
-                    index=0,
-                    kind="model_call",
-                    payload={"api": "completions", "prompt": prompt, "completion": "7"},
-                ),
-                TraceStep(
-                    rollout=rollout,
-                    attempt=1,
-                    index=1,
-                    kind="log",
-                    payload={"message": f"thinking about {prompt}"},
-                ),
-            ]
+                ("model_call", {"api": "completions", "prompt": prompt, "completion": "7"}, {}),
+                ("log", {"message": f"thinking about {prompt}"}, {}),
+            ],
         )
     return evaluation
 
@@ -115,23 +87,14 @@ def promotion(project, owner, seed_candidate, policy_version, tmp_path):
     from coevo.reviews.promotions.create import promotion_request_create
     from coevo.reviews.promotions.refresh import promotion_evidence_refresh
     from coevo.reviews.services import channel_get_or_create, channel_move
-    from coevo.suites.jsonl import scorer_spec_build
-    from coevo.suites.services import suite_import_jsonl
-    from tests.gates.conftest import record
-    from tests.reviews.conftest import ASKS_THE_MODEL, harness
 
     rows = [
         {"id": "s1", "input": "1 + 1 =", "expected": "2", "split": "search"},
         {"id": f"h1-{MARKER}", "input": f"{MARKER} 5 + 5 =", "expected": "10", "split": "heldout"},
         {"id": f"h2-{MARKER}", "input": f"{MARKER} 6 + 6 =", "expected": "12", "split": "heldout"},
     ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="leaky-keys",
-        data="\n".join(json.dumps(row) for row in rows).encode(),
-        scorer=scorer_spec_build(kind="exact"),
-    )
-    child = harness(project, tmp_path, "child", ASKS_THE_MODEL, parent=seed_candidate)
+    suite = make_jsonl_suite(project, rows, name="leaky-keys")
+    child = make_agent_candidate(project, tmp_path, "child", ASKS_THE_MODEL, parent=seed_candidate)
     production = channel_get_or_create(project=project, name="production")
     channel_move(
         channel=production, candidate=seed_candidate, policy_version=policy_version, moved_by=owner
@@ -143,8 +106,8 @@ def promotion(project, owner, seed_candidate, policy_version, tmp_path):
         requester=owner,
         suite=suite,
     )
-    record(request.candidate_evaluation, passed=[f"h1-{MARKER}"])
-    record(request.holder_evaluation)
+    finish_evaluation(request.candidate_evaluation, passed=[f"h1-{MARKER}"])
+    finish_evaluation(request.holder_evaluation)
     for rollout in Rollout.objects.filter(
         evaluation__in=[request.candidate_evaluation, request.holder_evaluation]
     ).select_related("task"):
@@ -162,8 +125,8 @@ def promotion(project, owner, seed_candidate, policy_version, tmp_path):
 
 @pytest.fixture
 def planted(project, seed_candidate, leaky_suite, policy_version, promotion) -> dict[str, Any]:
-    heldout = _evaluation(project, seed_candidate, leaky_suite, policy_version, Split.HELDOUT)
-    search = _evaluation(project, seed_candidate, leaky_suite, policy_version, Split.SEARCH)
+    heldout = _evaluation(seed_candidate, leaky_suite, policy_version, Split.HELDOUT)
+    search = _evaluation(seed_candidate, leaky_suite, policy_version, Split.SEARCH)
     rollout = heldout.rollouts.first()
     assert MARKER in json.dumps(
         list(TraceStep.objects.filter(rollout=rollout).values_list("payload", flat=True))
@@ -237,12 +200,6 @@ def _login(user) -> Client:
     return client
 
 
-def _user(project, name: str, role: Role):
-    user = get_user_model().objects.create_user(name, f"{name}@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=role)
-    return user
-
-
 def _api(user, kind: str) -> APIClient:
     scopes = [s for s in SCOPES if s != "promotions:approve"]
     _, raw = token_create(user=user, name="leak", kind=kind, scopes=scopes, created_by=user)
@@ -253,7 +210,7 @@ def _api(user, kind: str) -> APIClient:
 
 @pytest.mark.parametrize("role", [Role.RESEARCHER, Role.VIEWER])
 def test_it_never_shows_heldout_inputs_or_traces_on_a_dashboard_page(project, planted, role):
-    client = _login(_user(project, f"u-{role.value}", role))
+    client = _login(make_member(project, f"u-{role.value}", role))
     urls = _urls(planted, prefix=f"/p/{project.slug}/") + _extra_urls(planted)
     assert len(urls) >= 10, urls  # the walk found the project's pages
     for url in urls:
@@ -267,7 +224,7 @@ def test_it_never_returns_heldout_inputs_or_traces_to_a_non_reviewer_token(
     project, planted, reviewer, who
 ):
     if who == "researcher":
-        client = _api(_user(project, "r-api", Role.RESEARCHER), TokenKind.PERSONAL)
+        client = _api(make_member(project, "r-api", Role.RESEARCHER), TokenKind.PERSONAL)
     else:
         client = _api(reviewer, TokenKind.CI)
     urls = _urls(planted, prefix="/api/v1/projects/")
@@ -286,7 +243,7 @@ def test_the_reviewer_rollout_path_is_refused_to_a_researcher_and_to_foreign_rol
     import uuid
 
     url = reverse("web:promotion_rollout", args=[project.slug, uuid.uuid4(), planted["rollout_id"]])
-    researcher = _login(_user(project, "r-web", Role.RESEARCHER))
+    researcher = _login(make_member(project, "r-web", Role.RESEARCHER))
     assert researcher.get(url).status_code == 403
     response = _login(reviewer).get(url)
     assert response.status_code == 404

@@ -6,7 +6,6 @@ import html
 import json
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
@@ -15,8 +14,8 @@ from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.models import Split, Suite
-from coevo.suites.services import suite_import_humaneval, suite_import_jsonl
-from tests.conftest import PASSWORD
+from coevo.suites.services import suite_import_humaneval
+from tests.support.factories import make_jsonl_suite
 
 pytestmark = pytest.mark.django_db
 
@@ -28,22 +27,6 @@ SEARCH_INPUT = "search-input-marker"
 
 def text(response) -> str:
     return html.unescape(response.content.decode())
-
-
-def member(project, name: str, role: Role):
-    user = get_user_model().objects.create_user(name, f"{name}@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=role)
-    return user
-
-
-@pytest.fixture
-def viewer(project):
-    return member(project, "viewer", Role.VIEWER)
-
-
-@pytest.fixture
-def researcher(project):
-    return member(project, "researcher", Role.RESEARCHER)
 
 
 @pytest.fixture
@@ -62,13 +45,12 @@ def planted_suite(project):
         },
     ]
     source = f"# {VERIFIER_SOURCE}\ndef score(answer, expected, metadata):\n    return True\n"
-    suite, _ = suite_import_jsonl(
-        project=project,
+    return make_jsonl_suite(
+        project,
+        rows,
         name="planted",
-        data="\n".join(json.dumps(r) for r in rows).encode(),
         scorer=scorer_spec_build(kind="python", verifier_name="v.py", verifier_source=source),
     )
-    return suite
 
 
 def suite_pages(project, suite) -> list[str]:

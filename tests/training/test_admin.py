@@ -12,11 +12,6 @@ from coevo.audit.models import AuditEvent
 from coevo.training.models import Trainer
 
 
-@pytest.fixture
-def operator(django_user_model):
-    return django_user_model.objects.create_superuser("operator", password="x")
-
-
 def _post(client, **overrides):
     data = {
         "name": "sft",

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from coevo.audit.models import AuditEvent
 from coevo.projects.models import Membership, Role
-from coevo.projects.services import membership_set
+from tests.support.factories import make_member
 
 MEMBERS = reverse("web:members", args=["demo"])
 
@@ -69,8 +68,7 @@ def test_it_refuses_an_unknown_role(admin_client, outsider, project):
 
 @pytest.mark.parametrize("role", [Role.VIEWER, Role.RESEARCHER, Role.REVIEWER])
 def test_it_forbids_non_admins_from_changing_members(client, project, role):
-    user = get_user_model().objects.create_user("member", "m@example.com", "pw")
-    membership_set(project=project, user=user, role=role)
+    user = make_member(project, "member", role)
     client.force_login(user)
     response = client.post(_action("role"), {"username": "member", "role": "admin"})
     assert response.status_code == 403

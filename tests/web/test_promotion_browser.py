@@ -8,7 +8,6 @@ artifact; README.md names it)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -19,16 +18,20 @@ import pytest
 # it runs are still plain synchronous calls.
 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
-from django.contrib.auth import get_user_model  # noqa: E402
 from playwright.sync_api import Page, expect  # noqa: E402
 
-from coevo.projects.models import Role  # noqa: E402
-from coevo.projects.services import membership_set  # noqa: E402
 from coevo.reviews.models import PromotionRequest, PromotionState  # noqa: E402
 from coevo.reviews.selectors import channel_holder  # noqa: E402
 from coevo.reviews.services import channel_get_or_create, channel_move  # noqa: E402
 from tests.conftest import PASSWORD, REPO_ROOT  # noqa: E402
-from tests.reviews.conftest import ASKS_THE_MODEL, GUESSES, TASKS, harness  # noqa: E402
+from tests.reviews.conftest import TASKS  # noqa: E402
+from tests.support.factories import (  # noqa: E402
+    ASKS_THE_MODEL,
+    GUESSES,
+    jsonl_rows,
+    make_agent_candidate,
+    make_jsonl_suite,
+)
 
 SCREENSHOTS = REPO_ROOT / "var" / "test-artifacts" / "screenshots"
 
@@ -65,27 +68,14 @@ def test_a_researcher_requests_and_a_reviewer_approves_a_promotion(
     project,
     owner,
     reviewer,
+    researcher,
     policy_version,
     scripted_policy,
     tmp_path,
 ):
-    from coevo.suites.jsonl import scorer_spec_build
-    from coevo.suites.services import suite_import_jsonl
-
-    researcher = get_user_model().objects.create_user("researcher", "r@example.com", PASSWORD)
-    membership_set(project=project, user=researcher, role=Role.RESEARCHER)
-    rows = [
-        {"id": key, "input": question, "expected": answer, "split": split}
-        for key, question, answer, split in TASKS
-    ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="arith",
-        data="\n".join(json.dumps(row) for row in rows).encode(),
-        scorer=scorer_spec_build(kind="numeric"),
-    )
-    guesser = harness(project, tmp_path, "guesser", GUESSES)
-    asker = harness(project, tmp_path, "asker", ASKS_THE_MODEL, parent=guesser)
+    suite = make_jsonl_suite(project, jsonl_rows(TASKS), name="arith", scorer="numeric")
+    guesser = make_agent_candidate(project, tmp_path, "guesser", GUESSES)
+    asker = make_agent_candidate(project, tmp_path, "asker", ASKS_THE_MODEL, parent=guesser)
     channel_move(
         channel=channel_get_or_create(project=project, name="production"),
         candidate=guesser,

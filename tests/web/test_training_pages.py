@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
@@ -16,7 +15,7 @@ from django.utils import timezone
 from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalState
 from coevo.campaigns.services import campaign_create
 from coevo.exports.models import ExportState, TrajectoryExport
-from coevo.policies.models import EndpointKind, PolicyEndpoint, PolicyVersion
+from coevo.policies.models import PolicyVersion
 from coevo.policies.services import policy_version_create
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
@@ -24,7 +23,7 @@ from coevo.training.models import Trainer, TrainingRun, TrainingState
 from coevo.training.services import training_run_create
 from coevo.training.trainers import trainer_register
 from tests.campaigns.support import marked_suite, styled_seed
-from tests.conftest import PASSWORD
+from tests.support.factories import make_user, make_vllm_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -50,10 +49,7 @@ def make_training_data(project, owner) -> TrainingData:
         time_limit_s=600,
         description="A tiny LoRA trainer",
     )
-    endpoint = PolicyEndpoint.objects.create(
-        name="vllm-test", base_url="http://127.0.0.1:9/v1", kind=EndpointKind.VLLM
-    )
-    base = policy_version_create(name="base", endpoint=endpoint, base_model="base-model")
+    base = make_vllm_policy()
     export = TrajectoryExport.objects.create(
         project=project,
         format="chat",
@@ -90,26 +86,10 @@ def training(project, owner) -> TrainingData:
     return make_training_data(project, owner)
 
 
-def member(project, name: str, role: Role):
-    user = get_user_model().objects.create_user(name, f"{name}@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=role)
-    return user
-
-
 def as_user(user) -> Client:
     client = Client()
     client.force_login(user)
     return client
-
-
-@pytest.fixture
-def researcher(project):
-    return member(project, "researcher", Role.RESEARCHER)
-
-
-@pytest.fixture
-def viewer(project):
-    return member(project, "viewer", Role.VIEWER)
 
 
 def run_url(run: TrainingRun, suffix: str = "") -> str:
@@ -144,13 +124,13 @@ def test_it_shows_a_running_run_with_its_log_and_polls_every_two_seconds(viewer,
 
 def test_operators_see_the_argv_as_run_and_members_do_not(viewer, training):
     start_run(training.run, log=f"{LEGACY_COMMAND_LINE}{LOG}")
-    operator = get_user_model().objects.create_user("operator", "op@example.com", PASSWORD)
+    operator = make_user("operator")
     operator.is_staff = True
     operator.save()
     operator.user_permissions.add(Permission.objects.get(codename="view_trainer"))
     # Staff without the trainers' permission are not operators (they cannot read a trainer in
     # the admin either).
-    helpdesk = get_user_model().objects.create_user("helpdesk", "hd@example.com", PASSWORD)
+    helpdesk = make_user("helpdesk")
     helpdesk.is_staff = True
     helpdesk.save()
 
@@ -253,19 +233,20 @@ def test_it_streams_the_full_log_while_it_is_on_this_machine(viewer, training, t
     assert body.startswith(b"coevo: run starts\n") and body.count(b"line\n") == 10_000
 
 
-def test_the_full_log_of_an_older_run_drops_its_argv_line_for_members(viewer, training, tmp_path):
+def test_the_full_log_of_an_older_run_drops_its_argv_line_for_members(
+    viewer, operator, training, tmp_path
+):
     start_run(training.run)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "train.log").write_text(LEGACY_COMMAND_LINE + "line\n" * 3)
     TrainingRun.objects.filter(id=training.run.id).update(run_dir=str(tmp_path / "run"))
-    superuser = get_user_model().objects.create_superuser("root", "root@example.com", PASSWORD)
 
     member = as_user(viewer).get(run_url(training.run, "log"))
-    operator = as_user(superuser).get(run_url(training.run, "log"))
+    operators = as_user(operator).get(run_url(training.run, "log"))
 
     assert b"".join(member.streaming_content) == b"line\n" * 3
     assert int(member["Content-Length"]) == len(b"line\n" * 3)
-    assert b"".join(operator.streaming_content) == (LEGACY_COMMAND_LINE + "line\n" * 3).encode()
+    assert b"".join(operators.streaming_content) == (LEGACY_COMMAND_LINE + "line\n" * 3).encode()
 
 
 def test_the_list_shows_the_project_runs_and_polls_while_one_is_open(viewer, training):
