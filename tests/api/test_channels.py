@@ -6,14 +6,8 @@ import pytest
 
 from coevo.reviews.services import channel_get_or_create, channel_move
 from tests.api.conftest import assert_error
-from tests.gates.conftest import import_child
 
 BASE = "/api/v1/projects/demo/channels/"
-
-
-@pytest.fixture
-def child_candidate(project, seed_candidate, tmp_path):
-    return import_child(project, seed_candidate, tmp_path / "child")
 
 
 @pytest.fixture

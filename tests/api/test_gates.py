@@ -8,14 +8,10 @@ from coevo.gates.models import Gate
 from coevo.gates.services import gate_advance
 from coevo.reviews.services import channel_get_or_create, channel_move
 from tests.api.conftest import assert_error
-from tests.gates.conftest import import_child, record, validation_keys
+from tests.gates.conftest import validation_keys
+from tests.support.factories import finish_evaluation
 
 BASE = "/api/v1/projects/demo/gates/"
-
-
-@pytest.fixture
-def child_candidate(project, seed_candidate, tmp_path):
-    return import_child(project, seed_candidate, tmp_path / "child")
 
 
 @pytest.fixture
@@ -55,8 +51,8 @@ def test_it_creates_a_gate_with_202_and_reports_its_verdict(
     assert running["verdict"] is None and running["reasons"] == []
 
     keys = validation_keys(humaneval_suite)
-    record(gate.baseline_evaluation, passed=keys[:10])
-    record(gate.candidate_evaluation, passed=keys[:12])
+    finish_evaluation(gate.baseline_evaluation, passed=keys[:10])
+    finish_evaluation(gate.candidate_evaluation, passed=keys[:12])
     gate_advance(gate_id=gate.id)
     finished = reader.get(body["status_url"]).json()
 

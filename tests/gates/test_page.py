@@ -6,7 +6,8 @@ import pytest
 
 from coevo.gates.services import gate_advance
 from tests.conftest import PASSWORD
-from tests.gates.conftest import record, validation_keys
+from tests.gates.conftest import validation_keys
+from tests.support.factories import finish_evaluation
 
 pytestmark = pytest.mark.django_db
 
@@ -30,8 +31,8 @@ def test_it_polls_while_the_gate_runs_and_stops_when_it_is_final(
         in running
     )
 
-    record(gate.baseline_evaluation, passed=keys)
-    record(gate.candidate_evaluation, passed=keys[1:])
+    finish_evaluation(gate.baseline_evaluation, passed=keys)
+    finish_evaluation(gate.candidate_evaluation, passed=keys[1:])
     gate_advance(gate_id=gate.id)
     partial = client.get(url(gate), HTTP_HX_REQUEST="true").content.decode()
 

@@ -10,42 +10,31 @@ import pytest
 from coevo.matrices.models import MatrixState
 from coevo.matrices.selectors import matrix_grid
 from coevo.matrices.services import matrix_create
-from coevo.policies.models import PolicyVersion
-from coevo.suites.jsonl import scorer_spec_build
-from coevo.suites.services import suite_import_jsonl
-from tests.gates.test_worker import ASKS_THE_MODEL, GUESSES, TASKS, harness
+from tests.gates.test_worker import TASKS
+from tests.support.factories import (
+    ASKS_THE_MODEL,
+    GUESSES,
+    jsonl_rows,
+    make_agent_candidate,
+    make_jsonl_suite,
+)
 
 
 @pytest.mark.django_db(transaction=True)
 def test_it_finishes_a_matrix_by_itself_on_a_real_worker(
-    celery_worker_thread, project, owner, policy_version, scripted_policy, tmp_path
+    celery_worker_thread, project, owner, policy_version, second_policy, scripted_policy, tmp_path
 ):
-    import json
-
     scripted_policy.rules.extend((question, f" {answer}") for _, question, answer in TASKS)
-    second = PolicyVersion.objects.create(
-        name="scripted-b",
-        base_model=policy_version.base_model,
-        served_name="scripted-b",
-        endpoint=policy_version.endpoint,
+    suite = make_jsonl_suite(
+        project, jsonl_rows(TASKS, split="validation"), name="arith", scorer="numeric"
     )
-    rows = [
-        {"id": key, "input": question, "expected": answer, "split": "validation"}
-        for key, question, answer in TASKS
-    ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="arith",
-        data="\n".join(json.dumps(row) for row in rows).encode(),
-        scorer=scorer_spec_build(kind="numeric"),
-    )
-    asker = harness(project, tmp_path, "asker", ASKS_THE_MODEL)
-    guesser = harness(project, tmp_path, "guesser", GUESSES)
+    asker = make_agent_candidate(project, tmp_path, "asker", ASKS_THE_MODEL)
+    guesser = make_agent_candidate(project, tmp_path, "guesser", GUESSES)
 
     matrix = matrix_create(
         project=project,
         candidates=[asker, guesser],
-        policy_versions=[policy_version, second],
+        policy_versions=[policy_version, second_policy],
         suite=suite,
         split="validation",
         created_by=owner,

@@ -1,45 +1,24 @@
 """Promotion test data: a tiny arithmetic suite with search, validation and held-out tasks, a
 harness that guesses (the holder) and one that asks the model (its child, the candidate),
-a researcher, and helpers that finish evaluations the way workers leave them."""
+a second reviewer, and the production channel holding the guesser."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from coevo.projects.models import Role
-from coevo.projects.services import membership_set
 from coevo.reviews.models import PromotionRequest
 from coevo.reviews.services import channel_get_or_create, channel_move
-from coevo.suites.jsonl import scorer_spec_build
-from coevo.suites.services import suite_import_jsonl
-from harness_store.services import candidate_import_directory
-from tests.conftest import PASSWORD
-
-MANIFEST = """
-[harness]
-name = "{name}"
-entrypoint = "agent:run"
-policy_api = "completions"
-
-[limits]
-max_model_calls = 2
-wall_time_s = 30
-"""
-
-ASKS_THE_MODEL = """
-def run(task, ctx):
-    return ctx.llm.complete(task["input"], max_tokens=8).texts[0].strip()
-"""
-
-GUESSES = """
-def run(task, ctx):
-    return "0"
-"""
+from tests.support.factories import (
+    ASKS_THE_MODEL,
+    GUESSES,
+    jsonl_rows,
+    make_agent_candidate,
+    make_jsonl_suite,
+    make_member,
+)
 
 # (key, question, answer, split)
 TASKS = [
@@ -54,47 +33,24 @@ TASKS = [
 HELDOUT_KEYS = [key for key, _, _, split in TASKS if split == "heldout"]
 
 
-def harness(project, tmp_path: Path, name: str, agent: str, parent=None):
-    directory = tmp_path / name
-    directory.mkdir()
-    (directory / "harness.toml").write_text(MANIFEST.format(name=name))
-    (directory / "agent.py").write_text(agent)
-    candidate, _ = candidate_import_directory(
-        project=project, directory=directory, message=name, author_name="Tester", parent=parent
-    )
-    return candidate
-
-
 @pytest.fixture
 def second_reviewer(project):
-    user = get_user_model().objects.create_user("reviewer2", "r2@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.REVIEWER)
-    return user
+    return make_member(project, "reviewer2", Role.REVIEWER)
 
 
 @pytest.fixture
 def arith_suite(project):
-    rows = [
-        {"id": key, "input": question, "expected": answer, "split": split}
-        for key, question, answer, split in TASKS
-    ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="arith",
-        data="\n".join(json.dumps(row) for row in rows).encode(),
-        scorer=scorer_spec_build(kind="numeric"),
-    )
-    return suite
+    return make_jsonl_suite(project, jsonl_rows(TASKS), name="arith", scorer="numeric")
 
 
 @pytest.fixture
 def guesser(project, tmp_path):
-    return harness(project, tmp_path, "guesser", GUESSES)
+    return make_agent_candidate(project, tmp_path, "guesser", GUESSES)
 
 
 @pytest.fixture
 def asker(project, tmp_path, guesser):
-    return harness(project, tmp_path, "asker", ASKS_THE_MODEL, parent=guesser)
+    return make_agent_candidate(project, tmp_path, "asker", ASKS_THE_MODEL, parent=guesser)
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from coevo.reviews.selectors import (
     promotion_is_stale,
 )
 from coevo.reviews.services import channel_move
-from tests.gates.conftest import record
-from tests.reviews.conftest import ASKS_THE_MODEL, HELDOUT_KEYS, harness
+from tests.reviews.conftest import HELDOUT_KEYS
+from tests.support.factories import ASKS_THE_MODEL, finish_evaluation, make_agent_candidate
 
 pytestmark = pytest.mark.django_db
 
@@ -37,8 +37,8 @@ def ready_request(researcher, policy_version, arith_suite, asker, production):
         requester=researcher,
         suite=arith_suite,
     )
-    record(request.holder_evaluation)
-    record(request.candidate_evaluation, passed=HELDOUT_KEYS)
+    finish_evaluation(request.holder_evaluation)
+    finish_evaluation(request.candidate_evaluation, passed=HELDOUT_KEYS)
     request = promotion_evidence_refresh(request=request)
     assert request.state == PromotionState.READY
     return request
@@ -126,8 +126,8 @@ def test_it_waits_for_the_required_number_of_approvals(
         suite=arith_suite,
     )
     assert request.required_approvals == 2
-    record(request.holder_evaluation)
-    record(request.candidate_evaluation, passed=HELDOUT_KEYS)
+    finish_evaluation(request.holder_evaluation)
+    finish_evaluation(request.candidate_evaluation, passed=HELDOUT_KEYS)
     promotion_evidence_refresh(request=request)
 
     request = promotion_decide(request=request, reviewer=reviewer, decision="approve")
@@ -174,7 +174,9 @@ def test_it_blocks_approval_on_stale_evidence_until_refreshed(
     ready_request.required_approvals = 2
     ready_request.save()
     promotion_decide(request=ready_request, reviewer=owner, decision="approve")
-    hotfix = harness(project, tmp_path, "hotfix", ASKS_THE_MODEL + "\n# hotfix\n", parent=guesser)
+    hotfix = make_agent_candidate(
+        project, tmp_path, "hotfix", ASKS_THE_MODEL + "\n# hotfix\n", parent=guesser
+    )
     production = ready_request.channel
     production.refresh_from_db()
     channel_move(channel=production, candidate=hotfix, policy_version=None, moved_by=owner)
@@ -194,7 +196,7 @@ def test_it_blocks_approval_on_stale_evidence_until_refreshed(
     with pytest.raises(InvalidState, match="still running"):
         promotion_decide(request=request, reviewer=reviewer, decision="approve")
 
-    record(request.holder_evaluation)
+    finish_evaluation(request.holder_evaluation)
     request = promotion_evidence_refresh(request=request)
     assert request.state == PromotionState.READY
     assert request.evidence["holder"]["sha"] == hotfix.sha
@@ -215,7 +217,9 @@ def test_it_refuses_an_approval_when_the_channel_moves_during_the_decision(
     """The staleness check and the move are separate reads: the move's compare-and-swap on
     the evidence's generation is what finally holds, and the approval rolls back with it."""
     monkeypatch.setattr(decide, "promotion_is_stale", lambda request: False)
-    hotfix = harness(project, tmp_path, "hotfix", ASKS_THE_MODEL + "\n# hotfix\n", parent=guesser)
+    hotfix = make_agent_candidate(
+        project, tmp_path, "hotfix", ASKS_THE_MODEL + "\n# hotfix\n", parent=guesser
+    )
     production = ready_request.channel
     production.refresh_from_db()
     channel_move(channel=production, candidate=hotfix, policy_version=None, moved_by=owner)

@@ -13,8 +13,7 @@ from coevo.reviews.promotions.create import promotion_request_create
 from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.services import channel_get_or_create
 from harness_store.services import candidate_import_directory
-from tests.gates.conftest import record
-from tests.reviews.conftest import ASKS_THE_MODEL, MANIFEST
+from tests.support.factories import AGENT_MANIFEST, ASKS_THE_MODEL, finish_evaluation
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +22,7 @@ def _evaluate(candidate, suite, split, policy_version, **results):
     evaluation = evaluation_create(
         candidate=candidate, suite=suite, split=split, policy_version=policy_version
     )
-    record(evaluation, **results)
+    finish_evaluation(evaluation, **results)
     return evaluation
 
 
@@ -47,12 +46,12 @@ def evidence(researcher, policy_version, arith_suite, guesser, asker, production
         suite=arith_suite,
     )
     # Held-out: the candidate solves one task of three and crashes on one (gain +1/3).
-    record(
+    finish_evaluation(
         request.candidate_evaluation,
         passed=["h-mul"],
         outcomes={"h-sub": Outcome.HARNESS_ERROR},
     )
-    record(request.holder_evaluation)
+    finish_evaluation(request.holder_evaluation)
     _cost(request.candidate_evaluation, prompt=30, completion=10, latency_ms=200)
     _cost(request.holder_evaluation, prompt=10, completion=0, latency_ms=100)
 
@@ -126,7 +125,7 @@ def test_it_lists_every_changed_file_whatever_its_name(
     are: a reviewer approving the promotion sees every file it changes."""
     directory = tmp_path / "odd"
     (directory / "x b").mkdir(parents=True)
-    (directory / "harness.toml").write_text(MANIFEST.format(name="odd"))
+    (directory / "harness.toml").write_text(AGENT_MANIFEST.format(name="odd"))
     (directory / "agent.py").write_text("import Aé\n" + ASKS_THE_MODEL)
     (directory / "Aé.py").write_text("SECRET = 1\n")
     (directory / "x b" / "y b.py").write_text("Y = 2\n")
@@ -140,8 +139,8 @@ def test_it_lists_every_changed_file_whatever_its_name(
         requester=researcher,
         suite=arith_suite,
     )
-    record(request.candidate_evaluation)
-    record(request.holder_evaluation)
+    finish_evaluation(request.candidate_evaluation)
+    finish_evaluation(request.holder_evaluation)
 
     diff = promotion_evidence_refresh(request=request).evidence["diff"]
 
@@ -159,7 +158,7 @@ def test_it_reassembles_ready_evidence_with_newer_results(
         requester=researcher,
         suite=arith_suite,
     )
-    record(request.candidate_evaluation)
+    finish_evaluation(request.candidate_evaluation)
     request = promotion_evidence_refresh(request=request)
     assert request.evidence["candidate"]["scores"]["validation"] is None
     assert request.evidence["diff"]["base"] is None  # an empty channel: the whole harness

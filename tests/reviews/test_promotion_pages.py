@@ -11,22 +11,19 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
 from coevo.audit.models import AuditEvent
 from coevo.evaluations.models import Outcome, Rollout, TraceStep
 from coevo.evaluations.services import evaluation_create
-from coevo.projects.models import Role
-from coevo.projects.services import membership_set
 from coevo.reviews.models import Approval, ChannelMove, PromotionRequest, PromotionState
 from coevo.reviews.promotions.create import promotion_request_create
 from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.selectors import channel_holder
 from coevo.reviews.services import channel_move
 from tests.conftest import PASSWORD
-from tests.gates.conftest import record
+from tests.support.factories import GUESSES, finish_evaluation, make_agent_candidate
 
 pytestmark = pytest.mark.django_db
 
@@ -41,20 +38,13 @@ def html(response) -> str:
     return response.content.decode()
 
 
-@pytest.fixture
-def viewer(project):
-    user = get_user_model().objects.create_user("viewer", "v@example.com", PASSWORD)
-    membership_set(project=project, user=user, role=Role.VIEWER)
-    return user
-
-
 def make_ready(*, requester, channel, candidate, suite, policy_version) -> PromotionRequest:
     """A request whose held-out runs finished: the candidate solves h-mul and crashes on h-sub,
     the holder solves nothing; the candidate spent more tokens and time."""
     search = evaluation_create(
         candidate=candidate, suite=suite, split="search", policy_version=policy_version
     )
-    record(search, passed=["s-mul", "s-add"])
+    finish_evaluation(search, passed=["s-mul", "s-add"])
     request = promotion_request_create(
         channel=channel,
         candidate=candidate,
@@ -62,7 +52,7 @@ def make_ready(*, requester, channel, candidate, suite, policy_version) -> Promo
         requester=requester,
         suite=suite,
     )
-    record(
+    finish_evaluation(
         request.candidate_evaluation,
         passed=["h-mul"],
         outcomes={"h-sub": Outcome.HARNESS_ERROR},
@@ -74,8 +64,8 @@ def make_ready(*, requester, channel, candidate, suite, policy_version) -> Promo
             split="search",
             policy_version=policy_version,
         )
-        record(holder_search)
-        record(request.holder_evaluation)
+        finish_evaluation(holder_search)
+        finish_evaluation(request.holder_evaluation)
         Rollout.objects.filter(evaluation=request.holder_evaluation).update(
             prompt_tokens=10, completion_tokens=0, latency_ms=100
         )
@@ -172,9 +162,7 @@ def test_a_reviewer_rolls_a_channel_back_and_the_page_shows_it(
 def test_the_rollback_button_names_the_holder_a_rollback_restores(
     project, owner, reviewer, production, asker, guesser, policy_version, tmp_path
 ):
-    from tests.reviews.conftest import GUESSES, harness
-
-    other = harness(project, tmp_path, "other", GUESSES.replace('"0"', '"1"'))
+    other = make_agent_candidate(project, tmp_path, "other", GUESSES.replace('"0"', '"1"'))
     channel_move(channel=production, candidate=asker, policy_version=policy_version, moved_by=owner)
     channel_move(channel=production, candidate=other, policy_version=policy_version, moved_by=owner)
     client = login(reviewer)
@@ -401,9 +389,7 @@ def test_comments_are_for_researchers_and_shown_on_the_page(ready, researcher, v
 def test_stale_evidence_blocks_approval_until_it_is_refreshed(
     project, owner, ready, reviewer, researcher, tmp_path, policy_version
 ):
-    from tests.reviews.conftest import GUESSES, harness
-
-    other = harness(project, tmp_path, "other", GUESSES.replace('"0"', '"1"'))
+    other = make_agent_candidate(project, tmp_path, "other", GUESSES.replace('"0"', '"1"'))
     channel_move(
         channel=ready.channel, candidate=other, policy_version=policy_version, moved_by=owner
     )

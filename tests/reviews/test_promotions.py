@@ -22,8 +22,8 @@ from coevo.reviews.selectors import channel_holder
 from coevo.reviews.services import channel_get_or_create, channel_move, channel_rollback
 from coevo.suites.models import Split
 from harness_store.services import project_repo
-from tests.gates.conftest import record
-from tests.reviews.conftest import ASKS_THE_MODEL, HELDOUT_KEYS, TASKS, harness, wait_for_state
+from tests.reviews.conftest import HELDOUT_KEYS, TASKS, wait_for_state
+from tests.support.factories import ASKS_THE_MODEL, finish_evaluation, make_agent_candidate
 
 
 def tags(project) -> dict[str, str]:
@@ -114,7 +114,7 @@ def test_it_evaluates_only_the_candidate_for_an_empty_channel(
     request = _request(staging, asker, researcher, arith_suite, policy_version)
     assert request.holder_candidate is None and request.holder_evaluation is None
     assert request.candidate_evaluation.split == Split.HELDOUT
-    record(request.candidate_evaluation, passed=["h-mul"])
+    finish_evaluation(request.candidate_evaluation, passed=["h-mul"])
     request = promotion_evidence_refresh(request=request)
 
     assert request.state == PromotionState.READY
@@ -128,10 +128,12 @@ def test_it_reuses_a_finished_held_out_evaluation_of_the_holder(
     project, researcher, policy_version, arith_suite, guesser, asker, production, tmp_path
 ):
     first = _request(production, asker, researcher, arith_suite, policy_version)
-    record(first.holder_evaluation)
-    record(first.candidate_evaluation)
+    finish_evaluation(first.holder_evaluation)
+    finish_evaluation(first.candidate_evaluation)
     promotion_cancel(request=first, by=researcher)
-    other = harness(project, tmp_path, "other", ASKS_THE_MODEL + "\n# other\n", parent=guesser)
+    other = make_agent_candidate(
+        project, tmp_path, "other", ASKS_THE_MODEL + "\n# other\n", parent=guesser
+    )
 
     second = _request(production, other, researcher, arith_suite, policy_version)
 
@@ -177,8 +179,10 @@ def test_it_fails_a_request_whose_held_out_evaluation_failed(
     researcher, policy_version, arith_suite, asker, production
 ):
     request = _request(production, asker, researcher, arith_suite, policy_version)
-    record(request.holder_evaluation)
-    record(request.candidate_evaluation, state=EvaluationState.FAILED, detail="worker lost")
+    finish_evaluation(request.holder_evaluation)
+    finish_evaluation(
+        request.candidate_evaluation, state=EvaluationState.FAILED, detail="worker lost"
+    )
 
     request = promotion_evidence_refresh(request=request)
 
@@ -210,7 +214,9 @@ def test_it_rolls_back_to_the_previous_holder_in_one_action(
 def test_it_walks_back_through_the_history_on_repeated_rollbacks(
     project, owner, reviewer, policy_version, guesser, asker, production, tmp_path
 ):
-    third = harness(project, tmp_path, "third", ASKS_THE_MODEL + "\n# 3\n", parent=asker)
+    third = make_agent_candidate(
+        project, tmp_path, "third", ASKS_THE_MODEL + "\n# 3\n", parent=asker
+    )
     channel_move(channel=production, candidate=asker, policy_version=None, moved_by=owner)
     production.refresh_from_db()
     channel_move(channel=production, candidate=third, policy_version=None, moved_by=owner)
@@ -272,8 +278,8 @@ def test_it_catches_up_on_requests_whose_signal_was_missed(
 ):
     request = _request(production, asker, researcher, arith_suite, policy_version)
     assert promotions_refresh_open() == 0  # still running: nothing to do
-    record(request.holder_evaluation)
-    record(request.candidate_evaluation, passed=HELDOUT_KEYS)  # no signal sent
+    finish_evaluation(request.holder_evaluation)
+    finish_evaluation(request.candidate_evaluation, passed=HELDOUT_KEYS)  # no signal sent
 
     assert promotions_refresh_open() == 1
     request.refresh_from_db()

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -17,7 +15,6 @@ from coevo.evaluations.models import (
     Outcome,
     Rollout,
     RolloutState,
-    TraceStep,
 )
 from coevo.suites.models import Split, Task
 from harness_store.services import candidate_import_directory
@@ -25,6 +22,7 @@ from tests.conftest import SEED_HARNESS
 
 # Browser tests (marked `browser`) take `page` from here.
 from tests.support.browser import browser, page  # noqa: F401
+from tests.support.factories import Step, add_steps, make_evaluation, make_rollout
 
 CHILD_MARKER = "# child-change-marker"
 COMPLETION = "    return sorted(set(numbers))  # distinctive-completion-marker\n"
@@ -36,7 +34,6 @@ TRACEBACK = (
     "    return 1 / 0\n"
     "ZeroDivisionError: division by zero\n"
 )
-Step = tuple[str, dict[str, Any], dict[str, int]]
 SAMPLING = {"max_tokens": 192, "temperature": 0.0, "stop": ["\ndef "], "seed": 7}
 
 
@@ -48,13 +45,6 @@ class EvaluationData:
     invalid: Rollout
     crashed: Rollout
     unfinished: list[Rollout]
-
-
-def add_steps(rollout: Rollout, steps: Sequence[Step]) -> None:
-    TraceStep.objects.bulk_create(
-        TraceStep(rollout=rollout, attempt=1, index=i, kind=kind, payload=payload, **extra)
-        for i, (kind, payload, extra) in enumerate(steps)
-    )
 
 
 def start_step(task: Task) -> Step:
@@ -72,35 +62,6 @@ def model_call_step(task: Task, completion: str) -> Step:
         "finish_reason": "stop",
     }
     return "model_call", payload, {"prompt_tokens": 120, "completion_tokens": 30, "latency_ms": 450}
-
-
-def make_rollout(
-    evaluation: Evaluation,
-    task: Task,
-    *,
-    outcome: str = "",
-    detail: str = "",
-    score: float | None = None,
-    steps: Sequence[Step] = (),
-    state: str = RolloutState.DONE,
-) -> Rollout:
-    calls = [s for s in steps if s[0] == "model_call"]
-    rollout = Rollout.objects.create(
-        evaluation=evaluation,
-        task=task,
-        seed=7,
-        state=state,
-        outcome=outcome,
-        score=score,
-        detail=detail,
-        prompt_tokens=sum(s[2]["prompt_tokens"] for s in calls),
-        completion_tokens=sum(s[2]["completion_tokens"] for s in calls),
-        latency_ms=sum(s[2]["latency_ms"] for s in calls),
-        model_calls=len(calls),
-        attempts=1 if state != RolloutState.PENDING else 0,
-    )
-    add_steps(rollout, steps)
-    return rollout
 
 
 def finish_rollout(rollout: Rollout) -> None:
@@ -128,22 +89,18 @@ def finish_rollout(rollout: Rollout) -> None:
     )
 
 
-def make_evaluation(
+def make_mixed_evaluation(
     *, project, candidate, suite, policy_version, running: bool = False
 ) -> EvaluationData:
     """Four finished rollouts (passed, task failure, two harness errors); with ``running`` also
     one running and one pending rollout, and the evaluation still running."""
     tasks = list(Task.objects.filter(suite=suite, split=Split.SEARCH).order_by("position")[:6])
-    evaluation = Evaluation.objects.create(
-        project=project,
+    evaluation = make_evaluation(
         candidate=candidate,
-        policy_version=policy_version,
         suite=suite,
-        split=Split.SEARCH,
-        seed=7,
+        policy_version=policy_version,
         state=EvaluationState.RUNNING if running else EvaluationState.FINISHED,
-        started_at=timezone.now(),
-        finished_at=None if running else timezone.now(),
+        seed=7,
     )
     passed = make_rollout(
         evaluation,
@@ -216,7 +173,7 @@ def make_evaluation(
 
 @pytest.fixture
 def finished_evaluation(project, seed_candidate, humaneval_suite, policy_version) -> EvaluationData:
-    return make_evaluation(
+    return make_mixed_evaluation(
         project=project,
         candidate=seed_candidate,
         suite=humaneval_suite,
@@ -226,7 +183,7 @@ def finished_evaluation(project, seed_candidate, humaneval_suite, policy_version
 
 @pytest.fixture
 def running_evaluation(project, seed_candidate, humaneval_suite, policy_version) -> EvaluationData:
-    return make_evaluation(
+    return make_mixed_evaluation(
         project=project,
         candidate=seed_candidate,
         suite=humaneval_suite,
@@ -236,8 +193,9 @@ def running_evaluation(project, seed_candidate, humaneval_suite, policy_version)
 
 
 @pytest.fixture
-def child_candidate(project, seed_candidate, tmp_path):
-    """The seed with one line of agent.py changed and a binary file added."""
+def clamped_child(project, seed_candidate, tmp_path):
+    """The seed with one line of agent.py changed (samples clamped to at least one) and a
+    binary file added: a diff with a marked line and a binary file to show."""
     directory = tmp_path / "child"
     shutil.copytree(SEED_HARNESS, directory)
     agent = directory / "agent.py"

@@ -18,7 +18,12 @@ from playwright.sync_api import expect  # noqa: E402
 
 from coevo.evaluations.models import EvaluationState  # noqa: E402
 from tests.conftest import PASSWORD  # noqa: E402
-from tests.web.conftest import CHILD_MARKER, COMPLETION, finish_rollout, make_evaluation  # noqa: E402
+from tests.web.conftest import (  # noqa: E402
+    CHILD_MARKER,
+    COMPLETION,
+    finish_rollout,
+    make_mixed_evaluation,
+)
 
 SCREENSHOT = Path("/tmp/coevo-eval.png")
 
@@ -34,13 +39,13 @@ def test_it_walks_from_login_to_a_model_call_and_watches_an_evaluation_finish(
     owner,
     project,
     seed_candidate,
-    child_candidate,
+    clamped_child,
     humaneval_suite,
     policy_version,
 ):
-    data = make_evaluation(
+    data = make_mixed_evaluation(
         project=project,
-        candidate=child_candidate,
+        candidate=clamped_child,
         suite=humaneval_suite,
         policy_version=policy_version,
         running=True,
@@ -58,8 +63,8 @@ def test_it_walks_from_login_to_a_model_call_and_watches_an_evaluation_finish(
     # Project → candidate.
     page.get_by_role("link", name="Demo agent").click()
     expect(page.locator("h1")).to_have_text("Demo agent")
-    page.locator(f"#candidates a[href$='/c/{child_candidate.sha}/']").first.click()
-    expect(page.locator("code.full-sha")).to_have_text(child_candidate.sha)
+    page.locator(f"#candidates a[href$='/c/{clamped_child.sha}/']").first.click()
+    expect(page.locator("code.full-sha")).to_have_text(clamped_child.sha)
 
     # A file, highlighted.
     page.get_by_role("link", name="agent.py", exact=True).click()

@@ -114,7 +114,7 @@ def test_it_says_a_diff_is_too_large_to_show_and_still_names_its_files(
 
 
 def test_it_shows_an_error_instead_of_a_diff_it_cannot_read(
-    client, owner, project, seed_candidate, child_candidate, monkeypatch
+    client, owner, project, seed_candidate, clamped_child, monkeypatch
 ):
     real = HarnessRepo._diff_output
     # As if git wrote a line the reader does not know (a future git's new header line).
@@ -125,7 +125,7 @@ def test_it_shows_an_error_instead_of_a_diff_it_cannot_read(
     )
     client.force_login(owner)
 
-    response = _diff_page(client, project, child_candidate)
+    response = _diff_page(client, project, clamped_child)
 
     assert response.status_code == 200
     page = _plain(response)

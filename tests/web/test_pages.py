@@ -146,15 +146,15 @@ def test_it_lists_only_the_users_projects_on_home(client, owner, outsider, proje
 
 
 def test_it_shows_candidates_suites_and_evaluations_on_the_project_page(
-    client, reviewer, project, seed_candidate, child_candidate, finished_evaluation
+    client, reviewer, project, seed_candidate, clamped_child, finished_evaluation
 ):
     client.force_login(reviewer)
     response = client.get(reverse("web:project", args=[project.slug]))
     assert response.status_code == 200
     page = text(response)
-    candidate_url = reverse("web:candidate", args=[project.slug, child_candidate.sha])
+    candidate_url = reverse("web:candidate", args=[project.slug, clamped_child.sha])
     assert f'href="{candidate_url}"' in page
-    assert child_candidate.short_sha in page
+    assert clamped_child.short_sha in page
     assert "Clamp samples to at least one" in page
     assert "Proposer" in page
     # The child's parent column links to the seed.
@@ -173,16 +173,16 @@ def test_it_shows_candidates_suites_and_evaluations_on_the_project_page(
 
 
 def test_it_shows_a_candidates_metadata_files_and_evaluations(
-    client, owner, project, seed_candidate, child_candidate, finished_evaluation
+    client, owner, project, seed_candidate, clamped_child, finished_evaluation
 ):
     client.force_login(owner)
-    page = text(client.get(reverse("web:candidate", args=[project.slug, child_candidate.sha])))
-    assert child_candidate.sha in page
+    page = text(client.get(reverse("web:candidate", args=[project.slug, clamped_child.sha])))
+    assert clamped_child.sha in page
     assert "A proposer's change." in page
     assert reverse("web:candidate", args=[project.slug, seed_candidate.sha]) in page
     for path in ("agent.py", "harness.toml", "logo.png"):
-        assert reverse("web:candidate_file", args=[project.slug, child_candidate.sha, path]) in page
-    assert reverse("web:candidate_diff", args=[project.slug, child_candidate.sha]) in page
+        assert reverse("web:candidate_file", args=[project.slug, clamped_child.sha, path]) in page
+    assert reverse("web:candidate_diff", args=[project.slug, clamped_child.sha]) in page
     assert f"diff against parent {seed_candidate.short_sha}" in page
 
     page = text(client.get(reverse("web:candidate", args=[project.slug, seed_candidate.sha])))
@@ -214,9 +214,9 @@ def test_it_highlights_a_file(client, owner, project, seed_candidate):
     assert "/static/pygments.css" in body
 
 
-def test_it_says_a_binary_file_is_binary(client, owner, project, child_candidate):
+def test_it_says_a_binary_file_is_binary(client, owner, project, clamped_child):
     client.force_login(owner)
-    url = reverse("web:candidate_file", args=[project.slug, child_candidate.sha, "logo.png"])
+    url = reverse("web:candidate_file", args=[project.slug, clamped_child.sha, "logo.png"])
     page = text(client.get(url))
     assert "Binary file" in page
     assert "PNG" not in page.split("Binary file", 1)[1]
@@ -231,10 +231,10 @@ def test_it_answers_404_for_a_missing_file(client, owner, project, seed_candidat
 
 
 def test_it_diffs_a_candidate_against_its_parent(
-    client, owner, project, seed_candidate, child_candidate
+    client, owner, project, seed_candidate, clamped_child
 ):
     client.force_login(owner)
-    page = text(client.get(reverse("web:candidate_diff", args=[project.slug, child_candidate.sha])))
+    page = text(client.get(reverse("web:candidate_diff", args=[project.slug, clamped_child.sha])))
     assert 'class="highlight"' in page
     # DiffLexer: removed lines are Generic.Deleted (gd), added lines Generic.Inserted (gi).
     assert '<span class="gd">-    samples = knobs["samples"]</span>' in page
@@ -255,11 +255,11 @@ def test_it_diffs_a_root_candidate_against_the_empty_tree(client, owner, project
 
 
 def test_it_diffs_against_another_base_given_in_the_query(
-    client, owner, project, seed_candidate, child_candidate
+    client, owner, project, seed_candidate, clamped_child
 ):
     client.force_login(owner)
     url = reverse("web:candidate_diff", args=[project.slug, seed_candidate.sha])
-    page = text(client.get(url, {"base": child_candidate.sha[:10]}))
+    page = text(client.get(url, {"base": clamped_child.sha[:10]}))
     # Reversed direction: the child's line is removed.
     assert f'-    samples = max(1, knobs["samples"])  {CHILD_MARKER}' in page
     assert client.get(url, {"base": "feedbeef"}).status_code == 404

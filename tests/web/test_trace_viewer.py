@@ -10,9 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from coevo.evaluations.models import Evaluation, Outcome, Rollout
+from coevo.evaluations.models import EvaluationState, Outcome, Rollout
 from coevo.suites.models import Split, Task
-from tests.web.conftest import make_rollout, model_call_step, start_step
+from tests.support.factories import make_evaluation, make_rollout
+from tests.web.conftest import model_call_step, start_step
 from tests.web.test_pages import plain, text
 
 pytestmark = pytest.mark.django_db
@@ -40,12 +41,11 @@ def game_steps(moves: int) -> list:
 @pytest.fixture
 def game(project, seed_candidate, humaneval_suite, policy_version) -> Rollout:
     """A rollout with a 301-step trace: a reset, then 150 moves of a model call and a step."""
-    evaluation = Evaluation.objects.create(
-        project=project,
+    evaluation = make_evaluation(
         candidate=seed_candidate,
-        policy_version=policy_version,
         suite=humaneval_suite,
-        split=Split.SEARCH,
+        policy_version=policy_version,
+        state=EvaluationState.PENDING,
     )
     task = Task.objects.filter(suite=humaneval_suite, split=Split.SEARCH).first()
     return make_rollout(
@@ -158,12 +158,12 @@ def test_it_keeps_a_held_out_trace_sealed_on_every_view(
 ):
     marker = "SEALED-TRACE-MARKER"
     task = Task.objects.filter(suite=humaneval_suite, split=Split.HELDOUT).first()
-    evaluation = Evaluation.objects.create(
-        project=project,
+    evaluation = make_evaluation(
         candidate=seed_candidate,
-        policy_version=policy_version,
         suite=humaneval_suite,
+        policy_version=policy_version,
         split=Split.HELDOUT,
+        state=EvaluationState.PENDING,
     )
     rollout = make_rollout(
         evaluation,
