@@ -18,6 +18,7 @@ from tests.support.factories import (  # noqa: F401  (tests import REPO_ROOT, PA
     make_child_candidate,
     make_member,
     make_user,
+    make_vllm_policy,
 )
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 
@@ -119,6 +120,13 @@ def policy_version(db, settings, scripted_policy):
     settings.COEVO_POLICY_URL = scripted_policy.url
     settings.COEVO_POLICY_MODEL = "scripted"
     return policy_version_get_default()
+
+
+@pytest.fixture
+def base_policy(db):
+    """A vLLM-kind base policy on an endpoint nothing serves: for tests that never call the
+    policy (training, rollouts finished by hand)."""
+    return make_vllm_policy()
 
 
 @pytest.fixture

@@ -1,4 +1,19 @@
+"""Campaign fixtures: the styled seed harness and the marked suite most campaign tests run
+(tests/campaigns/support.py builds them), the optuna storages closed and the queues empty."""
+
 import pytest
+
+from tests.campaigns.support import marked_suite, styled_seed
+
+
+@pytest.fixture
+def seed(project, tmp_path):
+    return styled_seed(project, tmp_path)
+
+
+@pytest.fixture
+def suite(project):
+    return marked_suite(project)
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@ string planted in its validation and held-out tasks."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from coevo.campaigns.models import Campaign, Proposal, ProposalState
@@ -12,9 +11,8 @@ from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState
 from coevo.evaluations.services import rollout_claim, rollout_finish
 from coevo.policies.client import normalize_base_url
 from coevo.policies.models import EndpointKind, PolicyEndpoint
-from coevo.suites.jsonl import scorer_spec_build
-from coevo.suites.services import suite_import_jsonl
 from harness_store.services import candidate_import_directory
+from tests.support.factories import make_jsonl_suite
 
 MARKER = "ZZ-SEALED-MARKER-ZZ"
 
@@ -73,13 +71,7 @@ def marked_suite(project):
         {"id": f"h{i}", "input": f"{MARKER} h{i}", "expected": "yes", "split": "heldout"}
         for i in range(2)
     ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="styled",
-        data="\n".join(json.dumps(r) for r in rows).encode(),
-        scorer=scorer_spec_build(kind="exact"),
-    )
-    return suite
+    return make_jsonl_suite(project, rows, name="styled")
 
 
 def finish_open_rollouts(evaluation: Evaluation, passed: bool) -> None:

@@ -16,11 +16,10 @@ from coevo.campaigns.models import CampaignState, ProposalState, ProposerKind
 from coevo.campaigns.services import campaign_create, campaign_start
 from coevo.evaluations.models import Rollout, TraceStep
 from coevo.exports.services import export_path
-from coevo.policies.models import EndpointKind, PolicyEndpoint
-from coevo.policies.services import policy_version_create
 from coevo.training.models import TrainingState
 from coevo.training.trainers import trainer_register
 from tests.campaigns.support import marked_suite, styled_seed
+from tests.support.factories import make_vllm_policy
 from tests.support.vllm_server import VLLMPolicy, VLLMTestServer
 
 TRAINER = str(Path(__file__).resolve().parents[1] / "support" / "tiny_trainer.py")
@@ -38,11 +37,8 @@ def vllm():
 
 
 @pytest.fixture
-def base_policy(db, vllm):
-    endpoint = PolicyEndpoint.objects.create(
-        name="vllm-test", base_url=vllm.url, kind=EndpointKind.VLLM, max_concurrency=4
-    )
-    return policy_version_create(name="base", endpoint=endpoint, base_model="base-model")
+def served_base_policy(db, vllm):
+    return make_vllm_policy(base_url=vllm.url, max_concurrency=4)
 
 
 @pytest.fixture
@@ -64,7 +60,7 @@ def wait_final(campaign, timeout_s: float = 240):
 
 
 def test_an_alternating_campaign_trains_registers_and_adopts_an_adapter(
-    celery_worker_thread, project, tmp_path, dirs, vllm, base_policy
+    celery_worker_thread, project, tmp_path, dirs, vllm, served_base_policy
 ):
     trainer_register(
         name="tiny-lora",
@@ -78,7 +74,7 @@ def test_an_alternating_campaign_trains_registers_and_adopts_an_adapter(
         project=project,
         name="alternating",
         seed_candidate=seed,
-        policy_version=base_policy,
+        policy_version=served_base_policy,
         suite=suite,
         strategy=[{"kind": "config", "options": {"knobs": ["style"]}}],
         max_proposals=2,
@@ -105,9 +101,9 @@ def test_an_alternating_campaign_trains_registers_and_adopts_an_adapter(
     ]
     seed_p, harness_1, step, harness_2 = proposals
     # Under the base model the seed answers q0 and v0 only.
-    assert seed_p.policy_version == base_policy
+    assert seed_p.policy_version == served_base_policy
     assert seed_p.search_score == 0.25 and seed_p.validation_score == 0.5
-    assert harness_1.policy_version == base_policy
+    assert harness_1.policy_version == served_base_policy
 
     # The policy step: export → train → register → evaluate, each stage recorded.
     assert step.state == ProposalState.EVALUATED, (step.state_detail, step.stages)
@@ -130,7 +126,7 @@ def test_an_alternating_campaign_trains_registers_and_adopts_an_adapter(
     assert run.command[1] == TRAINER and run.command[3] == str(export_path(sha256=export.sha256))
     trained = run.policy_version
     assert step.policy_version == trained
-    assert trained.parent == base_policy and trained.base_model == "base-model"
+    assert trained.parent == served_base_policy and trained.base_model == "base-model"
     assert Path(trained.adapter_path).parent == dirs / "adapters"
     assert (Path(trained.adapter_path) / "adapter_model.safetensors").is_file()
     assert trained.provenance["export"] == str(export.id)

@@ -16,11 +16,9 @@ from coevo.campaigns.alternation import (
 )
 from coevo.campaigns.services import campaign_create
 from coevo.errors import InvalidInput
-from coevo.policies.models import EndpointKind, PolicyEndpoint
-from coevo.policies.services import policy_version_create
+from coevo.policies.models import EndpointKind
 from coevo.training.models import Trainer
 from coevo.training.trainers import trainer_register
-from tests.campaigns.support import marked_suite, styled_seed
 
 H, HI = Step(policy=False, improved=False), Step(policy=False, improved=True)
 P, PI = Step(policy=True, improved=False), Step(policy=True, improved=True)
@@ -366,24 +364,6 @@ def test_it_refuses_last_turns_that_are_not_positive(trainer, turns):
 # --- campaign_create -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def seed(project, tmp_path):
-    return styled_seed(project, tmp_path)
-
-
-@pytest.fixture
-def suite(project):
-    return marked_suite(project)
-
-
-@pytest.fixture
-def vllm_policy(db):
-    endpoint = PolicyEndpoint.objects.create(
-        name="vllm-test", base_url="http://127.0.0.1:9/v1", kind=EndpointKind.VLLM
-    )
-    return policy_version_create(name="base", endpoint=endpoint, base_model="base-model")
-
-
 def create(project, seed, suite, policy, **kwargs):
     return campaign_create(
         project=project,
@@ -396,15 +376,15 @@ def create(project, seed, suite, policy, **kwargs):
     )
 
 
-def test_campaign_create_stores_the_cleaned_alternation(project, seed, suite, vllm_policy, trainer):
+def test_campaign_create_stores_the_cleaned_alternation(project, seed, suite, base_policy, trainer):
     campaign = create(
-        project, seed, suite, vllm_policy, alternation={"trainer": "tiny-lora", "harness_steps": 2}
+        project, seed, suite, base_policy, alternation={"trainer": "tiny-lora", "harness_steps": 2}
     )
     campaign.refresh_from_db()
     assert campaign.alternates
     assert campaign.alternation == validate({"trainer": "tiny-lora", "harness_steps": 2})
-    assert campaign.current_policy_version == vllm_policy
-    assert campaign.active_policy_version == vllm_policy
+    assert campaign.current_policy_version == base_policy
+    assert campaign.active_policy_version == base_policy
 
 
 def test_campaign_create_without_alternation_runs_harness_steps_only(
@@ -425,15 +405,15 @@ def test_campaign_create_refuses_alternation_on_an_endpoint_that_cannot_load_ada
     assert not Campaign.objects.exists()
 
 
-def test_campaign_create_refuses_an_invalid_alternation(project, seed, suite, vllm_policy, trainer):
+def test_campaign_create_refuses_an_invalid_alternation(project, seed, suite, base_policy, trainer):
     with pytest.raises(InvalidInput, match="No trainer named 'other'"):
-        create(project, seed, suite, vllm_policy, alternation={"trainer": "other"})
+        create(project, seed, suite, base_policy, alternation={"trainer": "other"})
     with pytest.raises(InvalidInput, match="below the campaign's patience"):
         create(
             project,
             seed,
             suite,
-            vllm_policy,
+            base_policy,
             patience=2,
             alternation={"trainer": "tiny-lora", "switch": "patience", "patience": 2},
         )

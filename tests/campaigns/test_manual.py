@@ -14,19 +14,9 @@ from coevo.campaigns.services import (
 from coevo.errors import InvalidInput, InvalidState
 from coevo.projects.services import project_get_or_create
 from tests.campaigns.merge_support import drive_tasks, human_commit, make_campaign, passing
-from tests.campaigns.support import AGENT, marked_suite, styled_seed
+from tests.campaigns.support import AGENT, styled_seed
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def seed(project, tmp_path):
-    return styled_seed(project, tmp_path)
-
-
-@pytest.fixture
-def suite(project):
-    return marked_suite(project)
 
 
 def test_it_evaluates_submissions_first_come_first_ahead_of_the_proposers(

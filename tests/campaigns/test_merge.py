@@ -13,19 +13,9 @@ from coevo.campaigns.services import campaign_start, campaign_submit_candidate
 from coevo.errors import InvalidInput
 from harness_store.selectors import candidate_read_file
 from tests.campaigns.merge_support import drive_tasks, human_commit, make_campaign, passing
-from tests.campaigns.support import AGENT, MARKER, marked_suite, styled_seed
+from tests.campaigns.support import AGENT, MARKER
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def seed(project, tmp_path):
-    return styled_seed(project, tmp_path)
-
-
-@pytest.fixture
-def suite(project):
-    return marked_suite(project)
 
 
 def test_it_merges_the_pair_best_on_different_tasks_with_two_parents(

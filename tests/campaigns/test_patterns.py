@@ -17,19 +17,9 @@ from coevo.campaigns.patterns import (
 from coevo.campaigns.services import campaign_start, campaign_submit_candidate
 from coevo.evaluations.models import Evaluation, Outcome
 from tests.campaigns.merge_support import drive_tasks, human_commit, make_campaign
-from tests.campaigns.support import MARKER, marked_suite, styled_seed
+from tests.campaigns.support import MARKER
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def seed(project, tmp_path):
-    return styled_seed(project, tmp_path)
-
-
-@pytest.fixture
-def suite(project):
-    return marked_suite(project)
 
 
 def test_it_normalizes_messages_deterministically():

@@ -21,12 +21,10 @@ from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState,
 from coevo.evaluations.services import rollout_claim, rollout_finish
 from coevo.exports.models import ExportState
 from coevo.exports.services import trajectory_export_build
-from coevo.policies.models import EndpointKind, PolicyEndpoint, PolicyVersion
-from coevo.policies.services import policy_version_create
+from coevo.policies.models import PolicyVersion
 from coevo.training.models import Trainer, TrainingRun, TrainingState
 from coevo.training.services import training_run_execute
 from coevo.training.trainers import trainer_register
-from tests.campaigns.support import marked_suite, styled_seed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,25 +38,6 @@ def dirs(settings, tmp_path):
     settings.COEVO_ADAPTER_DIR = tmp_path / "adapters"
     settings.COEVO_EXPORT_DIR = tmp_path / "exports"
     return tmp_path
-
-
-@pytest.fixture
-def base_policy(db):
-    # Rollouts are finished by hand: the endpoint is never called.
-    endpoint = PolicyEndpoint.objects.create(
-        name="vllm-test", base_url="http://127.0.0.1:9/v1", kind=EndpointKind.VLLM
-    )
-    return policy_version_create(name="base", endpoint=endpoint, base_model="base-model")
-
-
-@pytest.fixture
-def seed(project, tmp_path):
-    return styled_seed(project, tmp_path)
-
-
-@pytest.fixture
-def suite(project):
-    return marked_suite(project)
 
 
 def register(*extra: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 from coevo.cli import main
 from tests.cli.conftest import run_git
 from tests.cli.test_remote_e2e import ASKS_THE_MODEL, GUESSES, MANIFEST
+from tests.support.factories import jsonl_rows, make_jsonl_suite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,21 +26,9 @@ TASKS = [
 
 
 @pytest.fixture
-def suite(project):
-    from coevo.suites.jsonl import scorer_spec_build
-    from coevo.suites.services import suite_import_jsonl
-
-    rows = [
-        {"id": key, "input": prompt, "expected": answer, "split": split}
-        for key, prompt, answer, split in TASKS
-    ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="arith",
-        data="\n".join(json.dumps(row) for row in rows).encode(),
-        scorer=scorer_spec_build(kind="exact"),
-    )
-    return suite
+def promotion_suite(project):
+    """The project's only suite with held-out tasks."""
+    return make_jsonl_suite(project, jsonl_rows(TASKS), name="arith")
 
 
 @pytest.fixture
@@ -94,7 +83,7 @@ def test_it_requests_a_promotion_and_prints_where_reviewers_decide(
     cli_env,
     repo,
     project,
-    suite,
+    promotion_suite,
     in_production,
     policy_version,
     scripted_policy,
@@ -118,7 +107,7 @@ def test_it_requests_a_promotion_and_prints_where_reviewers_decide(
     status_url = f"{cli_env['COEVO_URL']}/api/v1/projects/{project.slug}/promotions/{request.id}/"
     assert lines[2] == f"status: {status_url}"
     assert request.candidate.sha == asks and request.holder_candidate.sha == in_production
-    assert request.suite == suite  # the project's only suite with held-out tasks
+    assert request.suite == promotion_suite  # the project's only suite with held-out tasks
 
     # The held-out runs finish on the worker and the evidence is assembled for reviewers.
     request = wait_for_state(request, [PromotionState.READY, PromotionState.FAILED])
@@ -134,7 +123,7 @@ def test_it_requests_a_promotion_and_prints_where_reviewers_decide(
 
 
 def test_it_reports_api_errors_with_their_code(
-    cli_env, repo, project, owner, suite, in_production, monkeypatch, capsys
+    cli_env, repo, project, owner, promotion_suite, in_production, monkeypatch, capsys
 ):
     asks = run_git(repo, "rev-parse", "HEAD")
 

@@ -19,6 +19,7 @@ import pytest
 
 from coevo.cli import main
 from tests.cli.conftest import run_git
+from tests.support.factories import jsonl_rows, make_jsonl_suite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,20 +51,7 @@ TASKS = [("mul", "6 * 7 =", "42"), ("add", "2 + 3 =", "5"), ("sub", "9 - 4 =", "
 
 @pytest.fixture
 def arith_suite(project):
-    from coevo.suites.jsonl import scorer_spec_build
-    from coevo.suites.services import suite_import_jsonl
-
-    rows = [
-        {"id": key, "input": prompt, "expected": answer, "split": "validation"}
-        for key, prompt, answer in TASKS
-    ]
-    suite, _ = suite_import_jsonl(
-        project=project,
-        name="arith",
-        data="\n".join(json.dumps(row) for row in rows).encode(),
-        scorer=scorer_spec_build(kind="exact"),
-    )
-    return suite
+    return make_jsonl_suite(project, jsonl_rows(TASKS, split="validation"), name="arith")
 
 
 @pytest.fixture

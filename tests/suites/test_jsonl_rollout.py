@@ -11,7 +11,7 @@ import pytest
 
 from coevo.policies.client import PolicyClient
 from coevo.suites.jsonl import scorer_spec_build
-from coevo.suites.services import suite_import_jsonl
+from tests.support.factories import make_jsonl_suite
 from workers.environments import adapter_for
 from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
 
@@ -55,18 +55,18 @@ def harness(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def suite(project):
+def verified_suite(project):
+    """Two tasks scored by VERIFIER, which raises on the one marked to explode."""
     rows = [
         {"id": "mul", "input": "6 * 7 =", "expected": "42", "metadata": {"topic": "arith"}},
         {"id": "boom", "input": "1 + 1 =", "expected": "2", "metadata": {"explode": True}},
     ]
-    suite, _ = suite_import_jsonl(
-        project=project,
+    return make_jsonl_suite(
+        project,
+        rows,
         name="arith",
-        data="\n".join(json.dumps(r) for r in rows).encode(),
         scorer=scorer_spec_build(kind="python", verifier_name="v.py", verifier_source=VERIFIER),
     )
-    return suite
 
 
 def roll(suite, key: str, harness: Path, url: str):
@@ -85,10 +85,10 @@ def roll(suite, key: str, harness: Path, url: str):
         return execute_rollout(inputs, policy=client, environment=environment)
 
 
-def test_it_scores_a_custom_task_with_its_python_verifier(suite, harness, scripted_policy):
+def test_it_scores_a_custom_task_with_its_python_verifier(verified_suite, harness, scripted_policy):
     scripted_policy.rules.append(("6 * 7 =", " 42"))
 
-    result = roll(suite, "mul", harness, scripted_policy.url)
+    result = roll(verified_suite, "mul", harness, scripted_policy.url)
 
     assert result.outcome == Outcome.PASSED, result.detail
     assert result.score == 1.0
@@ -100,11 +100,11 @@ def test_it_scores_a_custom_task_with_its_python_verifier(suite, harness, script
 
 
 def test_it_ends_a_crashing_verifier_as_a_task_failure_with_the_reason(
-    suite, harness, scripted_policy
+    verified_suite, harness, scripted_policy
 ):
     scripted_policy.rules.append(("1 + 1 =", " 2"))
 
-    result = roll(suite, "boom", harness, scripted_policy.url)
+    result = roll(verified_suite, "boom", harness, scripted_policy.url)
 
     assert result.outcome == Outcome.TASK_FAILURE
     assert result.score == 0.0

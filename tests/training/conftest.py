@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 
 from coevo.exports.services import trajectory_export_create
-from coevo.policies.models import EndpointKind, PolicyEndpoint
-from coevo.policies.services import policy_version_create
 from tests.exports.conftest import build, run_evaluation
 from tests.support.browser import browser, page  # noqa: F401  (the run page's browser test)
 
@@ -20,15 +18,6 @@ def dirs(settings, tmp_path):
     settings.COEVO_ADAPTER_DIR = tmp_path / "adapters"
     settings.COEVO_EXPORT_DIR = tmp_path / "exports"
     return tmp_path
-
-
-@pytest.fixture
-def base_policy(db):
-    # Never contacted here: training does not talk to the policy server.
-    endpoint = PolicyEndpoint.objects.create(
-        name="vllm-test", base_url="http://127.0.0.1:9/v1", kind=EndpointKind.VLLM
-    )
-    return policy_version_create(name="base", endpoint=endpoint, base_model="base-model")
 
 
 @pytest.fixture
