@@ -7,13 +7,12 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from coevo.api.pagination import CreatedCursorPagination
+from coevo.api.pagination import CreatedCursorPagination, PageIn
 from coevo.api.permissions import can_see_heldout, project_for_request
 from coevo.errors import PayloadTooLarge
 from coevo.projects.models import Project, Role
@@ -55,6 +54,14 @@ class ApiView(APIView):
         if length > limit:
             raise PayloadTooLarge(f"{what}; this one is {length} bytes.")
 
+    def query(self, parameters: type[serializers.Serializer]) -> dict[str, Any]:
+        """The query string read through ``parameters``, the serializer the view's schema
+        declares: a malformed value (an unknown choice, a bad UUID or boolean) is
+        ``400 invalid_input`` naming the parameter, never ignored."""
+        parsed = parameters(data=self.request.query_params)
+        parsed.is_valid(raise_exception=True)
+        return dict(parsed.validated_data)
+
     def can_see_heldout(self) -> bool:
         return can_see_heldout(request=self.request, project=self.project)
 
@@ -63,11 +70,9 @@ class ApiView(APIView):
         return self.request.build_absolute_uri(f"{url}?{query}" if query else url)
 
 
-# Lists: cursor pagination parameters and the page shape, for the schema.
-PAGE_PARAMETERS = [
-    OpenApiParameter("cursor", str, description="From a previous page's next/previous URL."),
-    OpenApiParameter("limit", int, description="Items per page (at most 200; default 50)."),
-]
+# Lists: cursor pagination parameters (checked by the paginator) and the page shape, for the
+# schema.
+PAGE_PARAMETERS = [PageIn]
 _PAGES: dict[str, type[serializers.Serializer]] = {}
 
 

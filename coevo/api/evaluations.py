@@ -234,9 +234,7 @@ class EvaluationListView(EvaluationViewMixin):
         responses=paginated(EvaluationOut),
     )
     def get(self, request: Request, slug: str) -> Response:
-        filters = EvaluationFilterIn(data=request.query_params)
-        filters.is_valid(raise_exception=True)
-        values = filters.validated_data
+        values = self.query(EvaluationFilterIn)
         evaluations = evaluation_list(project=self.project).select_related("policy_version")
         if not self.can_see_heldout():
             evaluations = evaluations.exclude(split=Split.HELDOUT)
@@ -379,10 +377,9 @@ class ComparisonView(EvaluationViewMixin):
         responses=ComparisonOut,
     )
     def get(self, request: Request, slug: str) -> Response:
-        query = ComparisonIn(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        reference = self.evaluation(query.validated_data["reference"])
-        candidate = self.evaluation(query.validated_data["candidate"])
+        query = self.query(ComparisonIn)
+        reference = self.evaluation(query["reference"])
+        candidate = self.evaluation(query["candidate"])
         statistics = evaluation_compare(reference=reference, candidate=candidate).statistics
         interval = statistics.interval
         dashboard = self.absolute(
