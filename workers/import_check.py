@@ -17,7 +17,7 @@ from coevo.errors import InvalidManifest, SandboxUnavailable
 from harness_store.manifest import load_manifest
 from harness_store.models import Candidate
 from workers import sandbox
-from workers.rollout import RUNTIME_DIR
+from workers.channel import RUNTIME_DIR
 
 IMPORT_TIMEOUT_S = 30
 _RESULT_PREFIX = "COEVO-IMPORT-CHECK "

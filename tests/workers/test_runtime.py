@@ -661,7 +661,7 @@ def test_it_keeps_the_runtime_free_of_third_party_imports():
     import ast
     import sys
 
-    from workers.rollout import RUNTIME_DIR
+    from workers.channel import RUNTIME_DIR
 
     imported = set()
     for path in (RUNTIME_DIR / "coevo_runtime").glob("*.py"):

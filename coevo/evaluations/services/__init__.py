@@ -10,7 +10,6 @@ from coevo.evaluations.services.evaluations import evaluation_create, evaluation
 from coevo.evaluations.services.rollouts import (
     RolloutCancelled,
     RolloutRetry,
-    error_kind_for,
     rollout_claim,
     rollout_execute,
     rollout_finish,
@@ -24,7 +23,6 @@ from coevo.evaluations.services.watchdog import (
 __all__ = [
     "RolloutCancelled",
     "RolloutRetry",
-    "error_kind_for",
     "evaluation_create",
     "evaluation_enqueue",
     "evaluations_resume_paused",

@@ -31,10 +31,11 @@ from coevo.evaluations.models import (
     RolloutState,
 )
 from coevo.evaluations.traces import TraceWriter
-from coevo.ops import metrics
 from coevo.logs import log_bind, log_context, rollout_log_ids
+from coevo.ops import metrics
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
 from harness_store.selectors import candidate_export
+from workers.outcomes import SCORED_OUTCOMES, ErrorKind
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
                 outcome=Outcome.INFRA_ERROR,
                 score=None,
                 detail=f"worker error: {type(exc).__name__}: {exc}",
+                error_kind=ErrorKind.WORKER,
             )
     latency_ms = int((timezone.now() - started).total_seconds() * 1000)
     if result.outcome == Outcome.INFRA_ERROR:
@@ -174,6 +176,7 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
         outcome=result.outcome,
         score=result.score,
         detail=result.detail,
+        error_kind=result.error_kind,
         answer=result.answer,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
@@ -231,25 +234,12 @@ def _handle_infra_error(*, rollout: Rollout, detail: str) -> None:
         )
 
 
-def error_kind_for(outcome: str, detail: str) -> str:
-    """A short, stable class of what went wrong, for breakdowns and metrics."""
-    if outcome in (Outcome.PASSED, Outcome.TASK_FAILURE):
-        return ""
-    text = detail.lower()
-    for needle, kind in (
-        ("limit exceeded", "limit"),
-        ("protocol violation", "protocol"),
-        ("invalid harness", "manifest"),
-        ("the harness raised", "exception"),
-        ("before answering", "exited"),
-        ("stopped heartbeating", "worker_lost"),
-        ("worker error", "worker"),
-        ("sandbox", "sandbox"),
-        ("policy", "policy"),
-    ):
-        if needle in text:
-            return kind
-    return "other"
+def _stored_error_kind(outcome: str, error_kind: str) -> ErrorKind:
+    """The kind the code that failed gave (one of ErrorKind: a misspelt one is refused); an
+    error without one is ``other``, a scored rollout has none."""
+    if outcome in SCORED_OUTCOMES:
+        return ErrorKind.NONE
+    return ErrorKind(error_kind) if error_kind else ErrorKind.OTHER
 
 
 def rollout_finish(
@@ -258,6 +248,7 @@ def rollout_finish(
     outcome: str,
     score: float | None,
     detail: str,
+    error_kind: str = ErrorKind.NONE,
     answer: Any = None,
     prompt_tokens: int = 0,
     completion_tokens: int = 0,
@@ -266,16 +257,19 @@ def rollout_finish(
 ) -> bool:
     """Running → done with the outcome, settle its budget, then move the evaluation along.
 
+    ``error_kind`` says what went wrong for a harness_error or infra_error, as decided where
+    it went wrong (workers/outcomes.py); ``detail`` is for people and is never parsed.
     The swap also matches the attempt: a worker the watchdog gave up on (its rollout was
     requeued and claimed again) cannot overwrite the result of the newer attempt.
     """
+    error_kind = _stored_error_kind(outcome, error_kind)
     with transaction.atomic():
         finished = Rollout.objects.filter(
             id=rollout.id, state=RolloutState.RUNNING, attempts=rollout.attempts
         ).update(
             state=RolloutState.DONE,
             outcome=outcome,
-            error_kind=error_kind_for(outcome, detail),
+            error_kind=error_kind,
             score=score,
             detail=detail[:10000],
             answer=answer,
@@ -304,9 +298,7 @@ def rollout_finish(
         detail[:200],
     )
     if finished:
-        metrics.rollout_finished(
-            outcome=outcome, error_kind=error_kind_for(outcome, detail), seconds=latency_ms / 1000
-        )
+        metrics.rollout_finished(outcome=outcome, error_kind=error_kind, seconds=latency_ms / 1000)
         from coevo.evaluations.lifecycle import evaluation_advance
 
         evaluation_advance(evaluation_id=rollout.evaluation_id)

@@ -1,0 +1,160 @@
+"""The channel between the worker and a sandboxed harness: JSON lines over stdin/stdout.
+
+The harness process runs ``python -m coevo_runtime`` (workers/runtime/, standard library only)
+in the sandbox. Everything it writes is bounded here: a message's size, the whole of stdout,
+stderr (of which the tail is kept for the trace) and the wall time, enforced from a timer as
+well so that nothing the worker blocks on can hold the rollout past it. Each way the
+conversation can break raises its own fault (workers/outcomes.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from coevo.errors import SandboxUnavailable
+from workers import sandbox
+from workers.limits import wall_time_exceeded
+from workers.outcomes import HarnessExited, HarnessFault, LimitExceeded, ProtocolViolation
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_STDOUT_BYTES = 32 * 1024 * 1024
+STDERR_TAIL_BYTES = 16 * 1024
+# A flood on stderr would otherwise keep the worker reading until the wall time.
+MAX_STDERR_BYTES = 8 * 1024 * 1024
+
+
+class HarnessChannel:
+    """One harness process and the threads that read it; ``close`` ends both."""
+
+    def __init__(self, *, harness_dir: Path, wall_s: int, deadline: float) -> None:
+        self.wall_s = wall_s
+        self.deadline = deadline
+        self.stderr_tail = bytearray()
+        self._wall_expired = False
+        self._stderr_exceeded = False
+        self._proc: subprocess.Popen[bytes] = sandbox.spawn(
+            [sandbox.python_executable(), "-s", "-m", "coevo_runtime"],
+            ro_binds={RUNTIME_DIR: "/opt/coevo", harness_dir.resolve(): "/harness"},
+            env={"PYTHONPATH": "/opt/coevo"},
+            cwd="/harness",
+            limits=sandbox.SandboxLimits(cpu_s=wall_s + 5),
+        )
+        self._killer = threading.Timer(wall_s, self._expire)
+        self._killer.daemon = True
+        self._killer.start()
+        self._lines: queue.Queue[bytes | None] = queue.Queue()
+        self._stdout_thread = threading.Thread(target=self._pump_stdout, daemon=True)
+        self._stdout_thread.start()
+        self._stderr_thread = threading.Thread(target=self._pump_stderr, daemon=True)
+        self._stderr_thread.start()
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            # The harness is gone; receive() reports how it ended.
+            pass
+
+    def receive(self) -> dict[str, Any]:
+        """The harness's next message; raises the fault when there is none or it is malformed."""
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise wall_time_exceeded(self.wall_s)
+        try:
+            line = self._lines.get(timeout=remaining)
+        except queue.Empty:
+            raise wall_time_exceeded(self.wall_s) from None
+        if line is None:
+            raise self._ended()
+        if len(line) > MAX_MESSAGE_BYTES:
+            raise ProtocolViolation(
+                f"protocol violation: a message on stdout exceeds {MAX_MESSAGE_BYTES} bytes"
+            )
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
+            raise ProtocolViolation(
+                "protocol violation: the harness wrote non-JSON to stdout "
+                f"({line[:120].decode(errors='replace')!r}); stdout is the channel to the worker, "
+                "use ctx.log() for messages"
+            ) from None
+        if not isinstance(message, dict):
+            raise ProtocolViolation("protocol violation: a message on stdout is not a JSON object")
+        return message
+
+    def wait_for_stderr(self, timeout: float) -> None:
+        """Give the stderr reader time to catch up (a traceback the harness just wrote)."""
+        self._stderr_thread.join(timeout=timeout)
+
+    def close(self) -> None:
+        """Kill the harness and close its pipes (a worker runs thousands of rollouts: none may
+        leak a file descriptor)."""
+        self._killer.cancel()
+        sandbox.terminate(self._proc)
+        self._stderr_thread.join(timeout=2)
+        self._stdout_thread.join(timeout=2)
+        pipes = [
+            (self._proc.stdin, None),
+            (self._proc.stdout, self._stdout_thread),
+            (self._proc.stderr, self._stderr_thread),
+        ]
+        for pipe, reader in pipes:
+            # A reader still running keeps its pipe (closing a file under a blocked read is
+            # not safe); it ends at EOF, since the sandbox and all it started are dead.
+            if pipe is not None and (reader is None or not reader.is_alive()):
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+    def _ended(self) -> HarnessFault | SandboxUnavailable:
+        """stdout closed: how the harness ended."""
+        code = self._proc.wait()
+        if self._wall_expired:
+            return wall_time_exceeded(self.wall_s)
+        self._stderr_thread.join(timeout=2)
+        if self._stderr_exceeded:
+            return LimitExceeded(f"limit exceeded: more than {MAX_STDERR_BYTES} bytes on stderr")
+        if self.stderr_tail.startswith(b"bwrap:"):
+            return SandboxUnavailable(
+                f"the sandbox failed to start: {self.stderr_tail.decode(errors='replace')[:500]}"
+            )
+        how = f"was killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
+        return HarnessExited(f"the harness process {how} before answering")
+
+    def _expire(self) -> None:
+        self._wall_expired = True
+        sandbox.terminate(self._proc)
+
+    def _pump_stdout(self) -> None:
+        assert self._proc.stdout is not None
+        total = 0
+        while True:
+            line = self._proc.stdout.readline(MAX_MESSAGE_BYTES + 1)
+            if not line:
+                break
+            total += len(line)
+            if total > MAX_STDOUT_BYTES:
+                self._lines.put(b"x" * (MAX_MESSAGE_BYTES + 1))
+                break
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _pump_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        total = 0
+        while chunk := self._proc.stderr.read(4096):
+            self.stderr_tail.extend(chunk)
+            del self.stderr_tail[:-STDERR_TAIL_BYTES]
+            total += len(chunk)
+            if total > MAX_STDERR_BYTES and not self._stderr_exceeded:
+                self._stderr_exceeded = True
+                sandbox.terminate(self._proc)

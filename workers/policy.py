@@ -1,0 +1,59 @@
+"""What a rollout asks of a policy server and what it gets back.
+
+The runtime speaks to models only through ``Policy``: the caller passes in a client
+(``coevo.policies.client``, the one module that speaks HTTP to policy servers), so nothing
+here knows where a model is served or how its endpoints are chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def as_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            # Explicit: llama.cpp's server defaults to 1.1 and OpenAI's API has no such knob.
+            "repeat_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+        }
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.seed is not None:
+            params["seed"] = self.seed
+        return params
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: int
+    model: str
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    # The endpoint that answered (its /v1 base URL), recorded on the model-call step.
+    endpoint: str = ""
+
+
+class Policy(Protocol):
+    """A policy server as a rollout sees it. Raises PolicyUnavailable when it cannot answer
+    (an infra_error) and PolicyRequestRejected when it refuses the request (the harness's
+    fault)."""
+
+    def complete(self, prompt: str, sampling: Sampling) -> Completion: ...
+
+    def chat(self, messages: list[dict[str, Any]], sampling: Sampling) -> Completion: ...
