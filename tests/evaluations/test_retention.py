@@ -3,7 +3,6 @@ go, scores stay, and nothing a channel, promotion or export references is ever p
 
 from __future__ import annotations
 
-import shutil
 from datetime import timedelta
 from io import StringIO
 
@@ -23,8 +22,6 @@ from coevo.evaluations.models import (
 from coevo.evaluations.retention import protect_candidates, protect_evaluations, traces_prune
 from coevo.evaluations.traces import COMPRESS_OVER_BYTES, TraceWriter
 from coevo.suites.models import Split
-from harness_store.services import candidate_import_directory
-from tests.conftest import SEED_HARNESS
 from tests.evaluations.test_traces import FakeStep
 
 pytestmark = pytest.mark.django_db
@@ -73,22 +70,6 @@ def make_evaluation(seed_candidate, humaneval_suite, policy_version):
         return evaluation
 
     return make
-
-
-@pytest.fixture
-def second_candidate(seed_candidate, tmp_path):
-    directory = tmp_path / "child"
-    shutil.copytree(SEED_HARNESS, directory)
-    with (directory / "agent.py").open("a") as handle:
-        handle.write("\n# a child candidate\n")
-    candidate, _ = candidate_import_directory(
-        project=seed_candidate.project,
-        directory=directory,
-        message="Child",
-        author_name="Owner",
-        parent=seed_candidate,
-    )
-    return candidate
 
 
 def steps_of(evaluation: Evaluation) -> int:
@@ -169,16 +150,16 @@ def test_it_finishes_after_an_interrupted_run(make_evaluation, monkeypatch):
 
 
 def test_it_never_prunes_a_candidate_on_a_channel_or_in_its_history(
-    make_evaluation, seed_candidate, second_candidate
+    make_evaluation, seed_candidate, child_candidate
 ):
     from coevo.reviews.services import channel_get_or_create, channel_move
 
     channel = channel_get_or_create(project=seed_candidate.project, name="production")
     channel_move(channel=channel, candidate=seed_candidate, policy_version=None, moved_by=None)
     channel.refresh_from_db()
-    channel_move(channel=channel, candidate=second_candidate, policy_version=None, moved_by=None)
+    channel_move(channel=channel, candidate=child_candidate, policy_version=None, moved_by=None)
     was_held = make_evaluation(days_ago=100, candidate=seed_candidate)
-    held = make_evaluation(days_ago=100, candidate=second_candidate)
+    held = make_evaluation(days_ago=100, candidate=child_candidate)
 
     report = traces_prune(older_than_days=90)
     assert (report.evaluations, report.protected) == (0, 2)
@@ -186,9 +167,9 @@ def test_it_never_prunes_a_candidate_on_a_channel_or_in_its_history(
 
 
 def test_it_never_prunes_what_a_registered_promotion_or_export_references(
-    make_evaluation, second_candidate, registry
+    make_evaluation, child_candidate, registry
 ):
-    promoted = make_evaluation(days_ago=100, candidate=second_candidate)
+    promoted = make_evaluation(days_ago=100, candidate=child_candidate)
     exported = make_evaluation(days_ago=100)
     other = make_evaluation(days_ago=100)
     # Stand-ins for the promotion and export apps: one protects a candidate, one an evaluation;

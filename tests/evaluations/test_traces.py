@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from coevo.evaluations.models import Evaluation, Rollout, RolloutState, TraceStep
+from coevo.evaluations.models import EvaluationState, Rollout, RolloutState, TraceStep
 from coevo.evaluations.services import evaluation_create, rollout_execute
 from coevo.evaluations.traces import (
     COMPRESS_OVER_BYTES,
@@ -26,6 +26,7 @@ from coevo.evaluations.traces import (
 )
 from coevo.suites.models import Split
 from harness_store.services import candidate_import_directory
+from tests.support.factories import make_evaluation
 
 
 @dataclass
@@ -41,12 +42,11 @@ class FakeStep:
 
 @pytest.fixture
 def rollout(seed_candidate, humaneval_suite, policy_version) -> Rollout:
-    evaluation = Evaluation.objects.create(
-        project=seed_candidate.project,
+    evaluation = make_evaluation(
         candidate=seed_candidate,
-        policy_version=policy_version,
         suite=humaneval_suite,
-        split=Split.SEARCH,
+        policy_version=policy_version,
+        state=EvaluationState.PENDING,
     )
     task = humaneval_suite.tasks.filter(split=Split.SEARCH).order_by("position").first()
     return Rollout.objects.create(

@@ -7,11 +7,12 @@ import json
 import pytest
 from django.db.models import ProtectedError
 
-from coevo.evaluations.models import Evaluation
+from coevo.evaluations.models import EvaluationState
 from coevo.suites.jsonl import ScorerSpec, SuiteImportError, scorer_spec_build
 from coevo.suites.models import Split, Suite, SuiteInUse, SuiteKind, Task
 from coevo.suites.services import suite_delete, suite_import_humaneval, suite_import_jsonl
 from coevo.suites.splits import split_for
+from tests.support.factories import make_evaluation
 
 pytestmark = pytest.mark.django_db
 
@@ -121,12 +122,11 @@ def test_it_refuses_a_bad_name_and_a_name_taken_by_another_kind(project):
 @pytest.fixture
 def used_suite(project, seed_candidate, policy_version):
     suite, _ = suite_import_jsonl(project=project, name="qa", data=suite_file(), scorer=EXACT)
-    Evaluation.objects.create(
-        project=project,
+    make_evaluation(
         candidate=seed_candidate,
-        policy_version=policy_version,
         suite=suite,
-        split=Split.SEARCH,
+        policy_version=policy_version,
+        state=EvaluationState.PENDING,
     )
     return suite
 

@@ -9,13 +9,13 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from coevo.evaluations.models import Evaluation
+from coevo.evaluations.models import EvaluationState
 from coevo.projects.models import Role
 from coevo.projects.services import membership_set
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.models import Split, Suite
 from coevo.suites.services import suite_import_humaneval
-from tests.support.factories import make_jsonl_suite
+from tests.support.factories import make_evaluation, make_jsonl_suite
 
 pytestmark = pytest.mark.django_db
 
@@ -148,12 +148,11 @@ def test_it_seals_held_out_humaneval_prompts(client, owner, project):
 def test_it_lists_suites_with_versions_split_counts_and_use(
     client, owner, project, planted_suite, seed_candidate, policy_version
 ):
-    Evaluation.objects.create(
-        project=project,
+    make_evaluation(
         candidate=seed_candidate,
-        policy_version=policy_version,
         suite=planted_suite,
-        split=Split.SEARCH,
+        policy_version=policy_version,
+        state=EvaluationState.PENDING,
     )
     client.force_login(owner)
 
