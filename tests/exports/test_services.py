@@ -7,9 +7,9 @@ import pytest
 
 from coevo.audit.models import AuditEvent
 from coevo.errors import InvalidInput
+from coevo.evaluations.retention import protected_evaluations
 from coevo.exports.models import ExportState
 from coevo.exports.services import export_path, trajectory_export_build, trajectory_export_create
-from coevo.evaluations.retention import protected_evaluations
 from tests.exports.conftest import build, lines, run_evaluation
 
 pytestmark = pytest.mark.django_db(transaction=True)
