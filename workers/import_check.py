@@ -4,18 +4,17 @@ A proposal's code is untrusted like any harness, so the import runs under the sa
 rollout (workers.sandbox: no network, read-only harness, limits, a timeout): a module that
 fails at import time, or lacks the entrypoint function, is rejected before any evaluation
 spends a rollout on it. The verdict is the traceback's last line, which names the error.
+It checks a directory; coevo/campaigns/import_checks.py exports a stored candidate into one.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from coevo.errors import InvalidManifest, SandboxUnavailable
 from harness_store.manifest import load_manifest
-from harness_store.models import Candidate
 from workers import sandbox
 from workers.channel import RUNTIME_DIR
 
@@ -103,16 +102,3 @@ def import_check(*, harness_dir: Path, timeout_s: float = IMPORT_TIMEOUT_S) -> I
         f"importing {manifest.entrypoint}: the process {how} before finishing"
         + (f" ({last[:300]})" if last else ""),
     )
-
-
-def candidate_import_check(
-    *, candidate: Candidate, timeout_s: float = IMPORT_TIMEOUT_S
-) -> ImportCheck:
-    """``import_check`` on a stored candidate (exported by SHA, as a worker would)."""
-    from harness_store.selectors import candidate_export
-
-    with tempfile.TemporaryDirectory(prefix="coevo-import-check-") as tmp:
-        harness_dir = Path(tmp) / "harness"
-        harness_dir.mkdir()
-        candidate_export(candidate=candidate, destination=harness_dir)
-        return import_check(harness_dir=harness_dir, timeout_s=timeout_s)

@@ -41,7 +41,7 @@ from pathlib import Path
 from django.conf import settings
 
 from coevo.errors import SandboxUnavailable
-from coevo.ops import metrics
+from workers import metrics
 
 logger = logging.getLogger(__name__)
 

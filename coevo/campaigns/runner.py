@@ -318,7 +318,7 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
 def _imports_stage(candidate: Any) -> dict[str, Any]:
     """The candidate's entrypoint imported in the sandbox (workers.import_check): code that
     fails to load is rejected here, before any rollout is spent on it."""
-    from workers.import_check import candidate_import_check
+    from coevo.campaigns.import_checks import candidate_import_check
 
     check = candidate_import_check(candidate=candidate)
     return stage("imports", check.ok, check.reason)

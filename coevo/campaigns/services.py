@@ -264,7 +264,7 @@ def campaign_submit_candidate(
     open proposal (if any) is done. An invalid one is recorded as such and never evaluated.
     Raises InvalidInput for a candidate of another project, InvalidState for an ended campaign.
     """
-    from workers.import_check import candidate_import_check
+    from coevo.campaigns.import_checks import candidate_import_check
 
     if candidate.project_id != campaign.project_id:
         raise InvalidInput(

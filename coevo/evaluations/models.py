@@ -8,6 +8,7 @@ from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite, Task
 from harness_store.models import Candidate
+from workers.outcomes import Outcome as RolloutOutcome
 
 
 class EvaluationState(models.TextChoices):
@@ -168,10 +169,12 @@ ROLLOUT_FINAL_STATES = (RolloutState.DONE, RolloutState.CANCELLED)
 
 
 class Outcome(models.TextChoices):
-    PASSED = "passed"
-    TASK_FAILURE = "task_failure", "task failure"
-    HARNESS_ERROR = "harness_error", "harness error"
-    INFRA_ERROR = "infra_error", "infra error"
+    """How a rollout ended: the runtime's outcomes (workers/outcomes.py), which it records."""
+
+    PASSED = RolloutOutcome.PASSED.value
+    TASK_FAILURE = RolloutOutcome.TASK_FAILURE.value, "task failure"
+    HARNESS_ERROR = RolloutOutcome.HARNESS_ERROR.value, "harness error"
+    INFRA_ERROR = RolloutOutcome.INFRA_ERROR.value, "infra error"
 
 
 class Rollout(TimeStampedModel):

@@ -1,7 +1,8 @@
 """Prometheus metrics, in two halves (docs/monitoring.md).
 
 In-process counters and histograms, recorded where the work happens (policy client, rollout
-path, sandbox) in the default registry: a worker serves them on its own HTTP port
+path, sandbox) in the default registry (defined in workers/metrics.py, below the runtime that
+records them): a worker serves them on its own HTTP port
 (``worker_metrics_server_start``, COEVO_WORKER_METRICS_PORT). Counters in one process are
 invisible to every other, so the web ``/metrics`` adds ``DatabaseCollector``: figures read
 from the database and the broker at scrape time (rollouts and evaluations by state, queue
@@ -29,113 +30,14 @@ from http import HTTPStatus
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import (
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-    make_wsgi_app,
-)
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from workers.metrics import REGISTRY
+
 logger = logging.getLogger(__name__)
-
-# --- recorded in process (workers) ---------------------------------------------------------
-
-POLICY_REQUESTS = Counter(
-    "coevo_policy_requests",
-    "Model calls answered by a policy endpoint (completions and chat).",
-    ["endpoint", "model", "api"],
-)
-POLICY_REQUEST_ERRORS = Counter(
-    "coevo_policy_request_errors",
-    "Failed policy requests: retried (one per failed try), rejected (4xx), unavailable (gave up).",
-    ["endpoint", "model", "api", "reason"],
-)
-POLICY_LATENCY = Histogram(
-    "coevo_policy_request_seconds",
-    "Latency of answered model calls, waiting for a concurrency slot excluded.",
-    ["endpoint", "model", "api"],
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300),
-)
-POLICY_TOKENS = Counter(
-    "coevo_policy_tokens",
-    "Tokens reported by policy endpoints (kind: prompt or completion).",
-    ["endpoint", "model", "kind"],
-)
-ROLLOUTS_STARTED = Counter(
-    "coevo_worker_rollouts_started", "Rollouts this process claimed and started."
-)
-ROLLOUTS_FINISHED = Counter(
-    "coevo_worker_rollouts_finished",
-    "Rollouts this process finished, by outcome and error kind.",
-    ["outcome", "error_kind"],
-)
-ROLLOUT_DURATION = Histogram(
-    "coevo_rollout_duration_seconds",
-    "Wall time of finished rollouts (sandbox, model calls and verifier).",
-    ["outcome"],
-    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600),
-)
-SANDBOX_FAILURES = Counter(
-    "coevo_sandbox_failures",
-    "Sandboxed runs that did not end normally, by reason "
-    "(unavailable, no_uid, timeout, output_limit, killed).",
-    ["reason"],
-)
-
-
-def policy_request_observed(
-    *,
-    endpoint: str,
-    model: str,
-    api: str,
-    seconds: float,
-    prompt_tokens: int,
-    completion_tokens: int,
-) -> None:
-    POLICY_REQUESTS.labels(endpoint, model, api).inc()
-    POLICY_LATENCY.labels(endpoint, model, api).observe(seconds)
-    POLICY_TOKENS.labels(endpoint, model, "prompt").inc(prompt_tokens)
-    POLICY_TOKENS.labels(endpoint, model, "completion").inc(completion_tokens)
-
-
-def policy_request_failed(*, endpoint: str, model: str, path: str, reason: str) -> None:
-    POLICY_REQUEST_ERRORS.labels(endpoint, model, _api_of(path), reason).inc()
-
-
-def rollout_started() -> None:
-    ROLLOUTS_STARTED.inc()
-
-
-def rollout_finished(*, outcome: str, error_kind: str, seconds: float) -> None:
-    ROLLOUTS_FINISHED.labels(outcome, error_kind or "none").inc()
-    ROLLOUT_DURATION.labels(outcome).observe(seconds)
-
-
-def sandbox_failure(*, reason: str) -> None:
-    SANDBOX_FAILURES.labels(reason).inc()
-
-
-def sandbox_run_observed(run: Any) -> Any:
-    """Count a finished ``sandbox.run`` that did not end normally; returns it unchanged."""
-    if run.timed_out:
-        sandbox_failure(reason="timeout")
-    elif run.output_exceeded:
-        sandbox_failure(reason="output_limit")
-    elif run.returncode is not None and run.returncode < 0:
-        sandbox_failure(reason="killed")  # a signal: the memory or CPU limit, most often
-    return run
-
-
-def _api_of(path: str) -> str:
-    return {"/completions": "completions", "/chat/completions": "chat", "/models": "models"}.get(
-        path, path.strip("/") or "other"
-    )
-
 
 # --- who may read them ----------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ Nothing else in coevo speaks HTTP to a model. Sampling parameters are always sen
 servers' defaults differ (llama.cpp: max_tokens 16, repeat_penalty 1.1).
 Transient failures (connection errors, timeouts, 408/429/5xx) are retried with exponential
 backoff; after the last try they raise PolicyUnavailable, which the worker records as an
-``infra_error`` — never as a score.
+``infra_error`` — never as a score. ``Sampling`` and ``Completion`` are the runtime's
+(workers/policy.py): a rollout is handed a client and sees only that protocol.
 """
 
 from __future__ import annotations
@@ -13,56 +14,19 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from coevo.errors import AdapterLoadFailed, PolicyRequestRejected, PolicyUnavailable
-from coevo.ops import metrics
 from coevo.policies.concurrency import EndpointLimiter, limiter_slot
+from workers import metrics
+from workers.policy import Completion, Sampling
 
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
-
-
-@dataclass(frozen=True)
-class Sampling:
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-    def as_params(self) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            # Explicit: llama.cpp's server defaults to 1.1 and OpenAI's API has no such knob.
-            "repeat_penalty": 1.0,
-            "frequency_penalty": 0.0,
-            "presence_penalty": 0.0,
-        }
-        if self.stop:
-            params["stop"] = list(self.stop)
-        if self.seed is not None:
-            params["seed"] = self.seed
-        return params
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    latency_ms: int
-    model: str
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
-    # The endpoint that answered (its /v1 base URL), recorded on the model-call step.
-    endpoint: str = ""
 
 
 class PolicyClient:

@@ -18,11 +18,11 @@ from coevo.suites.textworld import (
     LEVELS,
     MANIFEST_NAME,
     VERSION,
-    decode_blob,
     suite_import_textworld,
     textworld_build,
     textworld_games,
 )
+from workers.environments.textworld import decode_blob
 
 # --- the shipped games ------------------------------------------------------------------
 

@@ -32,9 +32,9 @@ from coevo.evaluations.models import (
 )
 from coevo.evaluations.traces import TraceWriter
 from coevo.logs import log_bind, log_context, rollout_log_ids
-from coevo.ops import metrics
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
 from harness_store.selectors import candidate_export
+from workers import metrics
 from workers.outcomes import SCORED_OUTCOMES, ErrorKind
 
 logger = logging.getLogger(__name__)
