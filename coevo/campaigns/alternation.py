@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coevo.errors import InvalidInput
+from coevo.training.trainers import trainer_get
 
 SWITCH_RULES = ("fixed", "patience")
 EXPORT_FORMATS = ("chat", "prompt_completion")
@@ -59,7 +60,6 @@ def alternation_validate(*, raw: Any, campaign_patience: int | None) -> dict[str
     trainer = raw.get("trainer")
     if not isinstance(trainer, str) or not trainer:
         raise InvalidInput("alternation.trainer: name a registered trainer.")
-    from coevo.training.trainers import trainer_get
 
     trainer_obj = trainer_get(name=trainer)
     cleaned: dict[str, Any] = {"trainer": trainer, **DEFAULTS}

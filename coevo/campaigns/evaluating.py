@@ -20,6 +20,7 @@ from coevo.campaigns.models import (
     ProposalState,
     ProposerKind,
 )
+from coevo.campaigns.patterns import failure_patterns_check_regressions, failure_patterns_update
 from coevo.campaigns.proposers import Outcome, proposer_for_proposal
 from coevo.campaigns.proposers.base import stage
 from coevo.campaigns.stop_rules import campaign_finish
@@ -28,6 +29,7 @@ from coevo.evaluations.models import Evaluation, EvaluationState, Rollout, Stage
 from coevo.evaluations.models import Outcome as RolloutOutcome
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.selectors import evaluation_task_scores
+from coevo.evaluations.services import evaluation_create
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +90,6 @@ def _create_evaluation(
     plan: EvaluationPlan,
     reference: Evaluation | None,
 ) -> Evaluation | None:
-    from coevo.evaluations.services import evaluation_create
-
     try:
         return evaluation_create(
             candidate=proposal.candidate,
@@ -151,8 +151,6 @@ def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> 
     )
     proposal.refresh_from_db()
     if search.state == EvaluationState.FINISHED:
-        from coevo.campaigns.patterns import failure_patterns_update
-
         failure_patterns_update(campaign=campaign, evaluation=search)
     if search.state != EvaluationState.FINISHED:
         proposal_end(
@@ -251,7 +249,6 @@ def proposal_end(
                 campaign.current_policy_version = proposal.policy_version
                 fields.append("current_policy_version")
             campaign.save(update_fields=fields)
-            from coevo.campaigns.patterns import failure_patterns_check_regressions
 
             failure_patterns_check_regressions(campaign=campaign)
     if proposal.kind == ProposerKind.SEED:

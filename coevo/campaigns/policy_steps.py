@@ -24,6 +24,9 @@ from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKi
 from coevo.campaigns.proposers.base import stage
 from coevo.errors import CoevoError
 from coevo.exports.models import ExportState
+from coevo.exports.services import trajectory_export_create
+from coevo.training.services import training_run_create
+from coevo.training.trainers import trainer_get
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +49,6 @@ def next_phase(campaign: Campaign) -> Phase:
 
 def policy_step_start(campaign: Campaign, sequence: int) -> bool:
     """Record the step and create its export (built by a worker; the step waits for it)."""
-    from coevo.exports.services import trajectory_export_create
-
     best = campaign.best_candidate
     parent = campaign.active_policy_version
     config = campaign.alternation
@@ -116,9 +117,6 @@ def policy_step_follow(campaign: Campaign, proposal: Proposal) -> bool:
 
 
 def _after_export(campaign: Campaign, proposal: Proposal) -> bool:
-    from coevo.training.services import training_run_create
-    from coevo.training.trainers import trainer_get
-
     export = proposal.export
     if not export.is_final:
         return False

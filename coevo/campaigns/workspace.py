@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from coevo.campaigns.edits import EditRejected, path_check
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.evaluations.models import Outcome, Rollout, RolloutState
 from coevo.evaluations.selectors import evaluation_task_scores, rollout_trace
@@ -174,8 +175,6 @@ def _cut(text: str, limit: int) -> str:
 
 def _component_files(parent: Candidate, manifest: Manifest) -> dict[str, str]:
     """The parent's text files inside the declared components."""
-    from coevo.campaigns.edits import EditRejected, path_check
-
     files: dict[str, str] = {}
     for entry in candidate_files(candidate=parent):
         try:

@@ -31,6 +31,9 @@ from coevo.evaluations.models import (
     StageState,
 )
 from coevo.evaluations.plans import EvaluationPlan
+from coevo.evaluations.selectors import evaluation_task_scores
+from coevo.evaluations.services import evaluation_enqueue
+from coevo.evaluations.signals import evaluation_finished
 from coevo.evaluations.stats.sequential import sequential_paired_decision
 
 logger = logging.getLogger(__name__)
@@ -222,16 +225,12 @@ def evaluation_resume(*, evaluation: Evaluation) -> int:
 
 
 def _enqueue_open_stage(evaluation_id: Any) -> None:
-    from coevo.evaluations.services import evaluation_enqueue
-
     evaluation = Evaluation.objects.filter(id=evaluation_id).first()
     if evaluation is not None and evaluation.state == EvaluationState.RUNNING:
         evaluation_enqueue(evaluation_id=evaluation_id, stage=evaluation.stage)
 
 
 def _start_stage(evaluation: Evaluation, stage: EvaluationStage) -> None:
-    from coevo.evaluations.services import evaluation_enqueue
-
     stage.state = StageState.RUNNING
     stage.started_at = timezone.now()
     stage.save(update_fields=["state", "started_at"])
@@ -297,7 +296,6 @@ def _send_finished(evaluation_id: Any, state: str) -> None:
     send_robust: a failing listener is logged, never turned into a failure of the rollout or
     request that finished the evaluation.
     """
-    from coevo.evaluations.signals import evaluation_finished
 
     def send() -> None:
         for receiver, result in evaluation_finished.send_robust(
@@ -325,7 +323,6 @@ def _early_stop_decision(evaluation: Evaluation, stage: EvaluationStage) -> str 
     plan = EvaluationPlan.from_dict(evaluation.plan)
     if not (plan.early_stop and evaluation.reference_id and stage.kind != StageKind.SMOKE):
         return None
-    from coevo.evaluations.selectors import evaluation_task_scores
 
     reference = evaluation_task_scores(evaluation_id=evaluation.reference_id)
     mine = evaluation_task_scores(evaluation_id=evaluation.id)

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.db.models import Count, Q, QuerySet, Sum
 
-from coevo.errors import NotFound
+from coevo.errors import InvalidInput, NotFound
 from coevo.evaluations.models import (
     Budget,
     Evaluation,
@@ -336,8 +336,6 @@ def evaluation_comparable_list(*, evaluation: Evaluation) -> QuerySet[Evaluation
 def evaluation_compare(*, reference: Evaluation, candidate: Evaluation) -> EvaluationComparison:
     """The paired comparison of two evaluations on the same suite split, with the flipped
     tasks (and a rollout of each side to open)."""
-    from coevo.errors import InvalidInput
-
     if reference.suite_id != candidate.suite_id or reference.split != candidate.split:
         raise InvalidInput(
             "Only evaluations on the same suite and split can be compared task by task."

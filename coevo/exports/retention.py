@@ -6,10 +6,9 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from coevo.evaluations.retention import protect_evaluations
+from coevo.exports.models import TrajectoryExport
 
 
 @protect_evaluations
 def _exported_evaluations() -> QuerySet:
-    from coevo.exports.models import TrajectoryExport
-
     return TrajectoryExport.evaluations.through.objects.values("evaluation_id")

@@ -24,6 +24,7 @@ from coevo.errors import InvalidInput, NotFound
 from coevo.evaluations.models import EVALUATION_FINAL_STATES, Evaluation
 from coevo.exports.models import ExportFormat, ExportState, TrajectoryExport
 from coevo.exports.records import Counts, Selection, export_lines
+from coevo.exports.signals import export_finished
 from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite
@@ -227,8 +228,6 @@ def trajectory_export_build(*, export_id: Any) -> TrajectoryExport | None:
 
 
 def _send_finished(export_id: Any, state: str) -> None:
-    from coevo.exports.signals import export_finished
-
     transaction.on_commit(
         lambda: export_finished.send(sender=TrajectoryExport, export_id=export_id, state=state)
     )

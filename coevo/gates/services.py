@@ -30,6 +30,7 @@ from coevo.evaluations.models import (
     RolloutState,
 )
 from coevo.evaluations.selectors import evaluation_task_scores
+from coevo.evaluations.services import evaluation_create
 from coevo.gates.models import GATE_OPEN_STATES, Gate, GateState, Verdict
 from coevo.gates.policy import GatePolicy
 from coevo.gates.verdict import EvaluationFacts, GateDecision, gate_decide
@@ -94,8 +95,6 @@ def gate_create(
         from coevo.policies.services import policy_version_get_default
 
         policy_version = policy_version_get_default()
-
-    from coevo.evaluations.services import evaluation_create
 
     with transaction.atomic():
         common = {

@@ -22,7 +22,11 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 
+from coevo.celery import app
 from coevo.logs import redact
+from coevo.policies.client import normalize_base_url
+from coevo.policies.models import PolicyEndpoint, PolicyVersion
+from coevo.policies.services import policy_endpoint_reachable
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,6 @@ def database_check(*, alias: str = "default") -> Check:
 
 def broker_check() -> Check:
     """A broker connection and a channel on it, with a short timeout and one try."""
-    from coevo.celery import app
 
     def probe() -> None:
         timeout = settings.COEVO_READYZ_TIMEOUT_S
@@ -120,9 +123,6 @@ class Probe:
 
 def policy_probe(*, endpoint: Any, version: Any = None, timeout_s: float | None = None) -> Probe:
     """GET /v1/models on one endpoint (through policy_endpoint_reachable)."""
-    from coevo.policies.models import PolicyVersion
-    from coevo.policies.services import policy_endpoint_reachable
-
     version = version or PolicyVersion(endpoint=endpoint, served_name="", name="probe")
     timeout = settings.COEVO_READYZ_TIMEOUT_S if timeout_s is None else timeout_s
     started = time.monotonic()
@@ -161,9 +161,6 @@ def policy_check_cache_clear() -> None:
 
 
 def _policy_probe_all() -> dict[str, Any]:
-    from coevo.policies.client import normalize_base_url
-    from coevo.policies.models import PolicyEndpoint
-
     try:
         endpoints = list(PolicyEndpoint.objects.order_by("name"))
     except Exception:  # the database check reports that; still say whether a policy answers

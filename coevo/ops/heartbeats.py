@@ -19,6 +19,8 @@ from typing import Any
 from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutdown
 
 from coevo.logs import log_context_pop, log_context_push
+from coevo.ops.metrics import worker_metrics_server_start, worker_metrics_server_stop
+from coevo.ops.models import WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +38,6 @@ def worker_heartbeat_record(
     """Upsert the worker's row. ``starting`` resets started_at and clears stopped_at (a new
     run of that worker name); a plain beat only moves last_seen_at (and the run's details)."""
     from django.utils import timezone
-
-    from coevo.ops.models import WorkerHeartbeat
 
     now = timezone.now()
     details = {
@@ -65,8 +65,6 @@ def worker_heartbeat_record(
 def worker_heartbeat_stop(*, hostname: str, pid: int) -> bool:
     """Mark the worker's run stopped (compare-and-swap on its pid); True when it was."""
     from django.utils import timezone
-
-    from coevo.ops.models import WorkerHeartbeat
 
     now = timezone.now()
     return (
@@ -129,8 +127,6 @@ def coevo_version() -> str:
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     from django.conf import settings
 
-    from coevo.ops.metrics import worker_metrics_server_start
-
     consumer = sender
     hostname = getattr(consumer, "hostname", None) or "worker"
     controller = getattr(consumer, "controller", None)
@@ -165,8 +161,6 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 @worker_shutdown.connect
 def _on_worker_shutdown(**_: Any) -> None:
     from django.db import connection
-
-    from coevo.ops.metrics import worker_metrics_server_stop
 
     with _state_lock:
         thread = _state.pop("thread", None)

@@ -16,11 +16,15 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from coevo.celery import app
+from coevo.evaluations.models import Budget, Evaluation, Outcome, Rollout, TraceStep
+from coevo.ops.health import policy_probe
+from coevo.ops.models import WorkerHeartbeat
+from coevo.policies.models import PolicyEndpoint
+
 
 def rollout_counts() -> list[dict[str, Any]]:
     """Rollout rows grouped by (state, outcome, error_kind), with ``n``."""
-    from coevo.evaluations.models import Rollout
-
     return list(
         Rollout.objects.order_by()
         .values("state", "outcome", "error_kind")
@@ -30,8 +34,6 @@ def rollout_counts() -> list[dict[str, Any]]:
 
 
 def evaluation_counts() -> dict[str, int]:
-    from coevo.evaluations.models import Evaluation
-
     rows = Evaluation.objects.order_by().values("state").annotate(n=Count("id"))
     return {row["state"]: row["n"] for row in rows}
 
@@ -43,8 +45,6 @@ def queue_names() -> list[str]:
 def queue_depths() -> dict[str, int | None]:
     """Messages waiting per declared queue; None for a queue the broker cannot count (or when
     the broker does not answer). One connection, with a short timeout."""
-    from coevo.celery import app
-
     depths: dict[str, int | None] = dict.fromkeys(queue_names())
     try:
         with app.connection_for_read(connect_timeout=settings.COEVO_READYZ_TIMEOUT_S) as conn:
@@ -76,8 +76,6 @@ def _queue_depth(channel: Any, name: str) -> int | None:
 def ledger_totals() -> list[dict[str, Any]]:
     """Spent and reserved amounts per project slug, over root budgets only: a budget with a
     parent (an evaluation's inside a campaign's) is already counted in its parent."""
-    from coevo.evaluations.models import Budget
-
     fields = [f"{kind}_{unit}" for kind in ("spent", "reserved") for unit in _LEDGER_UNITS]
     rows = (
         Budget.objects.filter(parent__isnull=True)
@@ -116,8 +114,6 @@ class WorkerStatus:
 def worker_heartbeats(*, pinging: set[str] | None = None) -> list[WorkerStatus]:
     """Every worker that ever beat, newest run first; ``pinging`` (hostnames answering over the
     broker) fills ``answers_ping``."""
-    from coevo.ops.models import WorkerHeartbeat
-
     now = timezone.now()
     stale_after = settings.COEVO_WORKER_STALE_S
     result = []
@@ -152,8 +148,6 @@ def workers_pinging(*, timeout_s: float | None = None) -> set[str] | None:
     """Hostnames of the workers answering a broadcast ping over the broker within the timeout
     (it always waits the whole timeout: replies are collected until then); None when the broker
     cannot be reached."""
-    from coevo.celery import app
-
     timeout = settings.COEVO_SYSTEM_PING_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         replies = app.control.inspect(timeout=timeout).ping() or {}
@@ -177,10 +171,6 @@ class EndpointStatus:
 def policy_endpoints_status(*, timeout_s: float | None = None) -> list[EndpointStatus]:
     """Every registered endpoint probed (GET /v1/models), with its last hour of rollouts and
     the policy errors among them."""
-    from coevo.evaluations.models import Outcome, Rollout
-    from coevo.ops.health import policy_probe
-    from coevo.policies.models import PolicyEndpoint
-
     since = timezone.now() - timedelta(hours=1)
     recent = (
         Rollout.objects.filter(finished_at__gte=since)
@@ -241,8 +231,6 @@ def directory_size(path: str | Path, *, max_age_s: float = 60.0) -> int | None:
 def trace_storage_bytes() -> int | None:
     """On-disk size of the trace table with its indexes and TOAST (PostgreSQL); None
     elsewhere."""
-    from coevo.evaluations.models import TraceStep
-
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:

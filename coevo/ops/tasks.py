@@ -10,14 +10,15 @@ import logging
 
 from celery import shared_task
 
+from coevo.evaluations.retention import traces_prune as prune
+from harness_store.maintenance import store_fsck_all
+
 logger = logging.getLogger(__name__)
 
 
 @shared_task(name="coevo.ops.tasks.traces_prune", soft_time_limit=6 * 3600, time_limit=7 * 3600)
 def traces_prune() -> None:
     """Delete the trace bodies of old, unprotected evaluations (COEVO_TRACE_RETENTION_DAYS)."""
-    from coevo.evaluations.retention import traces_prune as prune
-
     prune()
 
 
@@ -26,8 +27,6 @@ def traces_prune() -> None:
 )
 def harness_store_fsck() -> None:
     """``git fsck`` of every project's repository; results land in StoreCheck (system page)."""
-    from harness_store.maintenance import store_fsck_all
-
     failed = [check.project.slug for check in store_fsck_all() if not check.ok]
     if failed:
         logger.error("harness store fsck: %s failed", ", ".join(failed))

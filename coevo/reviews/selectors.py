@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from coevo.campaigns.models import Proposal
 from coevo.errors import NotFound
 from coevo.evaluations.models import Evaluation
 from coevo.projects.models import Project
@@ -113,8 +114,6 @@ def heldout_looks(*, project: Project, campaign: Any = None) -> int:
 
 def candidate_campaign(*, candidate: Candidate) -> Any:
     """The campaign that produced the candidate (its first proposal's), or None."""
-    from coevo.campaigns.models import Proposal
-
     proposal = (
         Proposal.objects.filter(candidate=candidate)
         .select_related("campaign")

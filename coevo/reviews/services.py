@@ -19,11 +19,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from coevo.audit.services import audit_record
+from coevo.audit.webhooks import webhooks_notify
 from coevo.errors import InvalidInput, InvalidState, PermissionDenied
 from coevo.policies.models import PolicyVersion
-from coevo.projects.models import Project
+from coevo.projects.models import Project, Role
+from coevo.projects.selectors import project_user_has_role
 from coevo.reviews.models import Channel, ChannelMove
 from harness_store.models import Candidate
+from harness_store.services import project_repo
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +80,6 @@ def channel_for_request(*, project: Project, name: str) -> Channel:
 
 def channel_create(*, project: Project, name: str, by: AbstractBaseUser) -> Channel:
     """A new, empty channel (project admins; the caller checks the role). Audited."""
-    from coevo.audit.services import audit_record
-
     if Channel.objects.filter(project=project, name=name).exists():
         raise InvalidInput(f"Project {project.slug} already has a channel {name!r}.")
     channel = channel_get_or_create(project=project, name=name)
@@ -105,8 +107,6 @@ def channel_move(
     the same transaction; webhooks (``channel.moved``) are notified once it commits.
     ``reverts`` marks a rollback (see channel_rollback).
     """
-    from harness_store.services import project_repo
-
     if candidate.project_id != channel.project_id:
         raise InvalidInput(
             f"Candidate {candidate.short_sha} belongs to another project than channel "
@@ -179,8 +179,6 @@ def _holder_dict(candidate_id: object, policy_version_id: object, generation: in
 
 def _record_move(*, channel: Channel, move: ChannelMove, moved_by: AbstractBaseUser | None) -> None:
     """Audit the move (inside its transaction) and notify webhooks once it commits."""
-    from coevo.audit.services import audit_record
-
     before = _holder_dict(move.from_candidate_id, move.from_policy_version_id, move.number - 1)
     after = _holder_dict(move.to_candidate_id, move.to_policy_version_id, move.number)
     rollback = move.reverts_id is not None
@@ -209,8 +207,6 @@ def _record_move(*, channel: Channel, move: ChannelMove, moved_by: AbstractBaseU
 
 
 def _notify_webhooks(*, project: Project, payload: dict) -> None:
-    from coevo.audit.webhooks import webhooks_notify
-
     try:
         webhooks_notify(project=project, event="channel.moved", payload=payload)
     except Exception:  # the move is committed: a notification failure must not undo or hide it
@@ -238,9 +234,6 @@ def channel_rollback(*, channel: Channel, by: AbstractBaseUser, reason: str = ""
 
     Reviewers and admins of the project only. Refused on a channel with no previous holder.
     """
-    from coevo.projects.models import Role
-    from coevo.projects.selectors import project_user_has_role
-
     if not project_user_has_role(project=channel.project, user=by, role=Role.REVIEWER):
         raise PermissionDenied(
             f"Only reviewers and admins of project {channel.project.slug} can roll back a "

@@ -15,6 +15,8 @@ from typing import Any
 from coevo.projects.models import Project
 from coevo.suites.jsonl import MAX_FILE_BYTES, SuiteImportError, scorer_spec_build
 from coevo.suites.models import Suite
+from coevo.suites.services import suite_import_humaneval, suite_import_jsonl
+from coevo.suites.textworld import suite_import_textworld
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,6 @@ def _humaneval_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _humaneval_run(*, project: Project, options: dict[str, Any]) -> tuple[Suite, bool]:
-    from coevo.suites.services import suite_import_humaneval
-
     return suite_import_humaneval(project=project, split_seed=options["split_seed"])
 
 
@@ -58,8 +58,6 @@ def _jsonl_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _jsonl_run(*, project: Project, options: dict[str, Any]) -> tuple[Suite, bool]:
-    from coevo.suites.services import suite_import_jsonl
-
     verifier: Path | None = options["verifier"]
     scorer = scorer_spec_build(
         kind=options["scorer"],
@@ -90,7 +88,6 @@ def _textworld_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _textworld_run(*, project: Project, options: dict[str, Any]) -> tuple[Suite, bool]:
     # Imported lazily: the textworld package is heavy and only this importer needs it.
-    from coevo.suites.textworld import suite_import_textworld
 
     return suite_import_textworld(
         project=project,

@@ -21,19 +21,9 @@ from coevo.campaigns.services import (
 from coevo.errors import InvalidInput, InvalidState
 from coevo.evaluations.ledger import BudgetLimits
 from harness_store.derive import candidate_derive
-from tests.campaigns.support import drive, marked_suite, styled_seed
+from tests.campaigns.support import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def seed(project, tmp_path):
-    return styled_seed(project, tmp_path)
-
-
-@pytest.fixture
-def suite(project):
-    return marked_suite(project)
 
 
 def make(project, seed, suite, policy_version, **kwargs):
@@ -214,6 +204,7 @@ def run_beat_watchdog() -> None:
 
     from coevo.celery import app
 
+    app.loader.import_default_modules()  # a worker's autodiscovery, as at its start
     name = settings.CELERY_BEAT_SCHEDULE["rollouts-watchdog"]["task"]
     app.tasks[name].apply(throw=True)
 

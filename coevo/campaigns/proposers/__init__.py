@@ -12,6 +12,9 @@ from typing import Any
 
 from coevo.campaigns.models import Campaign, ProposerKind
 from coevo.campaigns.proposers.base import Draft, Outcome, Proposer
+from coevo.campaigns.proposers.config import ConfigProposer, config_options_validate
+from coevo.campaigns.proposers.llm_patch import LlmPatchProposer, llm_patch_options_validate
+from coevo.campaigns.proposers.merge import MergeProposer, merge_options_validate
 from coevo.errors import InvalidInput
 from harness_store.manifest import Manifest
 
@@ -32,30 +35,19 @@ def available_kinds() -> tuple[str, ...]:
 
 def _validator(kind: str) -> Validator:
     if kind == ProposerKind.CONFIG:
-        from coevo.campaigns.proposers.config import config_options_validate
-
         return config_options_validate
     if kind == ProposerKind.LLM_PATCH:
-        from coevo.campaigns.proposers.llm_patch import llm_patch_options_validate
-
         return llm_patch_options_validate
-    from coevo.campaigns.proposers.merge import merge_options_validate
 
     return merge_options_validate
 
 
 def _build(kind: str, campaign: Campaign, options: dict[str, Any]) -> Proposer:
     if kind == ProposerKind.CONFIG:
-        from coevo.campaigns.proposers.config import ConfigProposer
-
         return ConfigProposer(campaign, options)
     if kind == ProposerKind.LLM_PATCH:
-        from coevo.campaigns.proposers.llm_patch import LlmPatchProposer
-
         return LlmPatchProposer(campaign, options)
     if kind == ProposerKind.MERGE and _merge_available():
-        from coevo.campaigns.proposers.merge import MergeProposer
-
         return MergeProposer(campaign, options)
     raise InvalidInput(f"The {kind} proposer is not available.")
 

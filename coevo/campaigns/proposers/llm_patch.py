@@ -29,6 +29,7 @@ from django.conf import settings
 from coevo.campaigns.edits import EditRejected, answer_parse, edits_apply, path_check
 from coevo.campaigns.models import Campaign, ProposerKind
 from coevo.campaigns.proposers.base import Draft, stage
+from coevo.campaigns.selectors import campaign_task_front
 from coevo.campaigns.workspace import DEFAULT_BUDGET_CHARS, workspace_build
 from coevo.errors import HarnessStoreError, InvalidInput, NotFound, PolicyRequestRejected
 from coevo.policies.client import (
@@ -284,7 +285,6 @@ class LlmPatchProposer:
         best = campaign.best_candidate or campaign.seed_candidate
         if self.options.get("parent") != "front":
             return best
-        from coevo.campaigns.selectors import campaign_task_front
 
         front = sorted(
             {sha for shas in campaign_task_front(campaign=campaign).values() for sha in shas}
