@@ -14,7 +14,8 @@ from harness_store.derive import candidate_derive
 from harness_store.models import CandidateOrigin
 
 # (outcome, detail) for a task of a proposal; the score follows the outcome.
-Verdict = Callable[[Proposal, Rollout], tuple[str, str]]
+# (outcome, detail) or (outcome, detail, error kind): the kind as the raise site gives it.
+Verdict = Callable[[Proposal, Rollout], tuple[str, ...]]
 
 
 def make_campaign(project, seed, suite, policy_version, **kwargs) -> Campaign:
@@ -53,10 +54,11 @@ def finish_rollouts(proposal: Proposal, evaluation: Evaluation, verdict: Verdict
         claimed = rollout_claim(rollout_id=rollout.id, worker="test")
         if claimed is None:
             continue
-        outcome, detail = verdict(proposal, rollout)
+        outcome, detail, *kind = verdict(proposal, rollout)
         rollout_finish(
             rollout=claimed,
             outcome=outcome,
+            error_kind=kind[0] if kind else "",
             score=1.0 if outcome == Outcome.PASSED else 0.0,
             detail=detail,
             answer="yes" if outcome == Outcome.PASSED else "no",

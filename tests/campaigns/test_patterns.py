@@ -18,6 +18,7 @@ from coevo.campaigns.services import campaign_start, campaign_submit_candidate
 from coevo.evaluations.models import Evaluation, Outcome
 from tests.campaigns.merge_support import drive_tasks, human_commit, make_campaign
 from tests.campaigns.support import MARKER
+from workers.outcomes import ErrorKind
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,7 +67,11 @@ def scripted(by_candidate):
 
 
 PASS = (Outcome.PASSED, "the answer equals the expected value")
-CRASH = (Outcome.HARNESS_ERROR, "the harness raised ValueError: bad value 3 in /h/agent.py")
+CRASH = (
+    Outcome.HARNESS_ERROR,
+    "the harness raised ValueError: bad value 3 in /h/agent.py",
+    ErrorKind.EXCEPTION,
+)
 
 
 def test_it_groups_failed_search_rollouts_into_patterns_once_per_evaluation(
