@@ -14,7 +14,9 @@ from rest_framework.views import APIView
 
 from coevo.api.pagination import CreatedCursorPagination, PageIn
 from coevo.api.permissions import can_see_heldout, project_for_request
-from coevo.errors import PayloadTooLarge
+from coevo.errors import NotFound, PayloadTooLarge
+from coevo.policies.models import PolicyVersion
+from coevo.policies.selectors import policy_version_find
 from coevo.projects.models import Project, Role
 
 # Room for the multipart envelope and the small form fields around an upload.
@@ -68,6 +70,17 @@ class ApiView(APIView):
     def absolute(self, name: str, *args: Any, query: str = "") -> str:
         url = reverse(name, args=args)
         return self.request.build_absolute_uri(f"{url}?{query}" if query else url)
+
+
+def policy_version_named(value: str | None) -> PolicyVersion | None:
+    """The policy version a request names, by name or id (None when it names none): an
+    unknown one is 404."""
+    if not value:
+        return None
+    version = policy_version_find(name_or_id=value)
+    if version is None:
+        raise NotFound(f"No policy version {value!r}.")
+    return version
 
 
 # Lists: cursor pagination parameters (checked by the paginator) and the page shape, for the

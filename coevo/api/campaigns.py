@@ -18,7 +18,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
 from coevo.campaigns.alternation import SWITCH_RULES, Phase
 from coevo.campaigns.models import (
     Campaign,
@@ -41,14 +41,12 @@ from coevo.campaigns.services import (
     campaign_start,
     campaign_stop,
 )
-from coevo.errors import NotFound
 from coevo.evaluations.ledger import BudgetLimits
 from coevo.evaluations.selectors import search_validation_gap
 from coevo.exports.models import ExportFormat
-from coevo.policies.models import PolicyVersion
 from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Role
-from coevo.suites.models import Suite
+from coevo.suites.selectors import suite_get
 from coevo.training.trainers import MAX_TIME_LIMIT_S
 from harness_store.selectors import candidate_get
 
@@ -322,15 +320,6 @@ def _phase(phase: Phase) -> dict[str, Any]:
     }
 
 
-def _policy_version(value: str | None) -> PolicyVersion:
-    if not value:
-        return policy_version_get_default()
-    version = PolicyVersion.objects.filter(name=value).first()
-    if version is None:
-        raise NotFound(f"No policy version {value!r}.")
-    return version
-
-
 class CampaignViewMixin(ApiView):
     def campaign(self, campaign_id: Any) -> Campaign:
         return campaign_get(project=self.project, campaign_id=campaign_id)
@@ -397,23 +386,24 @@ class CampaignListView(CampaignViewMixin):
         data.is_valid(raise_exception=True)
         values = data.validated_data
         seed = candidate_get(project=self.project, sha=values["seed_candidate"])
-        suites = Suite.objects.filter(project=self.project, name=values["suite"])
-        if values.get("suite_version"):
-            suites = suites.filter(version=values["suite_version"])
-        suite = suites.order_by("-created_at").first()
-        if suite is None:
-            raise NotFound(f"No suite {values['suite']!r} in project {self.project.slug}.")
+        suite = suite_get(
+            project=self.project, name=values["suite"], version=values.get("suite_version")
+        )
         budget = values.get("budget") or {}
-        strategy = values.get("strategy")
+        strategy = (
+            [{"kind": e["kind"], "options": e.get("options") or {}} for e in values["strategy"]]
+            if values.get("strategy")
+            else None
+        )
         campaign = campaign_create(
             project=self.project,
-            name=values.get("name") or f"campaign {seed.short_sha}",
+            name=values.get("name", ""),
             seed_candidate=seed,
-            policy_version=_policy_version(values.get("policy_version")),
+            policy_version=(
+                policy_version_named(values.get("policy_version")) or policy_version_get_default()
+            ),
             suite=suite,
-            strategy=[{"kind": e["kind"], "options": e.get("options") or {}} for e in strategy]
-            if strategy
-            else None,
+            strategy=strategy,
             budget_limits=BudgetLimits(
                 rollouts=budget.get("rollouts"),
                 tokens=budget.get("tokens"),

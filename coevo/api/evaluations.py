@@ -12,7 +12,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
 from coevo.errors import NotFound, PermissionDenied
 from coevo.evaluations.lifecycle import evaluation_cancel
 from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, RolloutState
@@ -25,10 +25,10 @@ from coevo.evaluations.selectors import (
     rollout_list,
 )
 from coevo.evaluations.services import evaluation_create
-from coevo.policies.models import PolicyVersion
 from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Role
-from coevo.suites.models import Split, Suite
+from coevo.suites.models import Split
+from coevo.suites.selectors import suite_get
 from harness_store.selectors import candidate_get
 
 MAX_SEED = 2**31 - 1
@@ -198,29 +198,6 @@ class EvaluationViewMixin(ApiView):
         }
 
 
-def _policy_version(value: str | None) -> PolicyVersion:
-    if not value:
-        return policy_version_get_default()
-    try:
-        by_id = PolicyVersion.objects.filter(id=UUID(value)).first()
-    except ValueError:
-        by_id = None
-    version = by_id or PolicyVersion.objects.filter(name=value).first()
-    if version is None:
-        raise NotFound(f"No policy version {value!r}.")
-    return version
-
-
-def _suite(view: ApiView, name: str, version: str | None) -> Suite:
-    suites = Suite.objects.filter(project=view.project, name=name)
-    if version:
-        suites = suites.filter(version=version)
-    suite = suites.order_by("-created_at").first()
-    if suite is None:
-        raise NotFound(f"No suite {name!r} in project {view.project.slug}.")
-    return suite
-
-
 # --- views ------------------------------------------------------------------------------------
 
 
@@ -257,9 +234,13 @@ class EvaluationListView(EvaluationViewMixin):
         values = data.validated_data
         evaluation = evaluation_create(
             candidate=candidate_get(project=self.project, sha=values["candidate"]),
-            suite=_suite(self, values["suite"], values.get("suite_version")),
+            suite=suite_get(
+                project=self.project, name=values["suite"], version=values.get("suite_version")
+            ),
             split=values["split"],
-            policy_version=_policy_version(values.get("policy_version")),
+            policy_version=(
+                policy_version_named(values.get("policy_version")) or policy_version_get_default()
+            ),
             epochs=values["epochs"],
             task_limit=values.get("task_limit"),
             seed=values["seed"],

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
 from coevo.errors import NotFound
 from coevo.evaluations.models import Evaluation
 from coevo.exports.downloads import export_file_response
@@ -23,9 +23,7 @@ from coevo.exports.selectors import (
     trajectory_export_list,
 )
 from coevo.exports.services import trajectory_export_create
-from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Role
-from coevo.suites.models import Suite
 from coevo.suites.selectors import suite_get
 from harness_store.selectors import candidate_get
 
@@ -126,22 +124,14 @@ class ExportListView(ApiView):
         data = ExportIn(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        policy_version = None
-        if values.get("policy_version"):
-            policy_version = PolicyVersion.objects.filter(name=values["policy_version"]).first()
-            if policy_version is None:
-                raise NotFound(f"No policy version {values['policy_version']!r}.")
-        suite = None
-        if values.get("suite"):
-            suite = suite_get(project=self.project, name=values["suite"])
-            if values.get("suite_version"):
-                suite = Suite.objects.filter(
-                    project=self.project, name=values["suite"], version=values["suite_version"]
-                ).first()
-                if suite is None:
-                    raise NotFound(
-                        f"No suite {values['suite']!r} version {values['suite_version']!r}."
-                    )
+        policy_version = policy_version_named(values.get("policy_version"))
+        suite = (
+            suite_get(
+                project=self.project, name=values["suite"], version=values.get("suite_version")
+            )
+            if values.get("suite")
+            else None
+        )
         evaluations = None
         if "evaluations" in values:
             wanted = set(values["evaluations"])

@@ -11,12 +11,10 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
-from coevo.errors import NotFound
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
 from coevo.gates.models import Gate, GateState, Verdict
 from coevo.gates.selectors import gate_get, gate_list
 from coevo.gates.services import gate_create
-from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Role
 from coevo.suites.models import Split
 from coevo.suites.selectors import suite_get
@@ -161,11 +159,7 @@ class GateListView(ApiView):
         data = GateIn(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        policy_version = None
-        if values.get("policy_version"):
-            policy_version = PolicyVersion.objects.filter(name=values["policy_version"]).first()
-            if policy_version is None:
-                raise NotFound(f"No policy version {values['policy_version']!r}.")
+        policy_version = policy_version_named(values.get("policy_version"))
         gate = gate_create(
             project=self.project,
             candidate=candidate_get(project=self.project, sha=values["candidate"]),

@@ -17,8 +17,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
-from coevo.errors import NotFound
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
 from coevo.evaluations.ledger import BudgetLimits
 from coevo.evaluations.stats.base import Interval
 from coevo.matrices.models import CompatibilityMatrix, MatrixState
@@ -30,9 +29,9 @@ from coevo.matrices.selectors import (
     matrix_state,
 )
 from coevo.matrices.services import MAX_COLUMNS, MAX_ROWS, matrix_create
-from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Role
-from coevo.suites.models import Split, Suite
+from coevo.suites.models import Split
+from coevo.suites.selectors import suite_get
 from harness_store.selectors import candidate_get
 
 SHA = r"^[0-9a-fA-F]{7,40}$"
@@ -211,18 +210,10 @@ class MatrixListView(MatrixViewMixin):
         data.is_valid(raise_exception=True)
         values = data.validated_data
         candidates = [candidate_get(project=self.project, sha=sha) for sha in values["candidates"]]
-        policy_versions = []
-        for name in values["policy_versions"]:
-            version = PolicyVersion.objects.filter(name=name).first()
-            if version is None:
-                raise NotFound(f"No policy version {name!r}.")
-            policy_versions.append(version)
-        suites = Suite.objects.filter(project=self.project, name=values["suite"])
-        if values.get("suite_version"):
-            suites = suites.filter(version=values["suite_version"])
-        suite = suites.order_by("-created_at").first()
-        if suite is None:
-            raise NotFound(f"No suite {values['suite']!r} in project {self.project.slug}.")
+        policy_versions = [policy_version_named(name) for name in values["policy_versions"]]
+        suite = suite_get(
+            project=self.project, name=values["suite"], version=values.get("suite_version")
+        )
         budget = values.get("budget") or {}
         matrix = matrix_create(
             project=self.project,

@@ -19,9 +19,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
-from coevo.errors import InvalidInput, NotFound
-from coevo.policies.models import PolicyVersion
+from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
+from coevo.errors import InvalidInput
+from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Project, Role
 from coevo.reviews import selectors as review_selectors
 from coevo.reviews import services as review_services
@@ -177,11 +177,7 @@ class PromotionListView(ApiView):
         data = PromotionIn(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        policy_version = None
-        if values.get("policy_version"):
-            policy_version = PolicyVersion.objects.filter(name=values["policy_version"]).first()
-            if policy_version is None:
-                raise NotFound(f"No policy version {values['policy_version']!r}.")
+        policy_version = policy_version_named(values.get("policy_version"))
         candidate = candidate_get(project=self.project, sha=values["candidate"])
         suite = (
             suite_get(project=self.project, name=values["suite"])
@@ -191,8 +187,6 @@ class PromotionListView(ApiView):
         channel = review_services.channel_for_request(project=self.project, name=values["channel"])
         if policy_version is None:
             # Like gates: the channel's policy version, else the configured default.
-            from coevo.policies.services import policy_version_get_default
-
             policy_version = channel.policy_version or policy_version_get_default()
         promotion = promotion_request_create(
             channel=channel,

@@ -13,11 +13,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
-from coevo.errors import InvalidInput, NotFound
+from coevo.errors import InvalidInput
 from coevo.projects.models import Role
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.models import Suite, SuiteKind
-from coevo.suites.selectors import suite_summaries
+from coevo.suites.selectors import suite_get, suite_summaries
 from coevo.suites.services import suite_import_jsonl
 
 
@@ -92,14 +92,10 @@ class SuiteDetailView(ApiView):
         responses=SuiteOut,
     )
     def get(self, request: Request, slug: str, name: str) -> Response:
-        suites = suite_summaries(project=self.project).filter(name=name)
-        version = request.query_params.get("version")
-        if version:
-            suites = suites.filter(version=version)
-        suite = suites.order_by("-created_at").first()
-        if suite is None:
-            which = f" version {version}" if version else ""
-            raise NotFound(f"No suite {name!r}{which} in project {self.project.slug}.")
+        found = suite_get(
+            project=self.project, name=name, version=request.query_params.get("version")
+        )
+        suite = suite_summaries(project=self.project).get(pk=found.pk)
         return Response(suite_out(self, suite))
 
 

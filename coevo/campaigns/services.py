@@ -48,6 +48,12 @@ CAMPAIGN_ADVANCE_TASK = "coevo.campaigns.tasks.campaign_advance"
 DEFAULT_PLAN = EvaluationPlan(smoke_tasks=1, minibatch_tasks=0, early_stop=True)
 
 
+def campaign_default_name(*, seed_candidate: Candidate, strategy: list[dict[str, Any]]) -> str:
+    """A campaign started without a name (from the dashboard, the API or the command line) is
+    named by its proposers and its seed, e.g. ``config+llm-patch 1a2b3c4d5e6f``."""
+    return f"{'+'.join(entry['kind'] for entry in strategy)} {seed_candidate.short_sha}"
+
+
 def campaign_create(
     *,
     project: Project,
@@ -71,11 +77,9 @@ def campaign_create(
 ) -> Campaign:
     """A pending campaign with its ledger budget; ``campaign_start`` runs it.
 
-    ``alternation`` (coevo.campaigns.alternation) makes it alternate harness steps with
-    policy steps that train a LoRA adapter with a registered trainer."""
-    name = name.strip()
-    if not name:
-        raise InvalidInput("A campaign needs a name.")
+    A blank ``name`` takes ``campaign_default_name``'s. ``alternation``
+    (coevo.campaigns.alternation) makes it alternate harness steps with policy steps that
+    train a LoRA adapter with a registered trainer."""
     if seed_candidate.project_id != project.id or suite.project_id != project.id:
         raise InvalidInput(
             "The seed candidate and the suite must belong to the campaign's project."
@@ -102,6 +106,7 @@ def campaign_create(
     plan = plan or DEFAULT_PLAN
     manifest = _manifest_of(seed_candidate)
     cleaned = strategy_validate(strategy=strategy, manifest=manifest)
+    name = name.strip() or campaign_default_name(seed_candidate=seed_candidate, strategy=cleaned)
     alternation = alternation_validate(raw=alternation, campaign_patience=patience)
     if alternation and policy_version.endpoint.kind != EndpointKind.VLLM:
         raise InvalidInput(

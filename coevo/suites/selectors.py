@@ -34,10 +34,15 @@ def suite_summaries(*, project: Project) -> QuerySet[Suite]:
     )
 
 
-def suite_get(*, project: Project, name: str) -> Suite:
-    suite = Suite.objects.filter(project=project, name=name).order_by("-created_at").first()
+def suite_get(*, project: Project, name: str, version: str | None = None) -> Suite:
+    """The suite of this name: this version, or (``version`` None or blank) the latest one."""
+    suites = Suite.objects.filter(project=project, name=name)
+    if version:
+        suites = suites.filter(version=version)
+    suite = suites.order_by("-created_at").first()
     if suite is None:
-        raise NotFound(f"No suite {name!r} in project {project.slug}.")
+        which = f" version {version}" if version else ""
+        raise NotFound(f"No suite {name!r}{which} in project {project.slug}.")
     return suite
 
 

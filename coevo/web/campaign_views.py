@@ -334,7 +334,7 @@ def campaign_new(request: HttpRequest, project: Project) -> HttpResponse:
             try:
                 campaign = campaign_create(
                     project=project,
-                    name=data["name"] or f"{'+'.join(data['proposers'])} {seed.short_sha}",
+                    name=data["name"],
                     seed_candidate=seed,
                     policy_version=data["policy_version"],
                     suite=data["suite"],

@@ -96,6 +96,19 @@ def test_it_sends_the_llm_patch_proposer_only_to_a_registered_endpoint(
     assert Campaign.objects.get().strategy[0]["options"]["endpoint"] == "big-model"
 
 
+def test_it_names_an_unnamed_campaign_by_its_proposers_and_seed_as_the_dashboard_does(
+    make_client, researcher, start_body
+):
+    proposer_endpoint("http://10.0.0.7:8000/v1", name="big-model")
+    strategy = [{"kind": "config"}, {"kind": "llm-patch", "options": {"endpoint": "big-model"}}]
+    response = make_client(researcher, ["campaigns:run"]).post(
+        BASE, {**start_body, "name": "", "strategy": strategy}, format="json"
+    )
+    assert response.status_code == 202, response.content
+    campaign = Campaign.objects.get()
+    assert campaign.name == f"config+llm-patch {campaign.seed_candidate.short_sha}"
+
+
 def test_it_refuses_bad_starts_without_creating_anything(make_client, researcher, start_body):
     client = make_client(researcher, ["campaigns:run"])
     assert_error(
