@@ -2,7 +2,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from coevo.audit.services import audit_record
-from coevo.errors import InvalidState, NotFound
+from coevo.errors import InvalidInput, InvalidState, NotFound
 from coevo.projects.models import Membership, Project, Role
 
 
@@ -52,6 +52,24 @@ def membership_set(
             after={"role": str(role)},
         )
     return membership
+
+
+def membership_add(
+    *,
+    project: Project,
+    user: AbstractBaseUser,
+    role: Role,
+    actor: AbstractBaseUser | None = None,
+) -> Membership:
+    """Add ``user`` to the project with the role; refused when they are already a member, so
+    that adding someone twice never changes their role by accident (``membership_set`` changes
+    it on purpose). Audited as ``member.added``."""
+    with transaction.atomic():
+        # The same lock as membership_set's: two admins adding one user cannot both pass.
+        Project.objects.select_for_update().filter(pk=project.pk).first()
+        if Membership.objects.filter(project=project, user=user).exists():
+            raise InvalidInput(f"{user.get_username()} is already a member: change the role.")
+        return membership_set(project=project, user=user, role=role, actor=actor)
 
 
 def membership_remove(

@@ -80,3 +80,11 @@ def test_it_hides_the_page_from_outsiders(client, project, outsider):
     assert client.get(MEMBERS).status_code == 404
     assert client.post(_action("add"), {"user": "outsider", "role": "admin"}).status_code == 404
     assert not Membership.objects.filter(user=outsider).exists()
+
+
+def test_it_refuses_to_add_an_existing_member_and_keeps_their_role(admin_client, project, reviewer):
+    response = admin_client.post(
+        _action("add"), {"user": "reviewer", "role": "viewer"}, follow=True
+    )
+    assert "reviewer is already a member: change the role." in response.content.decode()
+    assert Membership.objects.get(project=project, user=reviewer).role == Role.REVIEWER
