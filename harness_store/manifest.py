@@ -22,7 +22,10 @@ POLICY_APIS = ("completions", "chat")
 KNOB_TYPES = ("int", "float", "bool", "choice")
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 TABLES = ("harness", "knobs", "limits")
-HARNESS_KEYS = ("name", "entrypoint", "policy_api", "components", "description")
+HARNESS_KEYS = ("name", "entrypoint", "command", "policy_api", "components", "description")
+# A program harness's command: argv, run in the harness directory (docs/harnesses.md).
+MAX_COMMAND_ARGS = 64
+MAX_COMMAND_ARG_CHARS = 4096
 KNOB_KEYS = ("type", "default", "min", "max", "choices", "description")
 LIMIT_KEYS = ("max_model_calls", "max_tokens", "max_steps", "wall_time_s")
 # A manifest is a few hundred bytes; this bounds what is read (and parsed) from an archive.
@@ -83,6 +86,10 @@ class Limits:
 
 @dataclass(frozen=True)
 class Manifest:
+    """``entrypoint`` (a Python ``module:function`` called as ``run(task, ctx)``) or
+    ``command`` (a program of any language, which reaches the model through the worker's
+    OpenAI-compatible boundary): exactly one of the two is set."""
+
     name: str
     entrypoint: str
     policy_api: str
@@ -90,6 +97,11 @@ class Manifest:
     knobs: dict[str, Knob] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     description: str = ""
+    command: tuple[str, ...] = ()
+
+    @property
+    def is_program(self) -> bool:
+        return bool(self.command)
 
     def knob_values(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """The manifest's defaults overridden by an evaluation's settings, each validated."""
@@ -170,6 +182,13 @@ def parse_manifest(
     _refuse_unknown(data, TABLES, where, what="tables")
     _refuse_unknown(section, HARNESS_KEYS, f"{where} [harness]")
     name = _required_str(section, "name", f"{where} [harness]")
+    if ("entrypoint" in section) == ("command" in section):
+        raise InvalidManifest(
+            f"{where} [harness]: give exactly one of entrypoint (a Python 'module:function', "
+            'e.g. \'agent:run\') or command (a program, e.g. ["python", "main.py"]).'
+        )
+    if "command" in section:
+        return _program_manifest(data, section, name, has_file=has_file)
     entrypoint = _required_str(section, "entrypoint", f"{where} [harness]")
     if not _ENTRYPOINT.fullmatch(entrypoint):
         raise InvalidManifest(
@@ -180,6 +199,72 @@ def parse_manifest(
         raise InvalidManifest(
             f"{where} [harness] policy_api = {policy_api!r}: expected one of {', '.join(POLICY_APIS)}."
         )
+    components = _components(section, where)
+    if has_file is not None:
+        module_path = entrypoint.split(":")[0].replace(".", "/")
+        if not any(
+            has_file(candidate) for candidate in (f"{module_path}.py", f"{module_path}/__init__.py")
+        ):
+            raise InvalidManifest(
+                f"{where} [harness] entrypoint = {entrypoint!r}: there is no {module_path}.py in the harness."
+            )
+    return Manifest(
+        name=name,
+        entrypoint=entrypoint,
+        policy_api=policy_api,
+        components=components,
+        knobs=_knobs(data, where),
+        limits=_limits(data, where),
+        description=_optional_str(section, "description", f"{where} [harness]"),
+    )
+
+
+def _program_manifest(
+    data: dict[str, Any],
+    section: dict[str, Any],
+    name: str,
+    *,
+    has_file: Callable[[str], bool] | None,
+) -> Manifest:
+    where = f"{MANIFEST_NAME} [harness]"
+    command = section["command"]
+    if (
+        not isinstance(command, list)
+        or not command
+        or len(command) > MAX_COMMAND_ARGS
+        or not all(isinstance(arg, str) and arg and "\0" not in arg for arg in command)
+        or any(len(arg) > MAX_COMMAND_ARG_CHARS for arg in command)
+    ):
+        raise InvalidManifest(
+            f"{where} command: expected a list of 1 to {MAX_COMMAND_ARGS} non-empty strings "
+            '(the program and its arguments, e.g. ["python", "main.py"] or ["node", "agent.js"]).'
+        )
+    if "policy_api" in section:
+        raise InvalidManifest(
+            f"{where} policy_api: a program harness reaches the model through the worker's "
+            "OpenAI-compatible endpoint, which serves both completions and chat; leave "
+            "policy_api out (it is for entrypoint harnesses)."
+        )
+    program = command[0]
+    # A relative path names a file shipped in the harness ("./run.sh", "bin/agent").
+    shipped = "/" in program and not program.startswith("/")
+    if has_file is not None and shipped and not has_file(program.removeprefix("./")):
+        raise InvalidManifest(
+            f"{where} command = {command!r}: there is no {program} in the harness."
+        )
+    return Manifest(
+        name=name,
+        entrypoint="",
+        policy_api="chat",
+        components=_components(section, MANIFEST_NAME),
+        knobs=_knobs(data, MANIFEST_NAME),
+        limits=_limits(data, MANIFEST_NAME),
+        description=_optional_str(section, "description", where),
+        command=tuple(command),
+    )
+
+
+def _components(section: dict[str, Any], where: str) -> tuple[str, ...]:
     components = section.get("components", [])
     if not isinstance(components, list) or not all(isinstance(c, str) for c in components):
         raise InvalidManifest(f"{where} [harness] components: expected a list of paths.")
@@ -190,40 +275,30 @@ def parse_manifest(
                 f"{where} [harness] components: {component!r} is not a path inside the harness "
                 "(expected a relative path such as 'agent.py' or 'prompts/')."
             )
-    if has_file is not None:
-        module_path = entrypoint.split(":")[0].replace(".", "/")
-        if not any(
-            has_file(candidate) for candidate in (f"{module_path}.py", f"{module_path}/__init__.py")
-        ):
-            raise InvalidManifest(
-                f"{where} [harness] entrypoint = {entrypoint!r}: there is no {module_path}.py in the harness."
-            )
+    return tuple(components)
+
+
+def _knobs(data: dict[str, Any], where: str) -> dict[str, Knob]:
     knobs_data = data.get("knobs", {})
     if not isinstance(knobs_data, dict):
         raise InvalidManifest(f"{where} [knobs]: expected a table of knob tables.")
-    knobs = {
+    return {
         knob_name: _knob(knob_name, spec, f"{where} [knobs.{knob_name}]")
         for knob_name, spec in knobs_data.items()
     }
+
+
+def _limits(data: dict[str, Any], where: str) -> Limits:
     limits_data = data.get("limits", {})
     if not isinstance(limits_data, dict):
         raise InvalidManifest(f"{where} [limits]: expected a table.")
     _refuse_unknown(limits_data, LIMIT_KEYS, f"{where} [limits]")
-    limits = Limits(
+    return Limits(
         **{
             key: _positive_int(limits_data, key, f"{where} [limits]")
             for key in LIMIT_KEYS
             if key in limits_data
         }
-    )
-    return Manifest(
-        name=name,
-        entrypoint=entrypoint,
-        policy_api=policy_api,
-        components=tuple(components),
-        knobs=knobs,
-        limits=limits,
-        description=_optional_str(section, "description", f"{where} [harness]"),
     )
 
 

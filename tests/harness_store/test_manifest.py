@@ -285,7 +285,10 @@ def test_it_refuses_a_manifest_without_a_harness_table(tmp_path, toml):
 @pytest.mark.parametrize("key", ["name", "entrypoint"])
 @pytest.mark.parametrize("value", [None, '""', '"   "', "3"])
 def test_it_refuses_a_missing_or_empty_required_key(tmp_path, key, value):
-    with pytest.raises(InvalidManifest, match=rf"\[harness\] {key}: expected a non-empty string"):
+    expected = rf"\[harness\] {key}: expected a non-empty string"
+    if (key, value) == ("entrypoint", None):  # neither entrypoint nor command
+        expected = r"\[harness\]: give exactly one of entrypoint .* or command"
+    with pytest.raises(InvalidManifest, match=expected):
         _load(tmp_path, _with_harness(**{key: value}))
 
 
@@ -528,3 +531,60 @@ def test_a_candidates_manifest_comes_from_its_snapshot_without_an_export(
     monkeypatch.setattr(selectors, "extract_archive", no_export)
     manifest = selectors.candidate_manifest(candidate=seed_candidate)
     assert manifest == load_manifest(SEED_HARNESS)
+
+
+# --- program harnesses: a command instead of an entrypoint ---------------------------------
+
+
+def _program(**fields: str) -> str:
+    values = {"name": '"prog"', "command": '["python", "main.py"]', **fields}
+    lines = [f"{key} = {value}" for key, value in values.items() if value is not None]
+    return "[harness]\n" + "\n".join(lines) + "\n"
+
+
+def test_it_loads_a_program_harness_with_its_knobs_and_limits(tmp_path):
+    toml = _program(command='["node", "agent.js", "--fast"]', components='["agent.js"]')
+    toml += "[knobs.style]\ntype = 'choice'\ndefault = 'short'\nchoices = ['short', 'long']\n"
+    toml += "[limits]\nmax_model_calls = 8\n"
+    manifest = _load(tmp_path, toml, files=("agent.js",))
+    assert manifest.is_program and manifest.command == ("node", "agent.js", "--fast")
+    assert manifest.entrypoint == "" and manifest.components == ("agent.js",)
+    assert manifest.knob_values({"style": "long"}) == {"style": "long"}
+    assert manifest.limits.max_model_calls == 8
+
+
+def test_an_entrypoint_harness_is_not_a_program(manifest):
+    assert not manifest.is_program and manifest.command == ()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "[]",
+        '"python main.py"',
+        '["python", ""]',
+        '["python", 3]',
+        "[" + ", ".join(['"a"'] * 65) + "]",
+    ],
+)
+def test_it_refuses_a_command_that_is_not_a_short_list_of_strings(tmp_path, command):
+    with pytest.raises(InvalidManifest, match="command: expected a list of 1 to 64"):
+        _load(tmp_path, _program(command=command))
+
+
+def test_it_refuses_both_an_entrypoint_and_a_command(tmp_path):
+    with pytest.raises(InvalidManifest, match="exactly one of entrypoint"):
+        _load(tmp_path, _program(entrypoint='"agent:run"'))
+
+
+def test_it_refuses_a_policy_api_on_a_program_harness(tmp_path):
+    with pytest.raises(InvalidManifest, match="policy_api: a program harness"):
+        _load(tmp_path, _program(policy_api='"chat"'))
+
+
+def test_it_refuses_a_command_naming_a_script_the_harness_lacks(tmp_path):
+    with pytest.raises(InvalidManifest, match=r"there is no \./run\.sh in the harness"):
+        _load(tmp_path, _program(command='["./run.sh"]'), files=("main.py",))
+    assert _load(tmp_path, _program(command='["./run.sh"]'), files=("run.sh",)).is_program
+    # A program on PATH (python, node, bash) is not looked for in the harness.
+    assert _load(tmp_path, _program(command='["bash", "-c", "echo"]'), files=()).is_program
