@@ -48,6 +48,11 @@ def trainer_list_for_user(*, user: AbstractBaseUser) -> QuerySet[Trainer]:
     )
 
 
+def trainer_list_enabled() -> QuerySet[Trainer]:
+    """The trainers a campaign may name for its policy steps: the enabled ones, by name."""
+    return Trainer.objects.filter(enabled=True)
+
+
 def trainer_command_visible(*, user: AbstractBaseUser) -> bool:
     """Whether ``user`` may see a trainer's command (and a run's argv): the operators who can
     already read trainers in the admin. Project members only name trainers (docs/threat-model.md):

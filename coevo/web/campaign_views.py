@@ -44,13 +44,14 @@ from coevo.errors import CoevoError, NotFound
 from coevo.evaluations.ledger import BudgetLimits
 from coevo.evaluations.selectors import search_validation_gap
 from coevo.policies.models import PolicyEndpoint, PolicyVersion
-from coevo.policies.selectors import policy_versions_list
+from coevo.policies.selectors import policy_endpoints_list, policy_versions_list
 from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.suites.models import Suite
 from coevo.suites.selectors import suite_list
 from coevo.training.models import Trainer
+from coevo.training.selectors import trainer_list_enabled
 from coevo.web.access import project_view
 from coevo.web.presenters import (
     bar_percent,
@@ -276,10 +277,10 @@ class CampaignStartForm(forms.Form):
         self.fields["suite"].queryset = suite_list(project=project).order_by("name", "-created_at")
         self.fields["suite"].label_from_instance = lambda s: f"{s.name} {s.version}"
         self.fields["policy_version"].queryset = policy_versions_list()
-        self.fields["llm_endpoint"].queryset = PolicyEndpoint.objects.order_by("name")
+        self.fields["llm_endpoint"].queryset = policy_endpoints_list()
         # Its name only: the endpoint's URL (an internal address) is the operators' business.
         self.fields["llm_endpoint"].label_from_instance = lambda e: e.name
-        self.fields["alternation_trainer"].queryset = Trainer.objects.filter(enabled=True)
+        self.fields["alternation_trainer"].queryset = trainer_list_enabled()
 
     def campaign_fields(self) -> list[forms.BoundField]:
         return [f for f in self if not f.name.startswith(ALTERNATION_PREFIX)]
