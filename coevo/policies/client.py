@@ -81,52 +81,43 @@ class PolicyClient:
         return self._request("POST", "/unload_lora_adapter", json={"lora_name": name}, text=True)
 
     def complete(self, prompt: str, sampling: Sampling) -> Completion:
-        payload = {"model": self.model, "prompt": prompt, **sampling.as_params()}
-        with limiter_slot(self.limiter):
-            started = time.monotonic()
-            body = self._request("POST", "/completions", json=payload)
-        latency_ms = int((time.monotonic() - started) * 1000)
-        choice = _first_choice(body)
-        metrics.policy_request_observed(
-            endpoint=self.base_url,
-            model=self.model,
-            api="completions",
-            seconds=latency_ms / 1000,
-            **_usage(body),
-        )
-        return Completion(
-            text=choice.get("text") or "",
-            finish_reason=choice.get("finish_reason"),
-            latency_ms=latency_ms,
-            model=body.get("model", self.model),
-            raw=body,
-            endpoint=self.base_url,
-            **_usage(body),
-        )
+        return self.forward("completions", {"prompt": prompt, **sampling.as_params()})
 
     def chat(self, messages: list[dict[str, Any]], sampling: Sampling) -> Completion:
-        payload = {"model": self.model, "messages": messages, **sampling.as_params()}
+        return self.forward("chat", {"messages": messages, **sampling.as_params()})
+
+    def forward(self, api: str, body: dict[str, Any]) -> Completion:
+        """``POST /v1/completions`` (api ``completions``) or ``/v1/chat/completions`` (``chat``)
+        with ``body`` as given (tools, response_format, n, logprobs, …) and this client's
+        model; the server's reply is kept whole in ``raw`` (every choice, tool calls)."""
+        payload = {**body, "model": self.model, "stream": False}
+        path = "/completions" if api == "completions" else "/chat/completions"
         with limiter_slot(self.limiter):
             started = time.monotonic()
-            body = self._request("POST", "/chat/completions", json=payload)
+            reply = self._request("POST", path, json=payload)
         latency_ms = int((time.monotonic() - started) * 1000)
-        choice = _first_choice(body)
+        if not isinstance(reply, dict):
+            raise PolicyUnavailable(f"The policy server answered {path} with {str(reply)[:200]}")
+        choice = _first_choice(reply)
         metrics.policy_request_observed(
             endpoint=self.base_url,
             model=self.model,
-            api="chat",
+            api="completions" if api == "completions" else "chat",
             seconds=latency_ms / 1000,
-            **_usage(body),
+            **_usage(reply),
         )
-        message = choice.get("message") or {}
+        if api == "completions":
+            text = choice.get("text") or ""
+        else:
+            text = (choice.get("message") or {}).get("content") or ""
         return Completion(
-            text=message.get("content") or "",
+            text=text if isinstance(text, str) else "",
             finish_reason=choice.get("finish_reason"),
             latency_ms=latency_ms,
-            model=body.get("model", self.model),
-            raw=body,
+            model=reply.get("model", self.model),
+            raw=reply,
             endpoint=self.base_url,
-            **_usage(body),
+            **_usage(reply),
         )
 
     def _request(self, method: str, path: str, *, text: bool = False, **kwargs: Any) -> Any:
@@ -189,16 +180,24 @@ def normalize_base_url(url: str) -> str:
 
 def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
     choices = body.get("choices") or []
-    if not choices:
+    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise PolicyUnavailable(f"The policy server answered without choices: {str(body)[:300]}")
     return choices[0]
 
 
 def _usage(body: dict[str, Any]) -> dict[str, int]:
-    usage = body.get("usage") or {}
+    usage = body.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+
+    def count(key: str) -> int:
+        try:
+            return max(0, int(usage.get(key) or 0))
+        except (TypeError, ValueError):
+            return 0
+
     return {
-        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-        "completion_tokens": int(usage.get("completion_tokens") or 0),
+        "prompt_tokens": count("prompt_tokens"),
+        "completion_tokens": count("completion_tokens"),
     }
 
 
@@ -264,6 +263,9 @@ class RoutedPolicyClient:
 
     def chat(self, messages: list[dict[str, Any]], sampling: Sampling) -> Completion:
         return self._call(lambda client: client.chat(messages, sampling))
+
+    def forward(self, api: str, body: dict[str, Any]) -> Completion:
+        return self._call(lambda client: client.forward(api, body))
 
     def _call(self, send: Callable[[PolicyClient], Any]) -> Any:
         while self.routes:

@@ -130,6 +130,7 @@ def test_it_sends_the_model_the_prompt_and_every_sampling_parameter(client, scri
         "presence_penalty": 0.0,
         "stop": ["\ndef ", "\n#"],
         "seed": 7,
+        "stream": False,  # the worker reads whole replies (the boundary streams them on)
     }
 
 
