@@ -7,7 +7,13 @@ from typing import Any
 
 from django.db.models import Count, Q, QuerySet
 
-from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
+from coevo.campaigns.models import (
+    PROPOSAL_FINAL_STATES,
+    Campaign,
+    Proposal,
+    ProposalState,
+    ProposerKind,
+)
 from coevo.errors import NotFound
 from coevo.evaluations.models import Budget
 from coevo.evaluations.selectors import evaluation_task_scores
@@ -144,7 +150,7 @@ def campaign_best_series(*, campaign: Campaign) -> list[dict[str, Any]]:
     """Per ended proposal: its search and validation scores and the best validation so far."""
     series = []
     best = None
-    for p in proposal_list(campaign=campaign).exclude(state__in=["proposed", "evaluating"]):
+    for p in proposal_list(campaign=campaign).filter(state__in=PROPOSAL_FINAL_STATES):
         if p.validation_score is not None and (best is None or p.validation_score > best):
             best = p.validation_score
         series.append(

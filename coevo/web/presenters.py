@@ -148,7 +148,9 @@ def _outcome(p: Proposal, failed: dict[str, Any] | None) -> tuple[str, str]:
         return f"rejected at {where}", "fail"
     if p.state == ProposalState.FAILED:
         return "not evaluated (failed)", "fail"
-    if p.state in (ProposalState.PROPOSED, ProposalState.EVALUATING):
+    if p.state == ProposalState.QUEUED:
+        return "queued for evaluation", "neutral"
+    if not p.is_final:
         return "in progress", "neutral"
     if p.validation_score is None:
         return "stopped on search (worse than its parent)", "neutral"
@@ -189,7 +191,8 @@ def lineage_nodes(
             status = "best"
         elif p.state in (ProposalState.INVALID, ProposalState.FAILED):
             status = "failed"
-        elif p.state in (ProposalState.PROPOSED, ProposalState.EVALUATING):
+        elif not p.is_final:
+            # Queued ones too: a manual proposal waiting for the runner is not pruned.
             status = "open"
         elif p.validation_score is None:
             status = "pruned"

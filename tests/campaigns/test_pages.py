@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalState
+from coevo.campaigns.selectors import campaign_best_series
 from coevo.campaigns.services import campaign_create
 from harness_store.derive import candidate_derive
 from harness_store.models import Candidate
@@ -185,6 +186,48 @@ def test_it_shows_plots_lineage_with_a_merge_and_proposals(client, owner, data):
     assert "no improvement" in rows[4] and "+" in rows[4]  # two parents
     assert 'id="campaign-spend"' in content and 'role="progressbar"' in content
     assert 'hx-trigger="every 3s"' in content
+
+
+@pytest.fixture
+def queued(data) -> Candidate:
+    """A manual proposal waiting for the runner (#5), as campaign_submit records it."""
+    submitted, _ = candidate_derive(
+        project=data.campaign.project,
+        parents=[data.knob_child],
+        changes={"agent.py": ("# a person's edit\n" + AGENT).encode()},
+        message="manual: a person's edit",
+        author_name="someone",
+    )
+    Proposal.objects.create(
+        campaign=data.campaign,
+        sequence=5,
+        kind="manual",
+        parent_shas=[data.knob_child.sha],
+        stages=VALID,
+        candidate=submitted,
+        state=ProposalState.QUEUED,
+    )
+    return submitted
+
+
+def test_a_queued_proposal_is_waiting_in_the_table_not_stopped_on_search(
+    client, owner, data, queued
+):
+    client.force_login(owner)
+    content = client.get(f"/p/demo/campaigns/{data.campaign.id}/").content.decode()
+    row = re.search(r'id="proposal-5">(.*?)</tr>', content, re.S).group(1)
+    assert "queued for evaluation" in row and "stopped on search" not in row
+
+
+def test_a_queued_proposal_is_open_in_the_lineage_not_pruned(client, owner, data, queued):
+    client.force_login(owner)
+    content = client.get(f"/p/demo/campaigns/{data.campaign.id}/").content.decode()
+    node = svg(content, "plot-lineage").find(f".//svg:g[@data-sha='{queued.sha}']", NS)
+    assert node.get("class") == "node status-open"
+
+
+def test_a_queued_proposal_is_not_in_the_scores_series_until_it_ends(data, queued):
+    assert [r["sequence"] for r in campaign_best_series(campaign=data.campaign)] == [0, 1, 2, 3, 4]
 
 
 def test_it_renders_the_live_part_alone_for_htmx_and_stops_polling_when_final(client, owner, data):
