@@ -22,7 +22,18 @@ POLICY_APIS = ("completions", "chat")
 KNOB_TYPES = ("int", "float", "bool", "choice")
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 TABLES = ("harness", "knobs", "limits")
-HARNESS_KEYS = ("name", "entrypoint", "command", "policy_api", "components", "description")
+HARNESS_KEYS = (
+    "name",
+    "entrypoint",
+    "command",
+    "policy_api",
+    "components",
+    "description",
+    "requirements",
+)
+# Declared dependencies (docs/harnesses.md): a pinned requirements file, or a pyproject.toml
+# with the uv.lock beside it.
+LOCK_NAME = "uv.lock"
 # A program harness's command: argv, run in the harness directory (docs/harnesses.md).
 MAX_COMMAND_ARGS = 64
 MAX_COMMAND_ARG_CHARS = 4096
@@ -98,6 +109,9 @@ class Manifest:
     limits: Limits = field(default_factory=Limits)
     description: str = ""
     command: tuple[str, ...] = ()
+    # Declared dependencies: the path of a pinned requirements file (``*.txt``) or of a
+    # ``pyproject.toml`` with a ``uv.lock`` beside it; "" when the harness declares none.
+    requirements: str = ""
 
     @property
     def is_program(self) -> bool:
@@ -216,6 +230,7 @@ def parse_manifest(
         knobs=_knobs(data, where),
         limits=_limits(data, where),
         description=_optional_str(section, "description", f"{where} [harness]"),
+        requirements=_requirements(section, has_file=has_file),
     )
 
 
@@ -261,7 +276,40 @@ def _program_manifest(
         limits=_limits(data, MANIFEST_NAME),
         description=_optional_str(section, "description", where),
         command=tuple(command),
+        requirements=_requirements(section, has_file=has_file),
     )
+
+
+def _requirements(section: dict[str, Any], *, has_file: Callable[[str], bool] | None) -> str:
+    """``requirements``: a path inside the harness, to a ``*.txt`` requirements file or to a
+    ``pyproject.toml`` whose ``uv.lock`` sits beside it (workers/harness_env.py builds them)."""
+    where = f"{MANIFEST_NAME} [harness] requirements"
+    if "requirements" not in section:
+        return ""
+    path = section["requirements"]
+    if not isinstance(path, str) or not path.strip():
+        raise InvalidManifest(f"{where}: expected a path such as 'requirements.txt'.")
+    parts = path.split("/")
+    if path.startswith("/") or "\\" in path or ".." in parts or "" in parts[:-1]:
+        raise InvalidManifest(
+            f"{where} = {path!r}: expected a relative path inside the harness, such as "
+            "'requirements.txt' or 'deps/pyproject.toml'."
+        )
+    name = parts[-1]
+    if name != "pyproject.toml" and not name.endswith(".txt"):
+        raise InvalidManifest(
+            f"{where} = {path!r}: expected a pinned requirements file (a .txt file of "
+            f"name==version lines) or a pyproject.toml with a {LOCK_NAME} beside it."
+        )
+    if has_file is not None and not has_file(path):
+        raise InvalidManifest(f"{where} = {path!r}: there is no {path} in the harness.")
+    lock = "/".join([*parts[:-1], LOCK_NAME])
+    if name == "pyproject.toml" and has_file is not None and not has_file(lock):
+        raise InvalidManifest(
+            f"{where} = {path!r}: there is no {lock} beside it; commit the lock file "
+            f"(`uv lock` writes it) so that every worker installs the same versions."
+        )
+    return path
 
 
 def _components(section: dict[str, Any], where: str) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -588,3 +589,75 @@ def test_it_refuses_a_command_naming_a_script_the_harness_lacks(tmp_path):
     assert _load(tmp_path, _program(command='["./run.sh"]'), files=("run.sh",)).is_program
     # A program on PATH (python, node, bash) is not looked for in the harness.
     assert _load(tmp_path, _program(command='["bash", "-c", "echo"]'), files=()).is_program
+
+
+# --- declared dependencies: [harness] requirements -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "files"),
+    [
+        ("requirements.txt", ("agent.py", "requirements.txt")),
+        ("deps/locked.txt", ("agent.py", "deps/locked.txt")),
+        ("pyproject.toml", ("agent.py", "pyproject.toml", "uv.lock")),
+        ("deps/pyproject.toml", ("agent.py", "deps/pyproject.toml", "deps/uv.lock")),
+    ],
+)
+def test_it_loads_declared_requirements(tmp_path, path, files):
+    manifest = _load(tmp_path, _with_harness(requirements=f'"{path}"'), files=files)
+    assert manifest.requirements == path
+
+
+def test_a_harness_without_requirements_declares_none(manifest, tmp_path):
+    assert manifest.requirements == ""
+    # A requirements.txt that the manifest does not name is a plain file, not a declaration.
+    shipped = _load(tmp_path, _with_harness(), files=("agent.py", "requirements.txt"))
+    assert shipped.requirements == ""
+
+
+def test_a_program_harness_declares_requirements_too(tmp_path):
+    toml = _program(requirements='"requirements.txt"')
+    manifest = _load(tmp_path, toml, files=("main.py", "requirements.txt"))
+    assert manifest.is_program and manifest.requirements == "requirements.txt"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('""', "expected a path such as 'requirements.txt'"),
+        ("3", "expected a path such as 'requirements.txt'"),
+        ('["requirements.txt"]', "expected a path such as 'requirements.txt'"),
+        ('"/etc/requirements.txt"', "expected a relative path inside the harness"),
+        ('"../requirements.txt"', "expected a relative path inside the harness"),
+        ('"deps//requirements.txt"', "expected a relative path inside the harness"),
+        ('"setup.py"', "expected a pinned requirements file"),
+        ('"uv.lock"', "expected a pinned requirements file"),
+        ('"requirements.in.toml"', "expected a pinned requirements file"),
+    ],
+)
+def test_it_refuses_requirements_that_name_no_requirements_file(tmp_path, value, expected):
+    files = ("agent.py", "requirements.txt", "setup.py", "uv.lock")
+    with pytest.raises(InvalidManifest, match=re.escape(expected)):
+        _load(tmp_path, _with_harness(requirements=value), files=files)
+
+
+def test_it_refuses_requirements_the_harness_lacks(tmp_path):
+    with pytest.raises(InvalidManifest, match="there is no requirements.txt in the harness"):
+        _load(tmp_path, _with_harness(requirements='"requirements.txt"'))
+
+
+def test_it_refuses_a_pyproject_without_its_lock_file(tmp_path):
+    toml = _with_harness(requirements='"deps/pyproject.toml"')
+    with pytest.raises(InvalidManifest, match="there is no deps/uv.lock beside it"):
+        _load(tmp_path, toml, files=("agent.py", "deps/pyproject.toml", "uv.lock"))
+
+
+def test_it_reads_requirements_from_an_archive_as_from_a_directory(tmp_path):
+    from harness_store.manifest import manifest_from_archive
+
+    toml = _with_harness(requirements='"pyproject.toml"')
+    files = {"harness.toml": toml.encode(), "agent.py": b"", "pyproject.toml": b""}
+    with pytest.raises(InvalidManifest, match="there is no uv.lock beside it"):
+        manifest_from_archive(_tar(files))
+    archived = manifest_from_archive(_tar({**files, "uv.lock": b""}))
+    assert archived.requirements == "pyproject.toml"
