@@ -220,8 +220,9 @@ def _score_domain(values: Sequence[float]) -> tuple[float, float]:
 
 def scores_plot_svg(*, series: Sequence[Mapping[str, Any]], element_id: str = "plot-scores") -> str:
     """Search and validation scores per proposal (x: proposal number), with the best
-    validation score so far as a step line. ``series`` rows are
-    ``{"sequence", "search_score", "validation_score", "best_validation_score"}``
+    validation score so far as a step line; a validation point is marked best when its row
+    says it ``improved`` (a tie with the best is not). ``series`` rows are
+    ``{"sequence", "search_score", "validation_score", "improved", "best_validation_score"}``
     (``coevo.campaigns.selectors.campaign_best_series``); a missing score is ``None``."""
     rows = [row for row in series if _finite(row.get("sequence")) is not None]
     sequences = [float(row["sequence"]) for row in rows]
@@ -295,7 +296,7 @@ def scores_plot_svg(*, series: Sequence[Mapping[str, Any]], element_id: str = "p
             )
         if validation is not None:
             y = frame.y(validation)
-            improved = validation == _finite(row.get("best_validation_score"))
+            improved = bool(row.get("improved"))
             stroke = f' stroke="{BEST_COLOR}" stroke-width="2"' if improved else ""
             parts.append(
                 f'<rect class="point validation{" best" if improved else ""}" '

@@ -147,17 +147,21 @@ def campaign_task_front(*, campaign: Campaign) -> dict[str, list[str]]:
 
 
 def campaign_best_series(*, campaign: Campaign) -> list[dict[str, Any]]:
-    """Per ended proposal: its search and validation scores and the best validation so far."""
+    """Per ended proposal: its search and validation scores, whether it raised the best, and
+    the best validation so far. "Raised the best" is ``Proposal.improved`` as the runner
+    recorded it (coevo.campaigns.evaluating), never judged again from the scores here: a tie
+    is no improvement, and the plot must say what the table and the stop rules say."""
     series = []
     best = None
     for p in proposal_list(campaign=campaign).filter(state__in=PROPOSAL_FINAL_STATES):
-        if p.validation_score is not None and (best is None or p.validation_score > best):
+        if p.improved and p.validation_score is not None:
             best = p.validation_score
         series.append(
             {
                 "sequence": p.sequence,
                 "search_score": p.search_score,
                 "validation_score": p.validation_score,
+                "improved": p.improved,
                 "best_validation_score": best,
             }
         )

@@ -230,6 +230,39 @@ def test_a_queued_proposal_is_not_in_the_scores_series_until_it_ends(data, queue
     assert [r["sequence"] for r in campaign_best_series(campaign=data.campaign)] == [0, 1, 2, 3, 4]
 
 
+def test_a_tie_with_the_best_is_no_improvement_in_the_table_and_the_scores_plot(
+    client, owner, data
+):
+    tie, _ = candidate_derive(
+        project=data.campaign.project,
+        parents=[data.knob_child],
+        changes={"agent.py": ("# as good, not better\n" + AGENT).encode()},
+        message="llm-patch: as good",
+        author_name="llm-patch proposer",
+    )
+    Proposal.objects.create(
+        campaign=data.campaign,
+        sequence=5,
+        kind="llm-patch",
+        parent_shas=[data.knob_child.sha],
+        stages=VALID,
+        candidate=tie,
+        state=ProposalState.EVALUATED,
+        search_score=1.0,
+        validation_score=0.75,  # #1's, the best: the runner records no improvement
+    )
+    client.force_login(owner)
+    content = client.get(f"/p/demo/campaigns/{data.campaign.id}/").content.decode()
+
+    row = re.search(r'id="proposal-5">(.*?)</tr>', content, re.S).group(1)
+    assert "no improvement" in row
+    rects = svg(content, "plot-scores").findall(".//svg:rect[@class]", NS)
+    best = ["".join(r.itertext()) for r in rects if r.get("class") == "point validation best"]
+    assert best == ["#0 validation 0.500", "#1 validation 0.750"]
+    last = campaign_best_series(campaign=data.campaign)[-1]
+    assert (last["sequence"], last["improved"], last["best_validation_score"]) == (5, False, 0.75)
+
+
 def test_it_renders_the_live_part_alone_for_htmx_and_stops_polling_when_final(client, owner, data):
     client.force_login(owner)
     url = f"/p/demo/campaigns/{data.campaign.id}/"

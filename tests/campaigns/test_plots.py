@@ -28,12 +28,28 @@ def texts(root: ET.Element) -> list[str]:
     return ["".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")]
 
 
+def row(sequence, search, validation, improved, best) -> dict:
+    """One campaign_best_series row."""
+    return {
+        "sequence": sequence,
+        "search_score": search,
+        "validation_score": validation,
+        "improved": improved,
+        "best_validation_score": best,
+    }
+
+
 SERIES = [
-    {"sequence": 0, "search_score": 0.25, "validation_score": 0.5, "best_validation_score": 0.5},
-    {"sequence": 1, "search_score": 0.5, "validation_score": None, "best_validation_score": 0.5},
-    {"sequence": 2, "search_score": 0.75, "validation_score": 0.25, "best_validation_score": 0.5},
-    {"sequence": 3, "search_score": 1.0, "validation_score": 1.0, "best_validation_score": 1.0},
+    row(0, 0.25, 0.5, True, 0.5),
+    row(1, 0.5, None, False, 0.5),
+    row(2, 0.75, 0.25, False, 0.5),
+    row(3, 1.0, 1.0, True, 1.0),
 ]
+
+
+def validation_classes(root: ET.Element) -> list[str]:
+    rects = root.findall(".//svg:rect[@class]", NS)
+    return [r.get("class") for r in rects if "validation" in r.get("class")]
 
 
 def test_it_draws_scores_with_axes_ticks_and_the_best_so_far_line():
@@ -44,8 +60,7 @@ def test_it_draws_scores_with_axes_ticks_and_the_best_so_far_line():
     assert {"0", "0.2", "0.4", "0.6", "0.8", "1"} <= set(labels)  # y ticks
     assert {"0", "1", "2", "3"} <= set(labels)  # x ticks, integers only
     assert len(root.findall(".//svg:circle[@class='point search']", NS)) == 4
-    validation = root.findall(".//svg:rect[@class]", NS)
-    assert [r.get("class") for r in validation if "validation" in r.get("class")] == [
+    assert validation_classes(root) == [
         "point validation best",
         "point validation",
         "point validation best",
@@ -53,6 +68,14 @@ def test_it_draws_scores_with_axes_ticks_and_the_best_so_far_line():
     best = root.find(".//svg:path[@class='best-line']", NS)
     # A step line: holds 0.5 until proposal 3 lifts it to 1.0 (y runs downwards).
     assert best is not None and best.get("d").count("V") == 3
+
+
+def test_it_marks_as_best_only_the_points_that_improved_not_a_tie():
+    # #1 ties the best (0.5): the runner recorded no improvement, and the table says so.
+    root = parse(
+        scores_plot_svg(series=[row(0, 0.5, 0.5, True, 0.5), row(1, 0.5, 0.5, False, 0.5)])
+    )
+    assert validation_classes(root) == ["point validation best", "point validation"]
 
 
 def test_it_draws_empty_plots_with_a_note():
