@@ -222,6 +222,16 @@ COEVO_ROLLOUT_WALL_S = env_int("COEVO_ROLLOUT_WALL_S", 900, minimum=1)
 COEVO_ROLLOUT_MAX_ATTEMPTS = env_int("COEVO_ROLLOUT_MAX_ATTEMPTS", 3, minimum=1)
 COEVO_ROLLOUT_RETRY_BASE_S = env_int("COEVO_ROLLOUT_RETRY_BASE_S", 10, minimum=0)
 COEVO_VERIFIER_TIMEOUT_S = env_int("COEVO_VERIFIER_TIMEOUT_S", 20, minimum=1)
+# Harnesses' declared dependencies (workers/harness_env.py): built with uv from wheels only, from
+# COEVO_HARNESS_FIND_LINKS (a local wheel directory; then no index is asked) or else
+# COEVO_HARNESS_INDEX_URL; cached per content hash under COEVO_HARNESS_ENV_DIR, least recently
+# used first evicted past COEVO_HARNESS_ENV_MAX_BYTES; a build is stopped after
+# COEVO_HARNESS_ENV_BUILD_TIMEOUT_S.
+COEVO_HARNESS_INDEX_URL = env_str("COEVO_HARNESS_INDEX_URL", "https://pypi.org/simple")
+COEVO_HARNESS_FIND_LINKS = env_str("COEVO_HARNESS_FIND_LINKS", "")
+COEVO_HARNESS_ENV_DIR = env_path("COEVO_HARNESS_ENV_DIR", COEVO_HOME / "harness-envs")
+COEVO_HARNESS_ENV_MAX_BYTES = env_int("COEVO_HARNESS_ENV_MAX_BYTES", 10 * 1024**3, minimum=1024**2)
+COEVO_HARNESS_ENV_BUILD_TIMEOUT_S = env_int("COEVO_HARNESS_ENV_BUILD_TIMEOUT_S", 600, minimum=1)
 # A running rollout beats every COEVO_HEARTBEAT_S; the watchdog re-runs it once its heartbeat is
 # older than COEVO_ROLLOUT_STALE_S (its worker is gone), and sends again pending rollouts that
 # waited COEVO_ROLLOUT_RESEND_S with an empty queue (their message was lost).

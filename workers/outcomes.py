@@ -31,6 +31,7 @@ class ErrorKind(StrEnum):
     LIMIT = "limit"  # a manifest limit or one of the worker's own bounds
     PROTOCOL = "protocol"  # the harness broke the channel's protocol
     MANIFEST = "manifest"  # harness.toml did not load
+    DEPENDENCIES = "dependencies"  # the harness's declared dependencies did not build
     EXCEPTION = "exception"  # the harness raised
     EXITED = "exited"  # the harness process ended before answering
     WORKER_LOST = "worker_lost"  # the worker stopped heartbeating (the watchdog ends it)
@@ -66,3 +67,10 @@ class HarnessRaised(HarnessFault):
 
 class HarnessExited(HarnessFault):
     error_kind = ErrorKind.EXITED
+
+
+class DependencyBuildFailed(HarnessFault):
+    """The harness's declared dependencies did not build (workers/harness_env.py): the message
+    carries the resolver's own words (a missing version, a package with no wheel)."""
+
+    error_kind = ErrorKind.DEPENDENCIES
