@@ -218,6 +218,12 @@ COEVO_POLICY_BASE_MODEL = env_str("COEVO_POLICY_BASE_MODEL", "") or COEVO_POLICY
 COEVO_POLICY_TIMEOUT_S = env_int("COEVO_POLICY_TIMEOUT_S", 300, minimum=1)
 COEVO_POLICY_RETRIES = env_int("COEVO_POLICY_RETRIES", 4, minimum=0)
 COEVO_ALLOW_UNSANDBOXED = env_bool("COEVO_ALLOW_UNSANDBOXED", False)
+# A program harness's address-space limit (RLIMIT_AS: virtual memory, not resident). Node's
+# WebAssembly, the JVM and Go reserve far more than they touch: 4 GiB (the run(task, ctx)
+# harnesses' limit) breaks Node's fetch; 12 GiB is the least that was measured to work.
+COEVO_PROGRAM_ADDRESS_SPACE_BYTES = env_int(
+    "COEVO_PROGRAM_ADDRESS_SPACE_BYTES", 16 * 1024**3, minimum=1024**3
+)
 COEVO_ROLLOUT_WALL_S = env_int("COEVO_ROLLOUT_WALL_S", 900, minimum=1)
 COEVO_ROLLOUT_MAX_ATTEMPTS = env_int("COEVO_ROLLOUT_MAX_ATTEMPTS", 3, minimum=1)
 COEVO_ROLLOUT_RETRY_BASE_S = env_int("COEVO_ROLLOUT_RETRY_BASE_S", 10, minimum=0)

@@ -18,8 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from coevo.errors import SandboxUnavailable
 from workers import sandbox
+from workers.harness_env import harness_env_binds, harness_env_vars
 from workers.limits import wall_time_exceeded
 from workers.outcomes import HarnessExited, HarnessFault, LimitExceeded, ProtocolViolation
 
@@ -34,18 +37,40 @@ MAX_STDERR_BYTES = 8 * 1024 * 1024
 class HarnessChannel:
     """One harness process and the threads that read it; ``close`` ends both."""
 
-    def __init__(self, *, harness_dir: Path, wall_s: int, deadline: float) -> None:
+    def __init__(
+        self,
+        *,
+        harness_dir: Path,
+        wall_s: int,
+        deadline: float,
+        program: bool = False,
+        ro_binds: dict[Path, str] | None = None,
+        harness_env: Path | None = None,
+    ) -> None:
+        """``program``: the launcher of a program harness (``coevo_runtime.program``) instead
+        of the ``run(task, ctx)`` runtime; ``ro_binds`` adds read-only binds (the model
+        boundary's socket directory); ``harness_env`` is the harness's built dependencies
+        (workers/harness_env.py), mounted read-only on its PYTHONPATH and PATH."""
         self.wall_s = wall_s
         self.deadline = deadline
         self.stderr_tail = bytearray()
         self._wall_expired = False
         self._stderr_exceeded = False
+        module = "coevo_runtime.program" if program else "coevo_runtime"
         self._proc: subprocess.Popen[bytes] = sandbox.spawn(
-            [sandbox.python_executable(), "-s", "-m", "coevo_runtime"],
-            ro_binds={RUNTIME_DIR: "/opt/coevo", harness_dir.resolve(): "/harness"},
-            env={"PYTHONPATH": "/opt/coevo"},
+            [sandbox.python_executable(), "-s", "-m", module],
+            ro_binds={
+                RUNTIME_DIR: "/opt/coevo",
+                harness_dir.resolve(): "/harness",
+                **(ro_binds or {}),
+                **harness_env_binds(harness_env),
+            },
+            env=harness_env_vars(harness_env, pythonpath="/opt/coevo"),
             cwd="/harness",
-            limits=sandbox.SandboxLimits(cpu_s=wall_s + 5),
+            limits=sandbox.SandboxLimits(
+                cpu_s=wall_s + 5,
+                **({"memory_bytes": settings.COEVO_PROGRAM_ADDRESS_SPACE_BYTES} if program else {}),
+            ),
         )
         self._killer = threading.Timer(wall_s, self._expire)
         self._killer.daemon = True
@@ -65,14 +90,17 @@ class HarnessChannel:
             # The harness is gone; receive() reports how it ended.
             pass
 
-    def receive(self) -> dict[str, Any]:
-        """The harness's next message; raises the fault when there is none or it is malformed."""
+    def receive(self, *, poll_s: float | None = None) -> dict[str, Any] | None:
+        """The harness's next message; raises the fault when there is none or it is malformed.
+        With ``poll_s``, None when no message came within that many seconds."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise wall_time_exceeded(self.wall_s)
         try:
-            line = self._lines.get(timeout=remaining)
+            line = self._lines.get(timeout=min(remaining, poll_s or remaining))
         except queue.Empty:
+            if poll_s is not None and time.monotonic() < self.deadline:
+                return None
             raise wall_time_exceeded(self.wall_s) from None
         if line is None:
             raise self._ended()
@@ -95,6 +123,10 @@ class HarnessChannel:
     def wait_for_stderr(self, timeout: float) -> None:
         """Give the stderr reader time to catch up (a traceback the harness just wrote)."""
         self._stderr_thread.join(timeout=timeout)
+
+    def kill(self) -> None:
+        """Stop the harness now (receive then reports it ended); close still cleans up."""
+        sandbox.terminate(self._proc)
 
     def close(self) -> None:
         """Kill the harness and close its pipes (a worker runs thousands of rollouts: none may

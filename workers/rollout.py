@@ -49,15 +49,8 @@ from workers.outcomes import (
     ProtocolViolation,
 )
 from workers.policy import Completion, Policy, Sampling
-
-
-@dataclass
-class Step:
-    kind: str
-    payload: dict[str, Any]
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_ms: int = 0
+from workers.program import converse_program
+from workers.steps import Step
 
 
 @dataclass
@@ -84,6 +77,9 @@ class RolloutInputs:
     wall_time_s: int
     # The label of the policy version that answers (recorded on every model call).
     policy_version: str = ""
+    # The harness's built dependencies (workers/harness_env.py), mounted read-only; None when
+    # it declares none.
+    harness_env: Path | None = None
 
 
 @dataclass
@@ -170,7 +166,11 @@ class _Runner:
                 {
                     "task": self.inputs.task_key,
                     "knobs": knobs,
-                    "entrypoint": manifest.entrypoint,
+                    **(
+                        {"command": list(manifest.command)}
+                        if manifest.is_program
+                        else {"entrypoint": manifest.entrypoint}
+                    ),
                     "seed": self.inputs.seed,
                     "policy_version": self.inputs.policy_version,
                     "policy_api": manifest.policy_api,
@@ -248,8 +248,18 @@ class _Runner:
     def _converse(self, manifest: Manifest, knobs: dict[str, Any]) -> Any:
         wall_s = min(manifest.limits.wall_time_s, self.inputs.wall_time_s)
         self.meter = meter = LimitMeter(manifest.limits, wall_s=wall_s)
+        if manifest.is_program:
+            if self.multi_step:
+                raise ProtocolViolation(
+                    "protocol violation: program harnesses play single-answer suites for now "
+                    "(multi-step suites need a run(task, ctx) harness)"
+                )
+            return converse_program(self, manifest, knobs)
         self.channel = channel = HarnessChannel(
-            harness_dir=self.inputs.harness_dir, wall_s=wall_s, deadline=meter.deadline
+            harness_dir=self.inputs.harness_dir,
+            wall_s=wall_s,
+            deadline=meter.deadline,
+            harness_env=self.inputs.harness_env,
         )
         try:
             channel.send(

@@ -1,7 +1,8 @@
 """A tiny OpenAI-compatible server with scripted replies, for tests that need exact output.
 
 Replies are chosen by the first rule whose ``contains`` substring occurs in the prompt (or
-the last user message); each request is recorded. ``fail_next`` makes the next N requests
+the last user message); each request is recorded. ``tool_rules`` make a chat request that
+offers tools answer with tool calls instead: ``(contains, [(name, arguments dict), …])``. ``fail_next`` makes the next N requests
 answer HTTP 503, to exercise retries; ``latency_s`` delays every completion (a stand-in for a
 model's generation time). ``stop()`` and ``start()`` take the server down and bring it back on
 the same port, to exercise outages.
@@ -20,6 +21,7 @@ from typing import Any
 @dataclass
 class ScriptedPolicy:
     rules: list[tuple[str, str]] = field(default_factory=list)
+    tool_rules: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = field(default_factory=list)
     default: str = "    pass\n"
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: int = 0
@@ -32,6 +34,12 @@ class ScriptedPolicy:
             if needle in text:
                 return reply
         return self.default
+
+    def tool_calls_for(self, text: str) -> list[tuple[str, dict[str, Any]]] | None:
+        for needle, calls in self.tool_rules:
+            if needle in text:
+                return calls
+        return None
 
     def reply_for_request(self, text: str, model: str | None) -> str:
         """The reply to a request for ``model`` (a subclass may answer per model)."""
@@ -73,13 +81,28 @@ class _Handler(BaseHTTPRequestHandler):
             text = self.policy.reply_for_request(body.get("prompt", ""), body.get("model"))
             choice = {"index": 0, "text": text, "finish_reason": "stop"}
         elif self.path == "/v1/chat/completions":
-            last = (body.get("messages") or [{}])[-1].get("content", "")
-            text = self.policy.reply_for_request(last, body.get("model"))
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": "stop",
-            }
+            last = (body.get("messages") or [{}])[-1].get("content") or ""
+            last = last if isinstance(last, str) else json.dumps(last)
+            calls = self.policy.tool_calls_for(last) if body.get("tools") else None
+            if calls:
+                text = ""
+                tool_calls = [
+                    {
+                        "id": f"call_{len(self.policy.requests)}_{i}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(arguments)},
+                    }
+                    for i, (name, arguments) in enumerate(calls)
+                ]
+                message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+                choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            else:
+                text = self.policy.reply_for_request(last, body.get("model"))
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
         else:
             self._json(404, {"error": "not found"})
             return

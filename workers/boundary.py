@@ -1,0 +1,305 @@
+"""The model boundary: an OpenAI-compatible endpoint the worker serves to one rollout only.
+
+A program harness (harness.toml ``command``) reaches its model here and nowhere else. The
+worker listens on a Unix socket in a directory of its own, bound into that rollout's sandbox
+only; inside, coevo's launcher forwards 127.0.0.1 of the sandbox's private network namespace to
+the socket, and sets ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` for the program. The key is a
+capability made for this rollout: worthless elsewhere, and checked on every request.
+
+What is served: ``GET /v1/models`` and ``POST /v1/completions`` and ``/v1/chat/completions``
+(with tools, tool_choice, response_format, n, stop, seed and ``stream``; a streamed reply is
+the whole reply sent as server-sent events). Whatever model a request names, the rollout's
+policy version answers. Every call goes through ``BoundaryHandler.model_call`` — the rollout's
+runner, which counts it against the manifest's limits and records it — and a refusal is an
+OpenAI-style error body.
+
+Bounds against a hostile client: a size limit on headers and body, a timeout on every read and
+write, a bound on open connections and on calls in flight at once. Nothing here trusts the
+client beyond the bytes it sends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import shutil
+import socket
+import socketserver
+import tempfile
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any, Protocol
+
+from workers import openai_requests
+from workers.openai_requests import error_body
+
+logger = logging.getLogger(__name__)
+
+SOCKET_NAME = "api.sock"
+MAX_BODY_BYTES = 4 * 1024 * 1024
+# A read or write that stalls this long ends the connection (a slow or stuck client).
+IO_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 64
+# Calls of one rollout in flight at once; more wait their turn (the endpoint's own
+# concurrency bound, in the policy client, holds across rollouts).
+MAX_CONCURRENT_CALLS = 8
+
+
+class BoundaryRefusal(Exception):
+    """A request the runner refuses (a limit reached, the policy server down): HTTP ``status``
+    with ``body``, an OpenAI-style error."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(body.get("error", {}).get("message", ""))
+        self.status = status
+        self.body = body
+
+
+class BoundaryHandler(Protocol):
+    model_name: str
+
+    def model_call(self, api: str, body: dict[str, Any], *, dropped: list[str]) -> dict[str, Any]:
+        """Answer one checked request (``api``: ``chat`` or ``completions``) with the policy
+        server's reply, or raise BoundaryRefusal."""
+        ...
+
+    def check_request(self, api: str, body: Any) -> tuple[dict[str, Any], list[str]]:
+        """``openai_requests.check_request`` with the rollout's seed and token budget."""
+        ...
+
+
+class ModelBoundary:
+    """One rollout's endpoint: ``start`` it, bind ``socket_dir`` into the sandbox, ``close``."""
+
+    def __init__(self, *, handler: BoundaryHandler, token: str) -> None:
+        self.handler = handler
+        self.token = token
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="coevo-boundary-"))
+        # The sandbox's uid (a random one for root workers) must reach the socket: the
+        # directory is searchable and the socket writable by all; the token is the lock.
+        os.chmod(self.socket_dir, 0o711)
+        self.socket_path = self.socket_dir / SOCKET_NAME
+        self.calls = threading.BoundedSemaphore(MAX_CONCURRENT_CALLS)
+        self._server = _Server(str(self.socket_path), self)
+        os.chmod(self.socket_path, 0o777)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+        )
+
+    def start(self) -> ModelBoundary:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving and remove the socket; connections still open are cut."""
+        self._server.shutdown()
+        self._server.close_connections()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    def __enter__(self) -> ModelBoundary:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def authorized(self, headers: Any) -> bool:
+        given = ""
+        authorization = headers.get("Authorization") or ""
+        if authorization.lower().startswith("bearer "):
+            given = authorization[7:].strip()
+        given = given or headers.get("x-api-key") or headers.get("api-key") or ""
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, path: str, boundary: ModelBoundary) -> None:
+        self.boundary = boundary
+        self.open: set[socket.socket] = set()
+        self.open_lock = threading.Lock()
+        super().__init__(path, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.open_lock:
+            full = len(self.open) >= MAX_CONNECTIONS
+            if not full:
+                self.open.add(request)
+        if full:
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.open_lock:
+            self.open.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        with self.open_lock:
+            sockets = list(self.open)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "coevo-boundary"
+    sys_version = ""
+    timeout = IO_TIMEOUT_S
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # the trace records calls
+        return
+
+    def address_string(self) -> str:
+        return "sandbox"
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            return
+        if self.path.split("?")[0].rstrip("/") in ("/v1/models", "/models"):
+            self._json(200, openai_requests.models_list(self.server.boundary.handler.model_name))
+        else:
+            self._not_found()
+
+    def do_POST(self) -> None:
+        path = self.path.split("?")[0].rstrip("/")
+        api = {
+            "/v1/chat/completions": "chat",
+            "/chat/completions": "chat",
+            "/v1/completions": "completions",
+            "/completions": "completions",
+        }.get(path)
+        if not self._authorized():
+            return
+        if api is None:
+            self._drain_body()
+            self._not_found()
+            return
+        body = self._read_json()
+        if body is None:
+            return
+        handler = self.server.boundary.handler
+        try:
+            clean, dropped = handler.check_request(api, body)
+        except openai_requests.BadRequest as exc:
+            self._json(400, error_body(str(exc), param=exc.param))
+            return
+        stream, include_usage = openai_requests.wants_stream(body)
+        try:
+            with self.server.boundary.calls:
+                reply = handler.model_call(api, clean, dropped=dropped)
+        except BoundaryRefusal as exc:
+            self._json(exc.status, exc.body)
+            return
+        if stream:
+            self._stream(openai_requests.stream_events(api, reply, include_usage=include_usage))
+        else:
+            self._json(200, reply)
+
+    def do_PUT(self) -> None:
+        self._method_not_allowed()
+
+    do_DELETE = do_PATCH = do_PUT
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _authorized(self) -> bool:
+        if self.server.boundary.authorized(self.headers):
+            return True
+        self._drain_body()
+        self._json(
+            401,
+            error_body(
+                "Incorrect API key provided: use the OPENAI_API_KEY coevo set for this run.",
+                code="invalid_api_key",
+            ),
+        )
+        return False
+
+    def _read_json(self) -> Any:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            self._json(411, error_body("Send the body with a Content-Length, not chunked."))
+            self.close_connection = True
+            return None
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self._json(411, error_body("A Content-Length header is required."))
+            self.close_connection = True
+            return None
+        if length < 0 or length > MAX_BODY_BYTES:
+            self._json(413, error_body(f"The request body is larger than {MAX_BODY_BYTES} bytes."))
+            self.close_connection = True
+            return None
+        try:
+            raw = self.rfile.read(length)
+        except OSError:
+            self.close_connection = True
+            return None
+        if len(raw) < length:
+            self.close_connection = True
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            self._json(400, error_body("The request body is not valid JSON."))
+            return None
+
+    def _drain_body(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        if 0 < length <= MAX_BODY_BYTES:
+            with contextlib.suppress(OSError):
+                self.rfile.read(length)
+        elif length:
+            self.close_connection = True
+
+    def _not_found(self) -> None:
+        self._json(
+            404,
+            error_body(
+                f"{self.command} {self.path.split('?')[0]} is not served here: the boundary "
+                "serves /v1/models, /v1/completions and /v1/chat/completions.",
+                code="unknown_url",
+            ),
+        )
+
+    def _method_not_allowed(self) -> None:
+        self._drain_body()
+        self._json(405, error_body(f"{self.command} is not allowed here."))
+
+    def _json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        with contextlib.suppress(OSError):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    def _stream(self, events: Iterator[bytes]) -> None:
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for event in events:
+                self.wfile.write(event)
+            self.wfile.flush()
+        except OSError:
+            pass
+        self.close_connection = True

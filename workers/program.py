@@ -1,0 +1,382 @@
+"""A program harness's rollout: its command in the sandbox, its model calls at the boundary.
+
+The same sandbox, limits and outcomes as a ``run(task, ctx)`` harness (workers/rollout.py
+owns the rollout; this is its conversation with a program). The program learns its task and
+knobs from files and environment variables, reaches the model only through the rollout's
+``ModelBoundary`` (workers/boundary.py), and leaves its answer, as JSON, in
+``$COEVO_ANSWER_FILE`` before it exits with status 0. docs/harnesses.md is the contract.
+
+Model calls arrive on the boundary's threads, concurrently. Each is counted against the
+manifest's limits under one lock (a slot is taken before the policy is asked, so parallel
+calls cannot overrun ``max_model_calls``), recorded with its whole request and reply, and
+placed in the rollout's call tree: a call whose conversation extends an earlier call's
+(request and reply) is its child; one that repeats an earlier request, or shares only the
+start of it, branches off beside it. A call refused for a limit, or one the policy server
+cannot answer, ends the rollout (the program is stopped); what the rollout ends as is decided
+here, on the worker, never by the program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from coevo.errors import PolicyRequestRejected, PolicyUnavailable
+from harness_store.manifest import Manifest
+from workers import openai_requests
+from workers.boundary import BoundaryRefusal, ModelBoundary
+from workers.channel import HarnessChannel
+from workers.openai_requests import error_body
+from workers.outcomes import (
+    HarnessExited,
+    HarnessFault,
+    LimitExceeded,
+    ProtocolViolation,
+)
+from workers.steps import Step
+
+if TYPE_CHECKING:
+    from workers.rollout import _Runner
+
+BOUNDARY_DIR = "/run/coevo"
+# How often the rollout's thread records the calls the boundary's threads made.
+_POLL_S = 0.2
+
+
+def converse_program(runner: _Runner, manifest: Manifest, knobs: dict[str, Any]) -> Any:
+    """Run the program to its end and return its answer; raises the fault that ends it."""
+    return _ProgramRollout(runner, manifest, knobs).run()
+
+
+@dataclass
+class _CallTree:
+    """Where each call sits among the rollout's earlier ones (see the module docstring)."""
+
+    # Hash of (request messages + reply) → call index: a call extending that conversation.
+    replies: dict[str, int] = field(default_factory=dict)
+    # Hash of a request's messages (or of each of its prefixes) → the first call that sent it.
+    requests: dict[str, int] = field(default_factory=dict)
+    # Completions: (prompt + completion) per call, for prefix matching.
+    texts: list[tuple[str, int]] = field(default_factory=list)
+    sessions: dict[int, int] = field(default_factory=dict)
+
+    def place(self, index: int, api: str, request: dict[str, Any], reply: dict[str, Any]) -> dict:
+        parent, relation = None, "starts"
+        if api == "chat":
+            prefixes = _prefix_hashes(request.get("messages") or [])
+            full = prefixes[-1]
+            for depth in range(len(prefixes) - 1, -1, -1):
+                if prefixes[depth] in self.replies:
+                    parent, relation = self.replies[prefixes[depth]], "continues"
+                    break
+            if parent is None:
+                for depth in range(len(prefixes) - 1, -1, -1):
+                    if prefixes[depth] in self.requests:
+                        earlier = self.requests[prefixes[depth]]
+                        parent, relation = (
+                            earlier,
+                            "repeats" if depth == len(prefixes) - 1 else "branches",
+                        )
+                        break
+            for digest in prefixes:
+                self.requests.setdefault(digest, index)
+            answer = _reply_message(reply)
+            if answer is not None:
+                self.replies[_extend(full, answer)] = index
+        else:
+            prompt = request.get("prompt") or ""
+            longest = -1
+            for text, earlier in self.texts:
+                if len(text) > longest and prompt.startswith(text):
+                    parent, relation, longest = earlier, "continues", len(text)
+            completion = _first_text(reply)
+            self.texts.append((prompt + completion, index))
+        session = self.sessions.get(parent, index) if parent is not None else index
+        self.sessions[index] = session
+        return {"call": index, "session": session, "parent": parent, "relation": relation}
+
+
+class _ProgramRollout:
+    def __init__(self, runner: _Runner, manifest: Manifest, knobs: dict[str, Any]) -> None:
+        self.runner = runner
+        self.manifest = manifest
+        self.knobs = knobs
+        self.model_name = runner.inputs.policy_version or "policy"
+        self.lock = threading.Lock()
+        self.pending: list[Step] = []
+        self.fault: HarnessFault | PolicyUnavailable | None = None
+        self.calls = 0
+        self.tree = _CallTree()
+        self.channel: HarnessChannel | None = None
+
+    # --- the rollout's own thread -----------------------------------------------------------
+
+    def run(self) -> Any:
+        runner = self.runner
+        assert runner.meter is not None
+        boundary = ModelBoundary(handler=self, token=secrets.token_urlsafe(32))
+        try:
+            boundary.start()
+            self.channel = runner.channel = HarnessChannel(
+                harness_dir=runner.inputs.harness_dir,
+                wall_s=runner.meter.wall_s,
+                deadline=runner.meter.deadline,
+                program=True,
+                ro_binds={boundary.socket_dir: BOUNDARY_DIR},
+            )
+            self.channel.send(
+                {
+                    "type": "start",
+                    "command": list(self.manifest.command),
+                    "task": runner.inputs.task_view,
+                    "knobs": self.knobs,
+                    "seed": runner.inputs.seed,
+                    "token": boundary.token,
+                    "socket": f"{BOUNDARY_DIR}/{boundary.socket_path.name}",
+                }
+            )
+            ended = self._wait_for_the_end()
+            return self._answer(ended)
+        finally:
+            if self.channel is not None:
+                self.channel.close()
+            boundary.close()
+            self._drain()
+
+    def _wait_for_the_end(self) -> dict[str, Any]:
+        assert self.channel is not None
+        while True:
+            self._drain()
+            try:
+                message = self.channel.receive(poll_s=_POLL_S)
+            except HarnessFault:
+                self._raise_fault()  # the boundary stopped it (a limit, an outage)
+                raise
+            if message is None:
+                continue
+            kind = message.get("type")
+            if kind == "ready":
+                continue
+            if kind == "program_ended":
+                self._drain()
+                self._raise_fault()
+                return message
+            raise ProtocolViolation(f"protocol violation: unexpected message {kind!r}")
+
+    def _answer(self, ended: dict[str, Any]) -> Any:
+        command = self.manifest.command
+        if not ended.get("started"):
+            raise HarnessExited(
+                f"the harness's command {list(command)!r} could not start: "
+                f"{str(ended.get('error'))[:300]}"
+            )
+        code = ended.get("exit_code")
+        tail = str(ended.get("stdout_tail") or "")
+        self.runner.record(Step("program_output", {"exit_code": code, "stdout": tail}))
+        if code != 0:
+            how = (
+                f"was killed by signal {-code}"
+                if isinstance(code, int) and code < 0
+                else f"exited with code {code}"
+            )
+            raise HarnessExited(f"the program {how}")
+        answer = ended.get("answer") or {}
+        if not answer.get("written"):
+            raise ProtocolViolation(
+                "the program exited without writing its answer to $COEVO_ANSWER_FILE (write "
+                'the answer there as JSON, e.g. 42 or "yes", before exiting)'
+            )
+        if answer.get("too_large"):
+            raise LimitExceeded(
+                f"limit exceeded: the answer file holds {answer.get('size')} bytes (at most 1 MiB)"
+            )
+        text = str(answer.get("text") or "")
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            raise ProtocolViolation(
+                f"the answer in $COEVO_ANSWER_FILE is not JSON ({text[:80]!r}); write a JSON "
+                'value, e.g. "yes" with its quotes for a string'
+            ) from None
+
+    def _drain(self) -> None:
+        with self.lock:
+            steps, self.pending = self.pending, []
+        for step in steps:
+            self.runner.record(step)
+
+    def _raise_fault(self) -> None:
+        with self.lock:
+            fault = self.fault
+        if fault is not None:
+            raise fault
+
+    def _fail(self, fault: HarnessFault | PolicyUnavailable) -> None:
+        """Called under the lock: the rollout ends with ``fault``; stop the program."""
+        if self.fault is None:
+            self.fault = fault
+            if self.channel is not None:
+                threading.Thread(target=self.channel.kill, daemon=True).start()
+
+    # --- the boundary's threads (BoundaryHandler) ---------------------------------------------
+
+    def check_request(self, api: str, body: Any) -> tuple[dict[str, Any], list[str]]:
+        meter = self.runner.meter
+        assert meter is not None
+        with self.lock:
+            seed = self.runner.inputs.seed + self.calls
+            left = meter.limits.max_tokens - meter.tokens
+        return openai_requests.check_request(api, body, seed=seed, max_tokens_left=left)
+
+    def model_call(self, api: str, body: dict[str, Any], *, dropped: list[str]) -> dict[str, Any]:
+        runner = self.runner
+        meter = runner.meter
+        assert meter is not None
+        n = int(body.get("n") or 1)
+        with self.lock:
+            if self.fault is not None:
+                raise BoundaryRefusal(409, error_body("This rollout has ended.", code="ended"))
+            try:
+                for _ in range(n):  # a slot per sample, taken before the policy is asked
+                    meter.before_model_call()
+                    meter.count_model_call(tokens=0)
+            except LimitExceeded as exc:
+                self._fail(exc)
+                raise BoundaryRefusal(429, _limit_body(exc)) from None
+            index = self.calls
+            self.calls += 1
+        try:
+            completion = runner.policy.forward(api, body)
+        except PolicyUnavailable as exc:
+            with self.lock:
+                self._fail(exc)
+            raise BoundaryRefusal(
+                503, error_body(f"The policy server cannot answer: {exc}", type="server_error")
+            ) from None
+        except PolicyRequestRejected as exc:
+            # The request's own fault (a prompt past the context window, say): the program
+            # gets the refusal and may recover, as it would from the OpenAI API.
+            with self.lock:
+                self.pending.append(
+                    Step(
+                        "model_call",
+                        {
+                            **self._payload(api, body, dropped),
+                            "call": index,
+                            "rejected": str(exc)[:2000],
+                        },
+                    )
+                )
+            status = exc.status if isinstance(exc.status, int) and 400 <= exc.status < 500 else 400
+            raise BoundaryRefusal(status, error_body(str(exc)[:2000])) from None
+        reply = dict(completion.raw)
+        reply["model"] = self.model_name
+        tokens = completion.prompt_tokens + completion.completion_tokens
+        with self.lock:
+            meter.tokens += tokens
+            runner.result.model_calls += n
+            runner.result.prompt_tokens += completion.prompt_tokens
+            runner.result.completion_tokens += completion.completion_tokens
+            place = self.tree.place(index, api, body, reply)
+            self.pending.append(
+                Step(
+                    "model_call",
+                    {
+                        **self._payload(api, body, dropped),
+                        **place,
+                        "model": completion.model,
+                        "endpoint": completion.endpoint,
+                        "completion": completion.text,
+                        "finish_reason": completion.finish_reason,
+                        "tool_calls": openai_requests.tool_calls_of(api, reply),
+                        "choices": reply.get("choices"),
+                        "usage": reply.get("usage"),
+                    },
+                    prompt_tokens=completion.prompt_tokens,
+                    completion_tokens=completion.completion_tokens,
+                    latency_ms=completion.latency_ms,
+                )
+            )
+            try:
+                meter.check_tokens()
+            except LimitExceeded as exc:
+                self._fail(exc)
+                raise BoundaryRefusal(429, _limit_body(exc)) from None
+        return reply
+
+    def _payload(self, api: str, body: dict[str, Any], dropped: list[str]) -> dict[str, Any]:
+        content_keys = (
+            ("messages", "tools", "tool_choice", "response_format")
+            if api == "chat"
+            else ("prompt",)
+        )
+        payload: dict[str, Any] = {
+            "api": api,
+            "via": "boundary",
+            "policy_version": self.runner.inputs.policy_version,
+            **{key: body[key] for key in content_keys if key in body},
+            "sampling": {k: v for k, v in body.items() if k not in content_keys},
+            "n": int(body.get("n") or 1),
+        }
+        if dropped:
+            payload["dropped"] = dropped
+        return payload
+
+
+def _limit_body(exc: LimitExceeded) -> dict[str, Any]:
+    return error_body(str(exc), type="coevo_limit", code="limit_exceeded")
+
+
+def _canonical(message: Any) -> str:
+    """A message as sent back by clients that re-serialise it (the openai SDK adds nulls and
+    empty lists): role, content, tool calls (id, name, arguments), tool_call_id, name."""
+    if not isinstance(message, dict):
+        return json.dumps(message, sort_keys=True, default=str)
+    calls = []
+    for call in message.get("tool_calls") or []:
+        if isinstance(call, dict):
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            calls.append([call.get("id"), function.get("name"), function.get("arguments")])
+    content = message.get("content")
+    return json.dumps(
+        [
+            message.get("role"),
+            content or "",
+            calls,
+            message.get("tool_call_id"),
+            message.get("name"),
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
+def _prefix_hashes(messages: list[Any]) -> list[str]:
+    """Hash of messages[:1], messages[:2], … (each from the one before: linear in the size)."""
+    digests, running = [], ""
+    for message in messages:
+        running = _extend(running, message)
+        digests.append(running)
+    return digests or [""]
+
+
+def _extend(running: str, message: Any) -> str:
+    return hashlib.sha256((running + _canonical(message)).encode()).hexdigest()
+
+
+def _reply_message(reply: dict[str, Any]) -> dict[str, Any] | None:
+    choices = reply.get("choices") or []
+    if choices and isinstance(choices[0], dict) and isinstance(choices[0].get("message"), dict):
+        return choices[0]["message"]
+    return None
+
+
+def _first_text(reply: dict[str, Any]) -> str:
+    choices = reply.get("choices") or []
+    if choices and isinstance(choices[0], dict):
+        return str(choices[0].get("text") or "")
+    return ""
