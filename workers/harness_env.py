@@ -64,6 +64,7 @@ from uv import find_uv_bin
 
 from coevo.errors import InvalidManifest
 from harness_store.manifest import LOCK_NAME, load_manifest
+from workers import sandbox
 from workers.outcomes import DependencyBuildFailed
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,9 @@ class HarnessEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        self.close()  # a holder that never closed it (an exception before its with) lets go
 
 
 # --- what the harness declares -------------------------------------------------------------
@@ -761,10 +765,13 @@ def harness_env_binds(harness_env: Path | None) -> dict[Path, str]:
     return {} if harness_env is None else {Path(harness_env).resolve(): ENV_MOUNT}
 
 
-def harness_env_vars(harness_env: Path | None, *, pythonpath: str, path: str) -> dict[str, str]:
-    """PYTHONPATH and PATH for the sandbox: ``pythonpath`` (the coevo runtime) first, so a
-    package of the environment cannot stand in for it, then the environment; the environment's
-    scripts first on ``path``."""
+def harness_env_vars(harness_env: Path | None, *, pythonpath: str) -> dict[str, str]:
+    """PYTHONPATH (and PATH) for the sandbox: ``pythonpath`` (the coevo runtime) first, so
+    that no package of the environment can stand in for it, then the environment; the
+    environment's scripts first on the sandbox's PATH."""
     if harness_env is None:
-        return {"PYTHONPATH": pythonpath, "PATH": path}
-    return {"PYTHONPATH": f"{pythonpath}:{ENV_MOUNT}", "PATH": f"{ENV_MOUNT}/bin:{path}"}
+        return {"PYTHONPATH": pythonpath}
+    return {
+        "PYTHONPATH": f"{pythonpath}:{ENV_MOUNT}",
+        "PATH": f"{ENV_MOUNT}/bin:{sandbox.SANDBOX_PATH}",
+    }

@@ -17,6 +17,7 @@ from coevo.errors import InvalidManifest, SandboxUnavailable
 from harness_store.manifest import load_manifest
 from workers import sandbox
 from workers.channel import RUNTIME_DIR
+from workers.harness_env import harness_env_binds, harness_env_vars
 
 IMPORT_TIMEOUT_S = 30
 _RESULT_PREFIX = "COEVO-IMPORT-CHECK "
@@ -54,8 +55,11 @@ class ImportCheck:
     traceback: str = ""
 
 
-def import_check(*, harness_dir: Path, timeout_s: float = IMPORT_TIMEOUT_S) -> ImportCheck:
-    """Import the manifest's entrypoint from ``harness_dir`` in the sandbox.
+def import_check(
+    *, harness_dir: Path, timeout_s: float = IMPORT_TIMEOUT_S, harness_env: Path | None = None
+) -> ImportCheck:
+    """Import the manifest's entrypoint from ``harness_dir`` in the sandbox, with the harness's
+    built dependencies (``harness_env``, workers/harness_env.py) mounted as a rollout has them.
 
     Raises SandboxUnavailable when the sandbox cannot run (an infrastructure problem, never
     the candidate's fault).
@@ -67,8 +71,12 @@ def import_check(*, harness_dir: Path, timeout_s: float = IMPORT_TIMEOUT_S) -> I
     run = sandbox.run(
         [sandbox.python_executable(), "-s", "-c", _CHECK, manifest.entrypoint],
         timeout_s=timeout_s,
-        ro_binds={RUNTIME_DIR: "/opt/coevo", harness_dir.resolve(): "/harness"},
-        env={"PYTHONPATH": "/opt/coevo"},
+        ro_binds={
+            RUNTIME_DIR: "/opt/coevo",
+            harness_dir.resolve(): "/harness",
+            **harness_env_binds(harness_env),
+        },
+        env=harness_env_vars(harness_env, pythonpath="/opt/coevo"),
         cwd="/harness",
         limits=sandbox.SandboxLimits(cpu_s=int(timeout_s) + 5),
         max_output_bytes=256 * 1024,

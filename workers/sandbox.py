@@ -75,6 +75,10 @@ _DROP_PRIVILEGES = (
 # fork bomb, say) slows its neighbours but cannot starve the worker's timers and heartbeats.
 SANDBOX_NICE = 10
 
+# PATH inside the sandbox unless the caller sets one (workers/harness_env.py puts a harness's
+# own scripts first).
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
 
 @dataclass(frozen=True)
 class SandboxLimits:
@@ -214,7 +218,7 @@ def spawn(
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "PATH": SANDBOX_PATH,
     }
     full_env = {**base_env, **(env or {})}
     binds = dict(ro_binds or {})
@@ -223,7 +227,10 @@ def spawn(
     if mode == "unsandboxed":
         # Without bwrap the bind targets do not exist: point the environment at the sources.
         remap = {target: str(source) for source, target in binds.items()}
-        full_env = {k: _remap(v, remap) for k, v in full_env.items()}
+        # A value may list several paths (PATH, PYTHONPATH): each is remapped.
+        full_env = {
+            k: ":".join(_remap(part, remap) for part in v.split(":")) for k, v in full_env.items()
+        }
         cwd = _remap(cwd, remap)
         argv = [_remap(a, remap) for a in argv]
     elif os.geteuid() == 0:

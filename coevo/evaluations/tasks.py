@@ -22,8 +22,9 @@ from coevo.evaluations.services.evaluations import ROLLOUT_RUN_TASK, ROLLOUTS_WA
 
 logger = logging.getLogger(__name__)
 
-# Soft limit above the longest rollout wall time; the hard limit about 1.2x the soft one.
-_SOFT_LIMIT_S = settings.COEVO_ROLLOUT_WALL_S + 120
+# Soft limit above the longest rollout wall time and the build of its declared dependencies
+# (which precedes the wall time); the hard limit about 1.2x the soft one.
+_SOFT_LIMIT_S = settings.COEVO_ROLLOUT_WALL_S + settings.COEVO_HARNESS_ENV_BUILD_TIMEOUT_S + 120
 _HARD_LIMIT_S = int(_SOFT_LIMIT_S * 1.2)
 
 

@@ -25,8 +25,14 @@ from pathlib import Path
 import pytest
 from uv import find_uv_bin
 
+from coevo.campaigns.import_checks import candidate_import_check
+from coevo.evaluations.models import Rollout, TraceStep
+from coevo.evaluations.services import evaluation_create, rollout_execute
+from coevo.suites.models import Split
+from harness_store.services import candidate_import_directory
 from workers import harness_env as harness_env_module
 from workers import sandbox
+from workers.environments.base import Verdict
 from workers.harness_env import (
     ENV_MOUNT,
     HarnessEnv,
@@ -39,7 +45,8 @@ from workers.harness_env import (
     harness_requirements,
     parse_pins,
 )
-from workers.outcomes import DependencyBuildFailed, ErrorKind
+from workers.outcomes import DependencyBuildFailed, ErrorKind, Outcome
+from workers.rollout import RolloutInputs, execute_rollout
 
 CLOSED_INDEX = "http://127.0.0.1:9/simple"
 
@@ -152,7 +159,7 @@ def harness(
 def in_sandbox(env: HarnessEnv, code: str) -> sandbox.SandboxRun:
     """``code`` run by the worker's Python in the sandbox, with the environment mounted as a
     rollout mounts it."""
-    variables = harness_env_vars(env.path, pythonpath="/opt/coevo", path="/usr/bin:/bin")
+    variables = harness_env_vars(env.path, pythonpath="/opt/coevo")
     return sandbox.run(
         [sandbox.python_executable(), "-s", "-c", textwrap.dedent(code)],
         timeout_s=30,
@@ -243,10 +250,7 @@ def test_a_harness_without_declared_dependencies_gets_no_environment(tmp_path, s
     with harness_env_prepare(harness_dir=directory) as env:
         assert env.path is None and not env.built
     assert harness_env_binds(None) == {}
-    assert harness_env_vars(None, pythonpath="/opt/coevo", path="/bin") == {
-        "PYTHONPATH": "/opt/coevo",
-        "PATH": "/bin",
-    }
+    assert harness_env_vars(None, pythonpath="/opt/coevo") == {"PYTHONPATH": "/opt/coevo"}
 
 
 def test_a_manifest_that_does_not_load_is_left_to_the_rollout_to_report(tmp_path):
@@ -564,3 +568,119 @@ def test_an_environment_larger_than_the_whole_bound_does_not_build(tmp_path, set
     assert "more than the 0.1 MiB this worker keeps" in message
     assert "COEVO_HARNESS_ENV_MAX_BYTES" in message
     assert envs(settings) == []
+
+
+# --- in a rollout, in the import stage, unsandboxed -----------------------------------------
+
+ANSWER_FROM_THE_PACKAGE = """
+import tinyalpha
+
+def run(task, ctx):
+    return tinyalpha.VALUE
+"""
+
+
+def run_rollout(directory: Path, env: HarnessEnv):
+    inputs = RolloutInputs(
+        harness_dir=directory,
+        task_key="t/1",
+        task_view={},
+        knob_overrides={},
+        seed=0,
+        wall_time_s=20,
+        harness_env=env.path,
+    )
+    return execute_rollout(
+        inputs,
+        policy=None,  # the harness asks no model
+        verify=lambda answer: Verdict(answer == "alpha+beta", float(answer == "alpha+beta"), ""),
+    )
+
+
+def test_a_rollout_runs_the_harness_with_its_declared_packages(tmp_path):
+    directory = harness(tmp_path, PINNED, agent=ANSWER_FROM_THE_PACKAGE)
+    with harness_env_prepare(harness_dir=directory) as env:
+        result = run_rollout(directory, env)
+    assert result.outcome == Outcome.PASSED, result.detail
+    # Without its environment the same harness cannot import the package.
+    without = run_rollout(directory, HarnessEnv())
+    assert without.outcome == Outcome.HARNESS_ERROR
+    assert "No module named 'tinyalpha'" in without.detail
+
+
+def test_an_unsandboxed_rollout_finds_the_environment_too(tmp_path, settings, monkeypatch):
+    monkeypatch.setattr("workers.sandbox.shutil.which", lambda name: None)
+    settings.COEVO_ALLOW_UNSANDBOXED = True
+    directory = harness(tmp_path, PINNED, agent=ANSWER_FROM_THE_PACKAGE)
+    with harness_env_prepare(harness_dir=directory) as env:
+        result = run_rollout(directory, env)
+    assert result.outcome == Outcome.PASSED, result.detail
+
+
+def stored_candidate(project, tmp_path: Path, requirements: str, *, name: str):
+    directory = harness(tmp_path, requirements, name=name, agent=ANSWER_FROM_THE_PACKAGE)
+    candidate, _ = candidate_import_directory(
+        project=project, directory=directory, message=name, author_name="T"
+    )
+    return candidate
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_build_that_fails_ends_the_rollout_as_a_harness_error_of_kind_dependencies(
+    empty_queue, tmp_path, project, humaneval_suite, policy_version
+):
+    candidate = stored_candidate(project, tmp_path, "nosuchpackage==1.0\n", name="missing")
+    evaluation = evaluation_create(
+        candidate=candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=1,
+    )
+    rollout = Rollout.objects.get(evaluation=evaluation)
+
+    done = rollout_execute(rollout_id=rollout.id, worker="test")
+
+    assert done.outcome == Outcome.HARNESS_ERROR and done.score == 0.0
+    assert done.error_kind == ErrorKind.DEPENDENCIES
+    assert done.detail.startswith("declared dependencies (requirements.txt) did not build: error:")
+    assert "nosuchpackage was not found in the provided package locations" in done.detail
+    steps = list(TraceStep.objects.filter(rollout=done).values_list("kind", "payload"))
+    assert steps == [("error", {"outcome": "harness_error", "message": done.detail})]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rollout_of_a_stored_candidate_imports_its_declared_packages(
+    empty_queue, tmp_path, project, humaneval_suite, policy_version, settings
+):
+    candidate = stored_candidate(project, tmp_path, PINNED, name="pinned")
+    evaluation = evaluation_create(
+        candidate=candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=1,
+    )
+    rollout = Rollout.objects.get(evaluation=evaluation)
+
+    done = rollout_execute(rollout_id=rollout.id, worker="test")
+
+    # HumanEval fails the answer, but the harness ran and answered with the package's value.
+    assert done.outcome == Outcome.TASK_FAILURE, done.detail
+    assert done.answer == "alpha+beta"
+    assert len(envs(settings)) == 1
+
+
+@pytest.mark.django_db
+def test_the_import_stage_builds_the_dependencies_and_imports_with_them(
+    tmp_path, project, settings
+):
+    check = candidate_import_check(candidate=stored_candidate(project, tmp_path, PINNED, name="a"))
+    assert check.ok, check
+    assert len(envs(settings)) == 1  # built here: the first rollout finds it cached
+
+    missing = stored_candidate(project, tmp_path, "tinyalpha==9.9\ntinybeta==2.0\n", name="b")
+    check = candidate_import_check(candidate=missing)
+    assert not check.ok
+    assert check.reason.startswith("declared dependencies (requirements.txt) did not build")
+    assert "tinyalpha==9.9" in check.reason

@@ -35,7 +35,8 @@ from coevo.logs import log_bind, log_context, rollout_log_ids
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
 from harness_store.selectors import candidate_export
 from workers import metrics
-from workers.outcomes import SCORED_OUTCOMES, ErrorKind
+from workers.harness_env import harness_env_prepare
+from workers.outcomes import SCORED_OUTCOMES, DependencyBuildFailed, ErrorKind
 
 logger = logging.getLogger(__name__)
 
@@ -313,6 +314,12 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
         harness_dir = Path(tmp) / "harness"
         harness_dir.mkdir()
         candidate_export(candidate=evaluation.candidate, destination=harness_dir)
+        # Declared dependencies are built (or found cached) before the harness's wall time
+        # starts, and held until its sandbox is gone.
+        try:
+            harness_env = harness_env_prepare(harness_dir=harness_dir)
+        except DependencyBuildFailed as exc:
+            return _rollout_dependencies_failed(exc, on_step=on_step)
         inputs = RolloutInputs(
             harness_dir=harness_dir,
             task_key=rollout.task.key,
@@ -321,9 +328,21 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
             seed=rollout.seed,
             wall_time_s=settings.COEVO_ROLLOUT_WALL_S,
             policy_version=str(evaluation.policy_version),
+            harness_env=harness_env.path,
         )
         environment = TaskEnvironment(
             adapter=adapter, inputs=rollout.task.inputs, verifier=rollout.task.verifier
         )
-        with policy_client_for(version=evaluation.policy_version) as policy:
+        with harness_env, policy_client_for(version=evaluation.policy_version) as policy:
             return execute_rollout(inputs, policy=policy, environment=environment, on_step=on_step)
+
+
+def _rollout_dependencies_failed(exc: DependencyBuildFailed, *, on_step: Any) -> Any:
+    """The harness's declared dependencies did not build: a harness_error, in the trace too."""
+    from workers.rollout import RolloutResult, Step
+
+    detail = str(exc)
+    on_step(Step("error", {"outcome": Outcome.HARNESS_ERROR, "message": detail}))
+    return RolloutResult(
+        outcome=Outcome.HARNESS_ERROR, score=0.0, detail=detail, error_kind=exc.error_kind
+    )
