@@ -1,0 +1,104 @@
+"""Program harnesses evaluated end to end: the shipped examples imported as candidates, the
+shipped suite, a real Celery worker over the real broker, the model behind the boundary (the
+scripted server, for exact tool calls). The OpenAI-SDK agent's declared dependencies are built
+with uv from a local wheel directory (scripts/test downloads it; no index is asked)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.services import evaluation_create
+from coevo.suites.jsonl import scorer_spec_build
+from coevo.suites.models import Split
+from coevo.suites.services import suite_import_jsonl
+from harness_store.services import candidate_import_directory
+from tests.conftest import wait_until_final
+from tests.examples.test_tool_agents import scripted_model
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+WHEELHOUSE = Path(os.environ.get("COEVO_TEST_WHEELHOUSE") or Path.cwd() / "var" / "wheelhouse")
+
+
+@pytest.fixture
+def suite(project):
+    data = (EXAMPLES / "suites/tool-arithmetic.jsonl").read_bytes()
+    scorer = scorer_spec_build(kind="numeric", abs_tol=1e-6, rel_tol=1e-9)
+    suite, _ = suite_import_jsonl(project=project, name="tool-arithmetic", data=data, scorer=scorer)
+    return suite
+
+
+@pytest.fixture
+def model(scripted_policy):
+    scripted = scripted_model()
+    scripted_policy.rules[:] = scripted.rules
+    scripted_policy.tool_rules[:] = scripted.tool_rules
+    scripted_policy.default = scripted.default
+    return scripted_policy
+
+
+def import_example(project, name: str):
+    candidate, _ = candidate_import_directory(
+        project=project, directory=EXAMPLES / name, message=f"{name} example", author_name="t"
+    )
+    return candidate
+
+
+def evaluate(candidate, suite, policy_version):
+    evaluation = evaluation_create(
+        candidate=candidate,
+        suite=suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=3,
+        use_cache=False,
+    )
+    return wait_until_final(evaluation, timeout_s=240)
+
+
+def check(evaluation) -> None:
+    assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
+    rollouts = {
+        r.task.key: r for r in Rollout.objects.filter(evaluation=evaluation).select_related("task")
+    }
+    assert set(rollouts) == {"t01", "t02", "t03"}
+    outcomes = {key: r.outcome for key, r in rollouts.items()}
+    assert outcomes["t01"] == Outcome.PASSED, rollouts["t01"].detail
+    assert outcomes["t03"] == Outcome.TASK_FAILURE, rollouts["t03"].detail  # no tool called
+    calls = [
+        s.payload
+        for s in TraceStep.objects.filter(rollout=rollouts["t01"], kind="model_call").order_by(
+            "index"
+        )
+    ]
+    assert [c["tool_calls"][0]["name"] if c["tool_calls"] else None for c in calls] == [
+        "calculate",
+        None,
+    ]
+    assert (calls[1]["session"], calls[1]["parent"], calls[1]["relation"]) == (0, 0, "continues")
+    kinds = set(TraceStep.objects.filter(rollout=rollouts["t01"]).values_list("kind", flat=True))
+    assert {"start", "model_call", "program_output", "answer", "verdict"} <= kinds
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+def test_a_node_program_is_evaluated_on_a_real_worker(
+    celery_worker_thread, project, suite, policy_version, model
+):
+    check(evaluate(import_example(project, "node-agent"), suite, policy_version))
+
+
+def test_the_openai_sdk_agent_with_its_declared_dependencies_on_a_real_worker(
+    celery_worker_thread, project, suite, policy_version, model, settings, tmp_path
+):
+    assert (WHEELHOUSE / ".requirements-sha256").exists(), (
+        f"no wheel directory at {WHEELHOUSE}: scripts/test downloads the example agents' wheels"
+    )
+    settings.COEVO_HARNESS_FIND_LINKS = str(WHEELHOUSE)
+    settings.COEVO_HARNESS_ENV_DIR = tmp_path / "envs"
+    evaluation = evaluate(import_example(project, "openai-agent"), suite, policy_version)
+    check(evaluation)
+    assert any((tmp_path / "envs").rglob("openai/__init__.py"))  # its own openai, built by uv
