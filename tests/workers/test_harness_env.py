@@ -1,4 +1,4 @@
-"""Declared dependencies (workers/harness_env.py): real uv, real sandbox, wheels written here.
+"""Declared dependencies (workers/harness_env.py and beside it): real uv, real sandbox, wheels written here.
 
 Every build installs from a local wheel directory (COEVO_HARNESS_FIND_LINKS, so --no-index):
 no test reaches a package index. The index URL is set to a closed local port besides, so a
@@ -30,21 +30,19 @@ from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.services import evaluation_create, rollout_execute
 from coevo.suites.models import Split
 from harness_store.services import candidate_import_directory
-from workers import harness_env as harness_env_module
-from workers import sandbox
+from workers import harness_env_build, sandbox
+from workers import harness_requirements as requirements_module
 from workers.environments.base import Verdict
 from workers.harness_env import (
     ENV_MOUNT,
     HarnessEnv,
     harness_env_binds,
     harness_env_ensure,
-    harness_env_key,
     harness_env_prepare,
     harness_env_vars,
     harness_envs_prune,
-    harness_requirements,
-    parse_pins,
 )
+from workers.harness_requirements import harness_env_key, harness_requirements, parse_pins
 from workers.outcomes import DependencyBuildFailed, ErrorKind, Outcome
 from workers.rollout import RolloutInputs, execute_rollout
 
@@ -349,7 +347,7 @@ def test_anything_but_a_pin_is_refused_before_uv_runs(tmp_path, line, monkeypatc
     def no_uv(*args, **kwargs):
         raise AssertionError("uv ran on a file that was not all pins")
 
-    monkeypatch.setattr(harness_env_module, "run_bounded", no_uv)
+    monkeypatch.setattr(harness_env_build, "run_bounded", no_uv)
     message = str(failure(tmp_path, f"# pins\ntinybeta==2.0\n{line}\n"))
     assert message.startswith("declared dependencies: requirements.txt line 3: ")
     assert "is not a pinned requirement" in message
@@ -401,14 +399,14 @@ def test_the_index_urls_credentials_never_reach_the_message(tmp_path, settings):
 
 
 def test_the_output_of_a_build_step_is_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(harness_env_module, "MAX_OUTPUT_BYTES", 1024 * 1024)
+    monkeypatch.setattr(harness_env_build, "MAX_OUTPUT_BYTES", 1024 * 1024)
     flood = "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n"
     started = time.monotonic()
-    run = harness_env_module.run_bounded(
+    run = harness_env_build.run_bounded(
         [sandbox.python_executable(), "-c", flood], env={}, cwd=tmp_path, timeout_s=60
     )
     assert run.flooded and not run.timed_out and run.returncode is None
-    assert len(run.output) <= harness_env_module.OUTPUT_TAIL_BYTES
+    assert len(run.output) <= harness_env_build.OUTPUT_TAIL_BYTES
     assert time.monotonic() - started < 30
 
 
@@ -429,7 +427,7 @@ def test_the_key_hashes_the_files_the_python_and_the_index(tmp_path, settings, m
     settings.COEVO_HARNESS_INDEX_URL = "https://mirror.example/simple"
     other_index = harness_env_key(base)
     assert other_index != key
-    monkeypatch.setattr(harness_env_module.platform, "python_version", lambda: "3.99.0")
+    monkeypatch.setattr(requirements_module.platform, "python_version", lambda: "3.99.0")
     assert harness_env_key(base) != other_index
 
 
