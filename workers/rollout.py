@@ -19,6 +19,7 @@ sends (workers/calls.py) and counting it against the limits (workers/limits.py).
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from coevo.errors import (
     SandboxUnavailable,
 )
 from harness_store.manifest import Manifest, load_manifest
-from workers import calls
+from workers import calls, openai_requests
 from workers.channel import HarnessChannel
 from workers.environments import adapter_helpers, adapter_is_multi_step
 from workers.environments.base import Episode, InvalidHelperCall, Verdict
@@ -321,14 +322,18 @@ class _Runner:
                 "harness.toml"
             )
         sampling, n = calls.parse_sampling(
-            params, name, default_seed=self.inputs.seed + meter.model_calls
+            params, name, default_seed=self.inputs.seed + meter.model_calls, chat=api == "chat"
         )
         if api == "complete":
             request: dict[str, Any] = {"prompt": calls.parse_prompt(params, name)}
         else:
-            request = {"messages": calls.parse_messages(params, name)}
+            request = {
+                "messages": calls.parse_messages(params, name),
+                **calls.parse_chat_options(params, name),
+            }
         texts: list[str] = []
         reasons: list[str | None] = []
+        sample_tool_calls: list[list[dict[str, str]]] = []
         prompt_tokens = completion_tokens = 0
         model = ""
         for i in range(n):
@@ -339,6 +344,8 @@ class _Runner:
             self.result.model_calls += 1
             self.result.prompt_tokens += completion.prompt_tokens
             self.result.completion_tokens += completion.completion_tokens
+            # One choice per request (n is drawn as n calls): every call is choice 0's.
+            tool_calls = openai_requests.tool_calls_of(wanted, completion.raw)
             self.record(
                 Step(
                     "model_call",
@@ -353,6 +360,7 @@ class _Runner:
                         "n": n,
                         "completion": completion.text,
                         "finish_reason": completion.finish_reason,
+                        **({"tool_calls": tool_calls} if "tools" in request or tool_calls else {}),
                     },
                     prompt_tokens=completion.prompt_tokens,
                     completion_tokens=completion.completion_tokens,
@@ -362,6 +370,7 @@ class _Runner:
             meter.check_tokens()
             texts.append(completion.text)
             reasons.append(completion.finish_reason)
+            sample_tool_calls.append([_runtime_tool_call(call) for call in tool_calls])
             prompt_tokens += completion.prompt_tokens
             completion_tokens += completion.completion_tokens
             model = completion.model
@@ -371,12 +380,18 @@ class _Runner:
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "model": model,
+            "tool_calls": sample_tool_calls,
         }
 
     def _ask_policy(self, request: dict[str, Any], sampling: Sampling) -> Completion:
         if "prompt" in request:
             return self.policy.complete(request["prompt"], sampling)
-        return self.policy.chat(request["messages"], sampling)
+        if set(request) == {"messages"}:
+            return self.policy.chat(request["messages"], sampling)
+        # Tools, tool_choice or response_format: the chat body with them added, as it is.
+        options = {k: v for k, v in request.items() if k != "messages"}
+        body = {"messages": request["messages"], **sampling.as_params(), **options}
+        return self.policy.forward("chat", body)
 
     # --- environment steps ------------------------------------------------------------------
 
@@ -453,6 +468,19 @@ class _Runner:
             )
         )
         return result
+
+
+def _runtime_tool_call(call: dict[str, Any]) -> dict[str, str]:
+    """A tool call as ``ctx.llm.chat`` returns it: strings, ``arguments`` as the model wrote
+    them (a server that sends an object gets it back as JSON)."""
+    arguments = call.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments)
+    return {
+        "id": str(call.get("id") or ""),
+        "name": str(call.get("name") or ""),
+        "arguments": arguments,
+    }
 
 
 def _verdict_payload(verdict: Verdict) -> dict[str, Any]:

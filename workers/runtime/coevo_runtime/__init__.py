@@ -13,6 +13,16 @@ process, so harness code never sees such a refusal as an exception it could swal
   ``ctx.llm.chat(messages, **sampling)`` (``policy_api = "chat"``); sampling is ``max_tokens``,
   ``temperature``, ``top_p``, ``stop``, ``n`` (samples: each one is a recorded model call) and
   ``seed``. Both return a ``Completion`` (``.text``, ``.texts``, ``.finish_reasons``, tokens).
+- Tool calling: ``ctx.llm.chat(messages, tools=[...], tool_choice=..., response_format=...)``
+  takes OpenAI's shapes (``tools``: at most 128 ``{"type": "function", "function": {"name",
+  "description", "parameters"}}``; ``tool_choice``: ``"auto"``, ``"none"``, ``"required"`` or
+  ``{"type": "function", "function": {"name": ...}}``). The model only asks: its calls come back
+  as ``Completion.tool_calls`` (``ToolCall``: ``.id``, ``.name``, ``.arguments``, the JSON text as
+  the model wrote it, and ``.parsed_arguments()``), and the tools are harness code, run here in
+  the sandbox. Send the results back in the next call: ``messages + [reply.message]`` (the
+  assistant message with its tool calls) and one ``call.tool_message(result)`` per call
+  (``{"role": "tool", "tool_call_id": ..., "content": ...}``); then the model answers or calls
+  again. Every call, with its tools and tool calls, is in the trace.
 - ``ctx.env.reset()`` / ``ctx.env.step(action)`` on multi-step suites (``bool(ctx.env)`` is
   False elsewhere); ``step`` returns ``{"observation": {...}, "reward": float, "done": bool}``.
 - ``ctx.knobs`` (the manifest's defaults overridden by the evaluation), ``ctx.limits``.
@@ -35,18 +45,73 @@ class HarnessRuntimeError(Exception):
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A tool the model asks the harness to run; ``arguments`` is the JSON text it wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def parsed_arguments(self) -> Any:
+        """``arguments`` parsed; ValueError (naming the tool) when the model wrote no JSON."""
+        try:
+            return json.loads(self.arguments or "{}")
+        except ValueError:
+            raise ValueError(
+                f"the model's arguments for tool {self.name!r} are not JSON: "
+                f"{self.arguments[:200]!r}"
+            ) from None
+
+    def tool_message(self, content: Any) -> dict[str, Any]:
+        """The message that answers this call (``content`` not a string is sent as JSON)."""
+        text = content if isinstance(content, str) else json.dumps(content, default=repr)
+        return {"role": "tool", "tool_call_id": self.id, "content": text}
+
+    def as_dict(self) -> dict[str, Any]:
+        """As an assistant message's ``tool_calls`` entry."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
 class Completion:
-    """The answer to ``ctx.llm.complete`` / ``ctx.llm.chat``: one text per sample."""
+    """The answer to ``ctx.llm.complete`` / ``ctx.llm.chat``: one text (and, for chat with
+    tools, one list of tool calls) per sample; ``.text`` and ``.tool_calls`` are the first's."""
 
     texts: list[str]
     finish_reasons: list[str | None] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str = ""
+    tool_calls_by_sample: list[list[ToolCall]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
         return self.texts[0] if self.texts else ""
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self.tool_calls_by_sample[0] if self.tool_calls_by_sample else []
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The first sample as the assistant message to append to the conversation."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_dict() for call in self.tool_calls]
+        return message
+
+    @classmethod
+    def from_result(cls, result: dict[str, Any]) -> Completion:
+        result = dict(result)
+        samples = result.pop("tool_calls", None) or []
+        return cls(
+            **result,
+            tool_calls_by_sample=[[ToolCall(**call) for call in sample] for sample in samples],
+        )
 
 
 class Channel:
@@ -95,11 +160,13 @@ class LLM:
     ) -> Completion:
         """Ask the policy to continue ``prompt``; ``n`` samples are ``n`` recorded calls."""
         params = _sampling(max_tokens, temperature, top_p, stop, n, seed)
-        return Completion(**self._channel.call("llm.complete", {"prompt": prompt, **params}))
+        return Completion.from_result(
+            self._channel.call("llm.complete", {"prompt": prompt, **params})
+        )
 
     def chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         *,
         max_tokens: int = 256,
         temperature: float = 0.0,
@@ -107,11 +174,25 @@ class LLM:
         stop: list[str] | str | None = None,
         n: int = 1,
         seed: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        response_format: dict[str, Any] | None = None,
     ) -> Completion:
         """Ask the policy for the next assistant message after ``messages``
-        (``[{"role": "system"|"user"|"assistant", "content": str}, ...]``)."""
+        (``[{"role": "system"|"user"|"assistant", "content": str}, ...]``, and with tools the
+        assistant's ``tool_calls`` and ``{"role": "tool", "tool_call_id", "content"}``).
+        ``tools``, ``tool_choice`` and ``response_format`` are OpenAI's (see the module doc)."""
         params = _sampling(max_tokens, temperature, top_p, stop, n, seed)
-        return Completion(**self._channel.call("llm.chat", {"messages": messages, **params}))
+        for key, value in (
+            ("tools", tools),
+            ("tool_choice", tool_choice),
+            ("response_format", response_format),
+        ):
+            if value is not None:
+                params[key] = value
+        return Completion.from_result(
+            self._channel.call("llm.chat", {"messages": messages, **params})
+        )
 
 
 class Env:
