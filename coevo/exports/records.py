@@ -1,14 +1,26 @@
-"""The JSONL lines of an export: one line per model call of each selected rollout.
+"""The JSONL lines of an export: one line per model reply of each selected rollout.
 
 Chat format: ``{"messages": [...the call's messages (or the prompt as one user message)...,
 {"role": "assistant", "content": reply, "weight": w}], "weight": w, "provenance": {...}}``.
 Prompt/completion format: ``{"prompt": text or messages, "completion": text or
-[assistant message], "weight": w, "provenance": {...}}``.
+[assistant message], "weight": w, "provenance": {...}}``. A call that offered tools adds
+``"tools"`` (its function schemas), and its messages and reply carry tool calls and tool
+results as TRL's SFT trainer reads them (coevo/exports/conversation.py).
+
+One line per call, and per choice when a program's call asked for several (``n``): each line
+ends in exactly one reply the policy produced, as the worker received it. Lines are not one
+per leaf of a session's call tree (workers/program.py): the assistant turns inside a later
+call's messages are the program's copies of earlier replies, which it may have edited,
+truncated or summarised (the reason interface records are rebuilt into trees at all), and a
+choice the program did not continue would be lost. The tree is in each boundary line's
+provenance (``call``, ``session``, ``parent``, ``relation``, ``choice``), so a trainer can
+keep leaves only; the prompt/completion format learns each reply once.
 
 Weights: 1 for the model turns of successful (passed) rollouts, 0 for every other rollout's
 turns (kept, so a trainer can use them as negatives or drop them; ``successful_only`` drops
 them here). With ``last_turns`` N, turns before a rollout's last N get weight 0 as well: in a
-multi-step episode the final moves are usually the ones that decided it.
+multi-step episode the final moves are usually the ones that decided it. A turn is a recorded
+call the policy answered (all choices of one call share its turn and weight).
 
 Lines are serialized deterministically (sorted keys, no export id or timestamp), so the same
 rollouts always give the same bytes, hence the same content hash.
@@ -25,6 +37,13 @@ from django.db.models import Max, QuerySet
 
 from coevo.evaluations.models import Outcome, Rollout, TraceStep
 from coevo.evaluations.traces import trace_step_payload
+from coevo.exports.conversation import (
+    Reply,
+    call_exportable,
+    call_prompt_messages,
+    call_replies,
+    call_tools,
+)
 from coevo.exports.models import ExportFormat
 from coevo.suites.models import Split
 
@@ -79,9 +98,11 @@ def _model_calls(rollout: Rollout) -> list[dict[str, Any]]:
     ]
 
 
-def _provenance(rollout: Rollout, call: dict[str, Any], turn: int, turns: int) -> dict:
+def _provenance(
+    rollout: Rollout, call: dict[str, Any], reply: Reply, turn: int, turns: int
+) -> dict[str, Any]:
     evaluation = rollout.evaluation
-    return {
+    provenance = {
         "harness_sha": evaluation.candidate.sha,
         "policy_version": evaluation.policy_version.name,
         "model": call.get("model") or "",
@@ -97,32 +118,52 @@ def _provenance(rollout: Rollout, call: dict[str, Any], turn: int, turns: int) -
         "turn": turn,
         "turns": turns,
     }
+    if call.get("via") == "boundary":
+        # Where the row sits in the rollout's call tree (workers/program.py): a trainer can
+        # rebuild the sessions, or keep only their leaves, from these alone.
+        provenance.update(
+            {
+                "via": "boundary",
+                "call": call.get("call"),
+                "session": call.get("session"),
+                "parent": call.get("parent"),
+                "relation": call.get("relation"),
+                "choice": reply.choice,
+                "finish_reason": reply.finish_reason,
+            }
+        )
+    return provenance
 
 
-def _line(fmt: str, call: dict[str, Any], weight: int, provenance: dict) -> dict[str, Any]:
-    completion = str(call.get("completion") or "")
-    if "messages" in call:
-        prompt_messages = [
-            {"role": str(m.get("role", "")), "content": m.get("content", "")}
-            for m in call["messages"]
-        ]
-    else:
-        prompt_messages = [{"role": "user", "content": str(call.get("prompt", ""))}]
+def _line(
+    fmt: str, call: dict[str, Any], reply: Reply, weight: int, provenance: dict
+) -> dict[str, Any]:
+    prompt_messages = call_prompt_messages(call)
+    tools = call_tools(call)
     if fmt == ExportFormat.CHAT:
-        reply = {"role": "assistant", "content": completion, "weight": weight}
-        return {"messages": [*prompt_messages, reply], "weight": weight, "provenance": provenance}
-    if "messages" in call:
+        line: dict[str, Any] = {
+            "messages": [*prompt_messages, {**reply.message(), "weight": weight}],
+            "weight": weight,
+            "provenance": provenance,
+        }
+    elif "messages" in call:
         # TRL's conversational prompt/completion: the prompt is the conversation so far.
-        prompt: Any = prompt_messages
-        completion_value: Any = [{"role": "assistant", "content": completion}]
+        line = {
+            "prompt": prompt_messages,
+            "completion": [reply.message()],
+            "weight": weight,
+            "provenance": provenance,
+        }
     else:
-        prompt, completion_value = str(call.get("prompt", "")), completion
-    return {
-        "prompt": prompt,
-        "completion": completion_value,
-        "weight": weight,
-        "provenance": provenance,
-    }
+        line = {
+            "prompt": str(call.get("prompt", "")),
+            "completion": reply.content,
+            "weight": weight,
+            "provenance": provenance,
+        }
+    if tools is not None:
+        line["tools"] = tools  # TRL's column: the chat template renders them into the prompt
+    return line
 
 
 @dataclass
@@ -134,7 +175,7 @@ class Counts:
 def export_lines(*, selection: Selection, fmt: str, counts: Counts) -> Iterator[bytes]:
     """The export's lines as UTF-8 bytes (each ending in a newline), counting as it goes."""
     for rollout in rollouts_selected(selection).iterator(chunk_size=200):
-        calls = _model_calls(rollout)
+        calls = [call for call in _model_calls(rollout) if call_exportable(call)]
         if not calls:
             continue
         counts.rollouts += 1
@@ -142,8 +183,11 @@ def export_lines(*, selection: Selection, fmt: str, counts: Counts) -> Iterator[
         first_learned = 0 if selection.last_turns is None else len(calls) - selection.last_turns
         for turn, call in enumerate(calls):
             weight = int(successful and turn >= first_learned)
-            line = _line(fmt, call, weight, _provenance(rollout, call, turn, len(calls)))
-            counts.rows += 1
-            yield (
-                json.dumps(line, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n"
-            ).encode()
+            for reply in call_replies(call):
+                provenance = _provenance(rollout, call, reply, turn, len(calls))
+                line = _line(fmt, call, reply, weight, provenance)
+                counts.rows += 1
+                yield (
+                    json.dumps(line, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+                    + "\n"
+                ).encode()

@@ -4,6 +4,7 @@ through the real claim/finish services (no sandbox), and a per-test export direc
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,15 @@ def build(export: TrajectoryExport) -> TrajectoryExport:
 def lines(export: TrajectoryExport) -> list[dict]:
     path: Path = export_path(sha256=export.sha256)
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def wait_ready(export: TrajectoryExport, timeout_s: float = 60) -> TrajectoryExport:
+    """The export once a worker has built it (it must become ready, not failed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        export.refresh_from_db()
+        if export.is_final:
+            assert export.state == "ready", export.state_detail
+            return export
+        time.sleep(0.2)
+    raise AssertionError(f"export still {export.state} after {timeout_s}s")

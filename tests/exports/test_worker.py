@@ -14,7 +14,7 @@ from coevo.exports.models import ExportState, TrajectoryExport
 from coevo.exports.services import trajectory_export_create, trajectory_exports_resend
 from coevo.projects.models import Project
 from tests.conftest import wait_until_final
-from tests.exports.conftest import lines
+from tests.exports.conftest import lines, wait_ready
 
 BELOW_ZERO = (
     "    balance = 0\n    for op in operations:\n        balance += op\n"
@@ -29,17 +29,6 @@ def run(task, ctx):
     )
     return reply.text
 """
-
-
-def wait_ready(export: TrajectoryExport, timeout_s: float = 60) -> TrajectoryExport:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        export.refresh_from_db()
-        if export.is_final:
-            assert export.state == "ready", export.state_detail
-            return export
-        time.sleep(0.2)
-    raise AssertionError(f"export still {export.state} after {timeout_s}s")
 
 
 def evaluate(candidate, suite, policy_version):
