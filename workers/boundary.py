@@ -8,10 +8,11 @@ capability made for this rollout: worthless elsewhere, and checked on every requ
 
 What is served: ``GET /v1/models`` and ``POST /v1/completions`` and ``/v1/chat/completions``
 (with tools, tool_choice, response_format, n, stop, seed and ``stream``; a streamed reply is
-the whole reply sent as server-sent events). Whatever model a request names, the rollout's
+the whole reply sent as server-sent events), and Anthropic's ``POST /v1/messages``, translated
+to a chat call (workers/anthropic_messages.py). Whatever model a request names, the rollout's
 policy version answers. Every call goes through ``BoundaryHandler.model_call`` — the rollout's
 runner, which counts it against the manifest's limits and records it — and a refusal is an
-OpenAI-style error body.
+OpenAI-style error body (Anthropic's shape on ``/v1/messages``).
 
 Bounds against a hostile client: a size limit on headers and body, a timeout on every read and
 write, a bound on open connections and on calls in flight at once. Nothing here trusts the
@@ -35,7 +36,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Protocol
 
-from workers import openai_requests
+from workers import anthropic_messages, openai_requests
 from workers.openai_requests import error_body
 
 logger = logging.getLogger(__name__)
@@ -179,6 +180,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/chat/completions": "chat",
             "/v1/completions": "completions",
             "/completions": "completions",
+            anthropic_messages.PATH: "messages",
         }.get(path)
         if not self._authorized():
             return
@@ -188,6 +190,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self._read_json()
         if body is None:
+            return
+        if api == "messages":
+            self._messages(body)
             return
         handler = self.server.boundary.handler
         try:
@@ -207,6 +212,28 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(200, reply)
 
+    def _messages(self, body: Any) -> None:
+        """Anthropic's Messages API: the request translated to a chat one, then checked,
+        counted and recorded as one; the reply translated back."""
+        handler = self.server.boundary.handler
+        try:
+            chat, ignored = anthropic_messages.chat_request(body)
+            clean, dropped = handler.check_request("chat", chat)
+        except openai_requests.BadRequest as exc:
+            self._json(400, error_body(str(exc), param=exc.param))
+            return
+        try:
+            with self.server.boundary.calls:
+                reply = handler.model_call("chat", clean, dropped=sorted({*ignored, *dropped}))
+        except BoundaryRefusal as exc:
+            self._json(exc.status, exc.body)
+            return
+        message = anthropic_messages.message(reply, stop_sequences=clean.get("stop"))
+        if body.get("stream") is True:
+            self._stream(anthropic_messages.stream_events(message))
+        else:
+            self._json(200, message)
+
     def do_PUT(self) -> None:
         self._method_not_allowed()
 
@@ -221,7 +248,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(
             401,
             error_body(
-                "Incorrect API key provided: use the OPENAI_API_KEY coevo set for this run.",
+                "Incorrect API key provided: use the OPENAI_API_KEY (or ANTHROPIC_API_KEY) "
+                "coevo set for this run.",
                 code="invalid_api_key",
             ),
         )
@@ -272,7 +300,7 @@ class _Handler(BaseHTTPRequestHandler):
             404,
             error_body(
                 f"{self.command} {self.path.split('?')[0]} is not served here: the boundary "
-                "serves /v1/models, /v1/completions and /v1/chat/completions.",
+                "serves /v1/models, /v1/completions, /v1/chat/completions and /v1/messages.",
                 code="unknown_url",
             ),
         )
@@ -282,6 +310,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(405, error_body(f"{self.command} is not allowed here."))
 
     def _json(self, status: int, payload: dict[str, Any]) -> None:
+        if status >= 400 and self.path.split("?")[0].rstrip("/") == anthropic_messages.PATH:
+            payload = anthropic_messages.error_of(status, payload)  # Anthropic's SDKs read it
         data = json.dumps(payload).encode()
         with contextlib.suppress(OSError):
             self.send_response(status)

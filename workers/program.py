@@ -340,7 +340,8 @@ def _canonical(message: Any) -> str:
     for call in message.get("tool_calls") or []:
         if isinstance(call, dict):
             function = call.get("function") if isinstance(call.get("function"), dict) else {}
-            calls.append([call.get("id"), function.get("name"), function.get("arguments")])
+            arguments = _same_json(function.get("arguments"))
+            calls.append([call.get("id"), function.get("name"), arguments])
     content = message.get("content")
     return json.dumps(
         [
@@ -353,6 +354,15 @@ def _canonical(message: Any) -> str:
         sort_keys=True,
         default=str,
     )
+
+
+def _same_json(arguments: Any) -> Any:
+    """Tool-call arguments as one spelling of their JSON: a client that parses them (the
+    Anthropic SDKs' tool_use ``input``) sends them back in its own spacing."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return arguments
 
 
 def _prefix_hashes(messages: list[Any]) -> list[str]:

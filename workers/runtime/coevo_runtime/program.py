@@ -6,7 +6,8 @@ Standard library only. It waits for the worker's ``start`` message, then:
   (``COEVO_TASK_FILE``, ``COEVO_KNOBS_FILE``; each knob also as ``COEVO_KNOB_<NAME>``);
 - forwards 127.0.0.1 of the sandbox's own network namespace to the worker's model boundary (a
   Unix socket bound into the sandbox), and points ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` and
-  ``OPENAI_API_KEY`` at it;
+  ``OPENAI_API_KEY`` at it (``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` for Anthropic's
+  SDKs, which add ``/v1`` themselves);
 - runs the harness's command in the harness directory, and when it exits sends the worker its
   exit code, the answer it wrote to ``COEVO_ANSWER_FILE`` and the tail of its stdout.
 
@@ -66,6 +67,8 @@ def main() -> int:
             "OPENAI_BASE_URL": f"{base}/v1",
             "OPENAI_API_BASE": f"{base}/v1",
             "OPENAI_API_KEY": start["token"],
+            "ANTHROPIC_BASE_URL": base,
+            "ANTHROPIC_API_KEY": start["token"],
             "COEVO_API_URL": f"{base}/v1",
             "COEVO_TASK_FILE": task_file,
             "COEVO_KNOBS_FILE": knobs_file,
