@@ -64,6 +64,20 @@ class ApiView(APIView):
         parsed.is_valid(raise_exception=True)
         return dict(parsed.validated_data)
 
+    def out(
+        self,
+        serializer: type[serializers.Serializer],
+        instance: Any,
+        *,
+        many: bool = False,
+        **context: Any,
+    ) -> Any:
+        """``instance`` rendered by its output serializer (the one the schema declares);
+        ``context`` is what that serializer reads besides the view."""
+        return serializer(
+            instance, many=many, context={"request": self.request, "view": self, **context}
+        ).data
+
     def can_see_heldout(self) -> bool:
         return can_see_heldout(request=self.request, project=self.project)
 
@@ -105,7 +119,12 @@ def paginated(item: type[serializers.Serializer]) -> type[serializers.Serializer
     return _PAGES[name]
 
 
-def paginate(view: ApiView, queryset: QuerySet, render: Any) -> Response:
+def paginate(
+    view: ApiView, queryset: QuerySet, out: type[serializers.Serializer], **context: Any
+) -> Response:
+    """A page of ``queryset``, each row rendered by ``out`` (the item the schema declares)."""
     paginator = CreatedCursorPagination()
     page = paginator.paginate_queryset(queryset, view.request, view=view)
-    return paginator.get_paginated_response([render(row) for row in page])
+    if not isinstance(out, type):  # not yet converted: a render function
+        return paginator.get_paginated_response([out(row) for row in page])
+    return paginator.get_paginated_response(view.out(out, page, many=True, **context))

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from coevo.accounts.models import TokenKind
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.api.fields import MethodField, OutSerializer
 from coevo.errors import NotFound
 from coevo.projects.models import Role
 from harness_store.models import Candidate, CandidateOrigin
@@ -47,15 +48,21 @@ class ApiShaConverter:
 register_converter(ApiShaConverter, "api_sha")
 
 
-class CandidateOut(serializers.Serializer):
+class CandidateOut(OutSerializer):
     sha = serializers.CharField()
     parent_shas = serializers.ListField(child=serializers.CharField())
     message = serializers.CharField()
     author_name = serializers.CharField()
     authored_at = serializers.DateTimeField()
     origin = serializers.ChoiceField(choices=CandidateOrigin.choices)
-    url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_url(self, candidate: Candidate) -> str:
+        return self.view.absolute("api:candidate", self.view.project.slug, candidate.sha)
+
+    def get_dashboard_url(self, candidate: Candidate) -> str:
+        return self.view.absolute("web:candidate", self.view.project.slug, candidate.sha)
 
 
 class FileOut(serializers.Serializer):
@@ -63,9 +70,12 @@ class FileOut(serializers.Serializer):
     size = serializers.IntegerField()
 
 
+# Of {"base": Candidate | None, "head": Candidate, "diff": str}.
 class DiffOut(serializers.Serializer):
-    base = serializers.CharField(allow_null=True, help_text="null: the empty tree")
-    head = serializers.CharField()
+    base = serializers.CharField(
+        source="base.sha", allow_null=True, help_text="null: the empty tree"
+    )
+    head = serializers.CharField(source="head.sha")
     diff = serializers.CharField()
 
 
@@ -92,20 +102,6 @@ class TarballIn(serializers.Serializer):
     )
 
 
-def candidate_out(view: ApiView, candidate: Candidate) -> dict:
-    slug = view.project.slug
-    return {
-        "sha": candidate.sha,
-        "parent_shas": list(candidate.parent_shas),
-        "message": candidate.message,
-        "author_name": candidate.author_name,
-        "authored_at": serializers.DateTimeField().to_representation(candidate.authored_at),
-        "origin": candidate.origin,
-        "url": view.absolute("api:candidate", slug, candidate.sha),
-        "dashboard_url": view.absolute("web:candidate", slug, candidate.sha),
-    }
-
-
 class CandidateListView(ApiView):
     @extend_schema(
         operation_id="candidates_list",
@@ -113,16 +109,14 @@ class CandidateListView(ApiView):
         responses=paginated(CandidateOut),
     )
     def get(self, request: Request, slug: str) -> Response:
-        return paginate(
-            self, candidate_list(project=self.project), lambda c: candidate_out(self, c)
-        )
+        return paginate(self, candidate_list(project=self.project), CandidateOut)
 
 
 class CandidateDetailView(ApiView):
     @extend_schema(operation_id="candidates_retrieve", responses=CandidateOut)
     def get(self, request: Request, slug: str, sha: str) -> Response:
         candidate = candidate_get(project=self.project, sha=sha)
-        return Response(candidate_out(self, candidate))
+        return Response(self.out(CandidateOut, candidate))
 
 
 class CandidateFilesView(ApiView):
@@ -130,7 +124,7 @@ class CandidateFilesView(ApiView):
     def get(self, request: Request, slug: str, sha: str) -> Response:
         candidate = candidate_get(project=self.project, sha=sha)
         entries = candidate_files(candidate=candidate)
-        return Response([{"path": entry.path, "size": entry.size} for entry in entries])
+        return Response(self.out(FileOut, entries, many=True))
 
 
 class CandidateRawFileView(ApiView):
@@ -170,7 +164,7 @@ class CandidateDiffView(ApiView):
         else:
             base = candidate_parent(candidate=candidate)
         diff = candidate_diff(candidate=candidate, base=base)
-        return Response({"base": base.sha if base else None, "head": candidate.sha, "diff": diff})
+        return Response(self.out(DiffOut, {"base": base, "head": candidate, "diff": diff}))
 
 
 class CandidateKnownView(ApiView):
@@ -181,7 +175,7 @@ class CandidateKnownView(ApiView):
         data = KnownIn(data=request.data)
         data.is_valid(raise_exception=True)
         known = candidate_shas_known(project=self.project, shas=data.validated_data["shas"])
-        return Response({"known": known})
+        return Response(self.out(KnownOut, {"known": known}))
 
 
 def _origin(request: Request) -> CandidateOrigin:
@@ -208,7 +202,7 @@ class CandidateImportBundleView(ApiView):
             created_by=request.user,
             origin=_origin(request),
         )
-        return Response(candidate_out(self, candidate), status=201 if created else 200)
+        return Response(self.out(CandidateOut, candidate), status=201 if created else 200)
 
 
 class CandidateImportTarballView(ApiView):
@@ -237,7 +231,7 @@ class CandidateImportTarballView(ApiView):
             created_by=user,
             origin=_origin(request),
         )
-        return Response(candidate_out(self, candidate), status=201 if created else 200)
+        return Response(self.out(CandidateOut, candidate), status=201 if created else 200)
 
 
 _C = "projects/<slug:slug>/candidates/"

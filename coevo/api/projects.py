@@ -10,16 +10,26 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.api.fields import MethodField, OutSerializer
 from coevo.projects.models import Membership, Project, Role
 from coevo.projects.selectors import project_list_for_user
 
 
-class ProjectOut(serializers.Serializer):
+class ProjectOut(OutSerializer):
     slug = serializers.SlugField()
     name = serializers.CharField()
     description = serializers.CharField()
-    role = serializers.ChoiceField(choices=Role.choices, help_text="The token user's role.")
-    url = serializers.URLField()
+    role = MethodField(
+        serializers.ChoiceField(choices=Role.choices, help_text="The token user's role.")
+    )
+    url = MethodField(serializers.URLField())
+
+    def get_role(self, project: Project) -> str:
+        # Staff see every project; where they are not members they act as admins.
+        return getattr(project, "member_role", None) or Role.ADMIN
+
+    def get_url(self, project: Project) -> str:
+        return self.view.absolute("api:project", project.slug)
 
 
 def _projects_with_role(request: Request) -> QuerySet[Project]:
@@ -27,31 +37,19 @@ def _projects_with_role(request: Request) -> QuerySet[Project]:
     return project_list_for_user(user=request.user).annotate(member_role=Subquery(role[:1]))
 
 
-def _project_out(view: ApiView, project: Project) -> dict:
-    # Staff see every project; where they are not members they act as admins.
-    role = getattr(project, "member_role", None) or Role.ADMIN
-    return {
-        "slug": project.slug,
-        "name": project.name,
-        "description": project.description,
-        "role": role,
-        "url": view.absolute("api:project", project.slug),
-    }
-
-
 class ProjectListView(ApiView):
     @extend_schema(
         operation_id="projects_list", parameters=PAGE_PARAMETERS, responses=paginated(ProjectOut)
     )
     def get(self, request: Request) -> Response:
-        return paginate(self, _projects_with_role(request), lambda p: _project_out(self, p))
+        return paginate(self, _projects_with_role(request), ProjectOut)
 
 
 class ProjectDetailView(ApiView):
     @extend_schema(operation_id="projects_retrieve", responses=ProjectOut)
     def get(self, request: Request, slug: str) -> Response:
         project = _projects_with_role(request).get(pk=self.project.pk)
-        return Response(_project_out(self, project))
+        return Response(self.out(ProjectOut, project))
 
 
 urlpatterns = [

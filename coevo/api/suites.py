@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.api.fields import MethodField, OutSerializer
 from coevo.errors import InvalidInput
 from coevo.projects.models import Role
 from coevo.suites.jsonl import scorer_spec_build
@@ -21,13 +22,15 @@ from coevo.suites.selectors import suite_get, suite_summaries
 from coevo.suites.services import suite_import_jsonl
 
 
+# Of a suite from suite_summaries (its per-split counts).
 class TaskCountsOut(serializers.Serializer):
-    search = serializers.IntegerField()
-    validation = serializers.IntegerField()
-    heldout = serializers.IntegerField()
+    search = serializers.IntegerField(source="search_count")
+    validation = serializers.IntegerField(source="validation_count")
+    heldout = serializers.IntegerField(source="heldout_count")
 
 
-class SuiteOut(serializers.Serializer):
+# Of a suite from suite_summaries.
+class SuiteOut(OutSerializer):
     id = serializers.UUIDField()
     name = serializers.CharField()
     version = serializers.CharField()
@@ -38,8 +41,13 @@ class SuiteOut(serializers.Serializer):
         "are another suite (results are never shared between the two)."
     )
     description = serializers.CharField()
-    task_counts = TaskCountsOut()
-    url = serializers.URLField()
+    task_counts = TaskCountsOut(source="*")
+    url = MethodField(serializers.URLField())
+
+    def get_url(self, suite: Suite) -> str:
+        return self.view.absolute(
+            "api:suite", self.view.project.slug, suite.name, query=f"version={suite.version}"
+        )
 
 
 class SuiteImportIn(serializers.Serializer):
@@ -57,32 +65,12 @@ class SuiteImportIn(serializers.Serializer):
     split_seed = serializers.CharField(max_length=64, required=False)
 
 
-def suite_out(view: ApiView, suite: Suite) -> dict:
-    return {
-        "id": str(suite.id),
-        "name": suite.name,
-        "version": suite.version,
-        "kind": suite.kind,
-        "content_hash": suite.content_hash,
-        "split_seed": suite.split_seed,
-        "description": suite.description,
-        "task_counts": {
-            "search": suite.search_count,
-            "validation": suite.validation_count,
-            "heldout": suite.heldout_count,
-        },
-        "url": view.absolute(
-            "api:suite", view.project.slug, suite.name, query=f"version={suite.version}"
-        ),
-    }
-
-
 class SuiteListView(ApiView):
     @extend_schema(
         operation_id="suites_list", parameters=PAGE_PARAMETERS, responses=paginated(SuiteOut)
     )
     def get(self, request: Request, slug: str) -> Response:
-        return paginate(self, suite_summaries(project=self.project), lambda s: suite_out(self, s))
+        return paginate(self, suite_summaries(project=self.project), SuiteOut)
 
 
 class SuiteDetailView(ApiView):
@@ -96,7 +84,7 @@ class SuiteDetailView(ApiView):
             project=self.project, name=name, version=request.query_params.get("version")
         )
         suite = suite_summaries(project=self.project).get(pk=found.pk)
-        return Response(suite_out(self, suite))
+        return Response(self.out(SuiteOut, suite))
 
 
 class SuiteImportJsonlView(ApiView):
@@ -132,7 +120,7 @@ class SuiteImportJsonlView(ApiView):
             actor=request.user,
         )
         suite = suite_summaries(project=self.project).get(pk=suite.pk)
-        return Response(suite_out(self, suite), status=201 if created else 200)
+        return Response(self.out(SuiteOut, suite), status=201 if created else 200)
 
 
 def _scorer_options(raw: str) -> dict[str, Any]:

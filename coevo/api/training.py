@@ -9,7 +9,6 @@ sandbox, and the command and environment may hold internal hosts, paths or secre
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
 from django.urls import path
@@ -19,8 +18,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
+from coevo.api.fields import MethodField, OutSerializer
 from coevo.projects.models import Role
-from coevo.training.models import Trainer, TrainingRun, TrainingState
+from coevo.training.models import TrainingRun, TrainingState
 from coevo.training.selectors import (
     trainer_list_for_user,
     training_run_get,
@@ -37,85 +37,67 @@ class TrainerOut(serializers.Serializer):
     enabled = serializers.BooleanField()
 
 
-class TrainingRunOut(serializers.Serializer):
+class TrainingRunOut(OutSerializer):
     id = serializers.UUIDField()
-    trainer = serializers.SlugField()
+    trainer = serializers.SlugField(source="trainer.name")
     state = serializers.ChoiceField(choices=TrainingState.choices)
     state_detail = serializers.CharField(allow_blank=True)
     cancel_requested = serializers.BooleanField()
-    export = serializers.UUIDField(help_text="The trajectory export it trains on.")
-    parent_policy = serializers.CharField(help_text="The policy version it starts from.")
+    export = serializers.UUIDField(
+        source="export_id", help_text="The trajectory export it trains on."
+    )
+    parent_policy = serializers.CharField(
+        source="parent_policy.name", help_text="The policy version it starts from."
+    )
     policy_version = serializers.CharField(
-        allow_null=True, help_text="The policy version registered from its adapter (succeeded)."
+        source="policy_version.name",
+        allow_null=True,
+        help_text="The policy version registered from its adapter (succeeded).",
     )
     time_limit_s = serializers.IntegerField()
     exit_code = serializers.IntegerField(allow_null=True)
     duration_s = serializers.FloatField(allow_null=True, help_text="So far, while it runs.")
     log_bytes = serializers.IntegerField()
-    created_by = serializers.CharField(allow_null=True)
+    created_by = serializers.CharField(source="created_by.get_username", allow_null=True)
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
-    url = serializers.URLField()
-    export_url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    url = MethodField(serializers.URLField())
+    export_url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_url(self, run: TrainingRun) -> str:
+        return self.view.absolute("api:training_run", self.view.project.slug, run.id)
+
+    def get_export_url(self, run: TrainingRun) -> str:
+        return self.view.absolute("api:export", self.view.project.slug, run.export_id)
+
+    def get_dashboard_url(self, run: TrainingRun) -> str:
+        return self.view.absolute("web:training_run", self.view.project.slug, run.id)
 
 
 class TrainingRunDetailOut(TrainingRunOut):
     adapter_sha256 = serializers.CharField(allow_blank=True)
-    log_tail = serializers.CharField(allow_blank=True, help_text="The log's last part.")
+    log_tail = MethodField(
+        serializers.CharField(allow_blank=True, help_text="The log's last part.")
+    )
+
+    def get_log_tail(self, run: TrainingRun) -> str:
+        return training_run_log_tail_for(run=run, user=self.view.request.user)
 
 
-class TrainingRunAcceptedOut(serializers.Serializer):
+class TrainingRunAcceptedOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=TrainingState.choices)
     cancel_requested = serializers.BooleanField()
-    status_url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    status_url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
 
+    def get_status_url(self, run: TrainingRun) -> str:
+        return self.view.absolute("api:training_run", self.view.project.slug, run.id)
 
-def _when(value: Any) -> str | None:
-    return serializers.DateTimeField().to_representation(value) if value else None
-
-
-def trainer_out(trainer: Trainer) -> dict[str, Any]:
-    return {
-        "name": trainer.name,
-        "description": trainer.description,
-        "time_limit_s": trainer.time_limit_s,
-        "enabled": trainer.enabled,
-    }
-
-
-def training_run_out(view: ApiView, run: TrainingRun, *, detail: bool = False) -> dict[str, Any]:
-    slug = view.project.slug
-    body: dict[str, Any] = {
-        "id": str(run.id),
-        "trainer": run.trainer.name,
-        "state": run.state,
-        "state_detail": run.state_detail,
-        "cancel_requested": run.cancel_requested,
-        "export": str(run.export_id),
-        "parent_policy": run.parent_policy.name,
-        "policy_version": run.policy_version.name if run.policy_version else None,
-        "time_limit_s": run.time_limit_s,
-        "exit_code": run.exit_code,
-        "duration_s": run.duration_s,
-        "log_bytes": run.log_bytes,
-        "created_by": run.created_by.get_username() if run.created_by else None,
-        "created_at": _when(run.created_at),
-        "started_at": _when(run.started_at),
-        "finished_at": _when(run.finished_at),
-        "url": view.absolute("api:training_run", slug, run.id),
-        "export_url": view.absolute("api:export", slug, run.export_id),
-        "dashboard_url": view.absolute("web:training_run", slug, run.id),
-    }
-    if detail:
-        body.update(
-            adapter_sha256=run.adapter_sha256,
-            log_tail=training_run_log_tail_for(run=run, user=view.request.user),
-        )
-    return body
+    def get_dashboard_url(self, run: TrainingRun) -> str:
+        return self.view.absolute("web:training_run", self.view.project.slug, run.id)
 
 
 class TrainerListView(ApiView):
@@ -123,7 +105,7 @@ class TrainerListView(ApiView):
         operation_id="trainers_list", parameters=PAGE_PARAMETERS, responses=paginated(TrainerOut)
     )
     def get(self, request: Request) -> Response:
-        return paginate(self, trainer_list_for_user(user=request.user), trainer_out)
+        return paginate(self, trainer_list_for_user(user=request.user), TrainerOut)
 
 
 class TrainingRunListView(ApiView):
@@ -133,16 +115,14 @@ class TrainingRunListView(ApiView):
         responses=paginated(TrainingRunOut),
     )
     def get(self, request: Request, slug: str) -> Response:
-        return paginate(
-            self, training_run_list(project=self.project), lambda r: training_run_out(self, r)
-        )
+        return paginate(self, training_run_list(project=self.project), TrainingRunOut)
 
 
 class TrainingRunDetailView(ApiView):
     @extend_schema(operation_id="training_runs_retrieve", responses=TrainingRunDetailOut)
     def get(self, request: Request, slug: str, run_id: UUID) -> Response:
         run = training_run_get(project=self.project, run_id=run_id)
-        return Response(training_run_out(self, run, detail=True))
+        return Response(self.out(TrainingRunDetailOut, run))
 
 
 class TrainingRunCancelView(ApiView):
@@ -155,15 +135,8 @@ class TrainingRunCancelView(ApiView):
     def post(self, request: Request, slug: str, run_id: UUID) -> Response:
         run = training_run_get(project=self.project, run_id=run_id)
         run = training_run_cancel(run=run, actor=request.user)
-        status_url = self.absolute("api:training_run", slug, run.id)
-        body = {
-            "id": str(run.id),
-            "state": run.state,
-            "cancel_requested": run.cancel_requested,
-            "status_url": status_url,
-            "dashboard_url": self.absolute("web:training_run", slug, run.id),
-        }
-        return Response(body, status=202, headers={"Location": status_url})
+        body = self.out(TrainingRunAcceptedOut, run)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
 # Relative to projects/<slug:slug>/ (coevo/api/urls.py).
