@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
+from coevo.api.fields import MethodField, OutSerializer
 from coevo.errors import NotFound
 from coevo.evaluations.models import Evaluation
 from coevo.exports.downloads import export_file_response
@@ -53,56 +54,54 @@ class ExportIn(serializers.Serializer):
     )
 
 
-class ExportCreatedOut(serializers.Serializer):
+class ExportCreatedOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=ExportState.choices)
-    status_url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    status_url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_status_url(self, export: TrajectoryExport) -> str:
+        return self.view.absolute("api:export", self.view.project.slug, export.id)
+
+    def get_dashboard_url(self, export: TrajectoryExport) -> str:
+        return self.view.absolute("web:exports", self.view.project.slug)
 
 
-class ExportOut(serializers.Serializer):
+class ExportOut(OutSerializer):
     id = serializers.UUIDField()
     format = serializers.ChoiceField(choices=ExportFormat.choices)
     filters = serializers.DictField()
     state = serializers.ChoiceField(choices=ExportState.choices)
     state_detail = serializers.CharField()
-    sha256 = serializers.CharField(allow_null=True)
+    sha256 = MethodField(serializers.CharField(allow_null=True))
     size_bytes = serializers.IntegerField()
     rows = serializers.IntegerField()
     rollouts = serializers.IntegerField()
-    evaluations = serializers.ListField(child=serializers.UUIDField())
-    created_by = serializers.CharField(allow_null=True)
+    evaluations = MethodField(serializers.ListField(child=serializers.UUIDField()))
+    created_by = serializers.CharField(source="created_by.get_username", allow_null=True)
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
-    url = serializers.URLField()
-    download_url = serializers.URLField(allow_null=True)
-    dashboard_url = serializers.URLField()
+    url = MethodField(serializers.URLField())
+    download_url = MethodField(serializers.URLField(allow_null=True))
+    dashboard_url = MethodField(serializers.URLField())
 
+    def get_sha256(self, export: TrajectoryExport) -> str | None:
+        return export.sha256 or None  # blank until the file is written
 
-def export_out(view: ApiView, export: TrajectoryExport) -> dict:
-    slug = view.project.slug
-    when = serializers.DateTimeField().to_representation
-    ready = export.state == ExportState.READY
-    return {
-        "id": str(export.id),
-        "format": export.format,
-        "filters": dict(export.filters),
-        "state": export.state,
-        "state_detail": export.state_detail,
-        "sha256": export.sha256 or None,
-        "size_bytes": export.size_bytes,
-        "rows": export.rows,
-        "rollouts": export.rollouts,
-        "evaluations": [
-            str(i) for i in export.evaluations.order_by("created_at").values_list("id", flat=True)
-        ],
-        "created_by": export.created_by.get_username() if export.created_by else None,
-        "created_at": when(export.created_at),
-        "finished_at": when(export.finished_at) if export.finished_at else None,
-        "url": view.absolute("api:export", slug, export.id),
-        "download_url": view.absolute("api:export_download", slug, export.id) if ready else None,
-        "dashboard_url": view.absolute("web:exports", slug),
-    }
+    def get_evaluations(self, export: TrajectoryExport) -> list[str]:
+        ids = export.evaluations.order_by("created_at").values_list("id", flat=True)
+        return [str(i) for i in ids]
+
+    def get_url(self, export: TrajectoryExport) -> str:
+        return self.view.absolute("api:export", self.view.project.slug, export.id)
+
+    def get_download_url(self, export: TrajectoryExport) -> str | None:
+        if export.state != ExportState.READY:
+            return None
+        return self.view.absolute("api:export_download", self.view.project.slug, export.id)
+
+    def get_dashboard_url(self, export: TrajectoryExport) -> str:
+        return self.view.absolute("web:exports", self.view.project.slug)
 
 
 class ExportListView(ApiView):
@@ -113,9 +112,7 @@ class ExportListView(ApiView):
         operation_id="exports_list", parameters=PAGE_PARAMETERS, responses=paginated(ExportOut)
     )
     def get(self, request: Request, slug: str) -> Response:
-        return paginate(
-            self, trajectory_export_list(project=self.project), lambda e: export_out(self, e)
-        )
+        return paginate(self, trajectory_export_list(project=self.project), ExportOut)
 
     @extend_schema(
         operation_id="exports_create", request=ExportIn, responses={202: ExportCreatedOut}
@@ -156,21 +153,15 @@ class ExportListView(ApiView):
             evaluations=evaluations,
             created_by=request.user,
         )
-        status_url = self.absolute("api:export", slug, export.id)
-        body = {
-            "id": str(export.id),
-            "state": export.state,
-            "status_url": status_url,
-            "dashboard_url": self.absolute("web:exports", slug),
-        }
-        return Response(body, status=202, headers={"Location": status_url})
+        body = self.out(ExportCreatedOut, export)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
 class ExportDetailView(ApiView):
     @extend_schema(operation_id="exports_retrieve", responses=ExportOut)
     def get(self, request: Request, slug: str, export_id: UUID) -> Response:
         export = trajectory_export_get(project=self.project, export_id=export_id)
-        return Response(export_out(self, export))
+        return Response(self.out(ExportOut, export))
 
 
 class ExportDownloadView(ApiView):

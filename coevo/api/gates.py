@@ -12,6 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
+from coevo.api.fields import MethodField, OutSerializer
+from coevo.evaluations.models import Evaluation
 from coevo.gates.models import Gate, GateState, Verdict
 from coevo.gates.selectors import gate_get, gate_list
 from coevo.gates.services import gate_create
@@ -44,11 +46,17 @@ class GateIn(serializers.Serializer):
     max_error_rate = serializers.FloatField(required=False, allow_null=True)
 
 
-class GateCreatedOut(serializers.Serializer):
+class GateCreatedOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=GateState.choices)
-    status_url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    status_url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_status_url(self, gate: Gate) -> str:
+        return self.view.absolute("api:gate", self.view.project.slug, gate.id)
+
+    def get_dashboard_url(self, gate: Gate) -> str:
+        return self.view.absolute("web:gate", self.view.project.slug, gate.id)
 
 
 class ReasonOut(serializers.Serializer):
@@ -57,85 +65,68 @@ class ReasonOut(serializers.Serializer):
     message = serializers.CharField()
 
 
-class GateEvaluationOut(serializers.Serializer):
+class GateEvaluationOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.CharField()
-    dashboard_url = serializers.URLField()
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_dashboard_url(self, evaluation: Evaluation) -> str:
+        return self.view.absolute("web:evaluation", self.view.project.slug, evaluation.id)
 
 
-class GateEvaluationsOut(serializers.Serializer):
-    candidate = GateEvaluationOut()
-    baseline = GateEvaluationOut()
-    comparison_url = serializers.URLField(help_text="The paired comparison page.")
+class GateEvaluationsOut(OutSerializer):
+    candidate = GateEvaluationOut(source="candidate_evaluation")
+    baseline = GateEvaluationOut(source="baseline_evaluation")
+    comparison_url = MethodField(serializers.URLField(help_text="The paired comparison page."))
+
+    def get_comparison_url(self, gate: Gate) -> str:
+        return self.view.absolute(
+            "web:comparison",
+            self.view.project.slug,
+            query=f"reference={gate.baseline_evaluation_id}"
+            f"&candidate={gate.candidate_evaluation_id}",
+        )
 
 
-class GateOut(serializers.Serializer):
+class GateOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=GateState.choices)
     state_detail = serializers.CharField()
-    verdict = serializers.ChoiceField(choices=Verdict.choices, allow_null=True)
-    reasons = ReasonOut(many=True)
+    verdict = MethodField(serializers.ChoiceField(choices=Verdict.choices, allow_null=True))
+    # As stored: one per declared rule (coevo.gates.verdict).
+    reasons = MethodField(ReasonOut(many=True))
     statistics = serializers.DictField(
         help_text="{confidence, candidate: summary, baseline: summary, comparison, errors}"
     )
     policy = serializers.DictField()
-    candidate = serializers.CharField()
-    baseline = serializers.CharField()
+    candidate = serializers.CharField(source="candidate.sha")
+    baseline = serializers.CharField(source="baseline.sha")
     against = serializers.CharField()
-    suite = serializers.CharField()
+    suite = MethodField(serializers.CharField())
     split = serializers.CharField()
-    policy_version = serializers.CharField()
+    policy_version = serializers.CharField(source="policy_version.name")
     epochs = serializers.IntegerField()
     seed = serializers.IntegerField()
-    evaluations = GateEvaluationsOut()
+    evaluations = GateEvaluationsOut(source="*")
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
-    url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
 
+    def get_verdict(self, gate: Gate) -> str | None:
+        return gate.verdict or None  # blank until the gate decides
 
-def gate_out(view: ApiView, gate: Gate) -> dict:
-    slug = view.project.slug
-    when = serializers.DateTimeField().to_representation
+    def get_reasons(self, gate: Gate) -> list[dict]:
+        return list(gate.reasons)
 
-    def evaluation(evaluation_id: UUID, state: str) -> dict:
-        return {
-            "id": str(evaluation_id),
-            "state": state,
-            "dashboard_url": view.absolute("web:evaluation", slug, evaluation_id),
-        }
+    def get_suite(self, gate: Gate) -> str:
+        return f"{gate.suite.name}@{gate.suite.version}"
 
-    return {
-        "id": str(gate.id),
-        "state": gate.state,
-        "state_detail": gate.state_detail,
-        "verdict": gate.verdict or None,
-        "reasons": list(gate.reasons),
-        "statistics": dict(gate.statistics),
-        "policy": dict(gate.policy),
-        "candidate": gate.candidate.sha,
-        "baseline": gate.baseline.sha,
-        "against": gate.against,
-        "suite": f"{gate.suite.name}@{gate.suite.version}",
-        "split": gate.split,
-        "policy_version": gate.policy_version.name,
-        "epochs": gate.epochs,
-        "seed": gate.seed,
-        "evaluations": {
-            "candidate": evaluation(gate.candidate_evaluation_id, gate.candidate_evaluation.state),
-            "baseline": evaluation(gate.baseline_evaluation_id, gate.baseline_evaluation.state),
-            "comparison_url": view.absolute(
-                "web:comparison",
-                slug,
-                query=f"reference={gate.baseline_evaluation_id}"
-                f"&candidate={gate.candidate_evaluation_id}",
-            ),
-        },
-        "created_at": when(gate.created_at),
-        "finished_at": when(gate.finished_at) if gate.finished_at else None,
-        "url": view.absolute("api:gate", slug, gate.id),
-        "dashboard_url": view.absolute("web:gate", slug, gate.id),
-    }
+    def get_url(self, gate: Gate) -> str:
+        return self.view.absolute("api:gate", self.view.project.slug, gate.id)
+
+    def get_dashboard_url(self, gate: Gate) -> str:
+        return self.view.absolute("web:gate", self.view.project.slug, gate.id)
 
 
 def _gates(view: ApiView) -> QuerySet[Gate]:
@@ -152,7 +143,7 @@ class GateListView(ApiView):
         operation_id="gates_list", parameters=PAGE_PARAMETERS, responses=paginated(GateOut)
     )
     def get(self, request: Request, slug: str) -> Response:
-        return paginate(self, _gates(self), lambda gate: gate_out(self, gate))
+        return paginate(self, _gates(self), GateOut)
 
     @extend_schema(operation_id="gates_create", request=GateIn, responses={202: GateCreatedOut})
     def post(self, request: Request, slug: str) -> Response:
@@ -176,21 +167,15 @@ class GateListView(ApiView):
             max_error_rate=values.get("max_error_rate"),
             created_by=request.user,
         )
-        status_url = self.absolute("api:gate", self.project.slug, gate.id)
-        body = {
-            "id": str(gate.id),
-            "state": gate.state,
-            "status_url": status_url,
-            "dashboard_url": self.absolute("web:gate", self.project.slug, gate.id),
-        }
-        return Response(body, status=202, headers={"Location": status_url})
+        body = self.out(GateCreatedOut, gate)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
 class GateDetailView(ApiView):
     @extend_schema(operation_id="gates_retrieve", responses=GateOut)
     def get(self, request: Request, slug: str, gate_id: UUID) -> Response:
         gate = gate_get(project=self.project, gate_id=gate_id)
-        return Response(gate_out(self, gate))
+        return Response(self.out(GateOut, gate))
 
 
 # Relative to projects/<slug:slug>/ (coevo/api/urls.py).

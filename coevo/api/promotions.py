@@ -20,11 +20,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
+from coevo.api.fields import MethodField, OutSerializer
 from coevo.errors import InvalidInput
 from coevo.policies.services import policy_version_get_default
 from coevo.projects.models import Project, Role
 from coevo.reviews import selectors as review_selectors
 from coevo.reviews import services as review_services
+from coevo.reviews.models import PromotionRequest
 from coevo.reviews.promotions.create import promotion_request_create
 from coevo.reviews.promotions.decide import promotion_decide
 from coevo.suites.models import Split, Suite
@@ -56,42 +58,71 @@ class DecisionIn(serializers.Serializer):
     comment = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
 
 
-class PromotionCreatedOut(serializers.Serializer):
+class PromotionCreatedOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.CharField()
-    status_url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    status_url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_status_url(self, promotion: PromotionRequest) -> str:
+        return self.view.absolute("api:promotion", self.view.project.slug, promotion.id)
+
+    def get_dashboard_url(self, promotion: PromotionRequest) -> str:
+        return self.view.absolute("web:promotion", self.view.project.slug, promotion.id)
 
 
 class ApprovalOut(serializers.Serializer):
-    reviewer = serializers.CharField()
+    reviewer = serializers.CharField(source="reviewer.get_username")
     decision = serializers.CharField()
     comment = serializers.CharField()
     created_at = serializers.DateTimeField()
 
 
-class PromotionOut(serializers.Serializer):
+# Context: heldout, whether the evidence goes out whole (ApiView.can_see_heldout).
+class PromotionOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.CharField()
     state_detail = serializers.CharField()
-    stale = serializers.BooleanField(help_text="The holder changed: refresh before approval.")
-    candidate = serializers.CharField()
-    channel = serializers.CharField()
-    policy_version = serializers.CharField(allow_null=True)
-    suite = serializers.CharField()
-    epochs = serializers.IntegerField()
-    requester = serializers.CharField(allow_null=True)
-    evidence = serializers.DictField(
-        help_text="Scores, the paired held-out comparison, gap, cost, errors, held-out looks; "
-        "per-task held-out details only for reviewers' personal tokens."
+    stale = MethodField(
+        serializers.BooleanField(help_text="The holder changed: refresh before approval.")
     )
-    approvals = ApprovalOut(many=True)
+    candidate = serializers.CharField(source="candidate.sha")
+    channel = serializers.CharField(source="channel.name")
+    policy_version = serializers.CharField(source="policy_version.name", allow_null=True)
+    suite = MethodField(serializers.CharField())
+    epochs = serializers.IntegerField()
+    requester = serializers.CharField(source="requester.get_username", allow_null=True)
+    evidence = MethodField(
+        serializers.DictField(
+            help_text="Scores, the paired held-out comparison, gap, cost, errors, held-out "
+            "looks; per-task held-out details only for reviewers' personal tokens."
+        )
+    )
+    approvals = MethodField(ApprovalOut(many=True))
     created_at = serializers.DateTimeField()
-    url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
 
+    def get_stale(self, promotion: PromotionRequest) -> bool:
+        return review_selectors.promotion_is_stale(request=promotion)
 
-_when = serializers.DateTimeField().to_representation
+    def get_suite(self, promotion: PromotionRequest) -> str:
+        return f"{promotion.suite.name}@{promotion.suite.version}"
+
+    def get_evidence(self, promotion: PromotionRequest) -> dict[str, Any]:
+        if self.context["heldout"]:
+            return dict(promotion.evidence or {})
+        return sealed_evidence(promotion.evidence)
+
+    def get_approvals(self, promotion: PromotionRequest) -> list[dict[str, Any]]:
+        approvals = review_selectors.promotion_approvals(request=promotion)
+        return ApprovalOut(approvals, many=True).data
+
+    def get_url(self, promotion: PromotionRequest) -> str:
+        return self.view.absolute("api:promotion", self.view.project.slug, promotion.id)
+
+    def get_dashboard_url(self, promotion: PromotionRequest) -> str:
+        return self.view.absolute("web:promotion", self.view.project.slug, promotion.id)
 
 
 def sealed_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
@@ -103,36 +134,6 @@ def sealed_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
             key: value for key, value in comparison.items() if key not in SEALED_COMPARISON_KEYS
         }
     return evidence
-
-
-def promotion_out(view: ApiView, promotion: Any, *, heldout: bool) -> dict[str, Any]:
-    slug = view.project.slug
-    evidence = dict(promotion.evidence or {}) if heldout else sealed_evidence(promotion.evidence)
-    return {
-        "id": str(promotion.id),
-        "state": promotion.state,
-        "state_detail": promotion.state_detail,
-        "stale": review_selectors.promotion_is_stale(request=promotion),
-        "candidate": promotion.candidate.sha,
-        "channel": promotion.channel.name,
-        "policy_version": promotion.policy_version.name if promotion.policy_version else None,
-        "suite": f"{promotion.suite.name}@{promotion.suite.version}",
-        "epochs": promotion.epochs,
-        "requester": promotion.requester.get_username() if promotion.requester else None,
-        "evidence": evidence,
-        "approvals": [
-            {
-                "reviewer": approval.reviewer.get_username(),
-                "decision": approval.decision,
-                "comment": approval.comment,
-                "created_at": _when(approval.created_at),
-            }
-            for approval in review_selectors.promotion_approvals(request=promotion)
-        ],
-        "created_at": _when(promotion.created_at),
-        "url": view.absolute("api:promotion", slug, promotion.id),
-        "dashboard_url": view.absolute("web:promotion", slug, promotion.id),
-    }
 
 
 def _default_suite(project: Project) -> Suite:
@@ -163,11 +164,11 @@ class PromotionListView(ApiView):
         responses=paginated(PromotionOut),
     )
     def get(self, request: Request, slug: str) -> Response:
-        heldout = self.can_see_heldout()
         return paginate(
             self,
             review_selectors.promotion_list_for_project(project=self.project),
-            lambda promotion: promotion_out(self, promotion, heldout=heldout),
+            PromotionOut,
+            heldout=self.can_see_heldout(),
         )
 
     @extend_schema(
@@ -196,21 +197,15 @@ class PromotionListView(ApiView):
             suite=suite,
             epochs=values["epochs"],
         )
-        status_url = self.absolute("api:promotion", self.project.slug, promotion.id)
-        body = {
-            "id": str(promotion.id),
-            "state": promotion.state,
-            "status_url": status_url,
-            "dashboard_url": self.absolute("web:promotion", self.project.slug, promotion.id),
-        }
-        return Response(body, status=202, headers={"Location": status_url})
+        body = self.out(PromotionCreatedOut, promotion)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
 class PromotionDetailView(ApiView):
     @extend_schema(operation_id="promotions_retrieve", responses=PromotionOut)
     def get(self, request: Request, slug: str, request_id: UUID) -> Response:
         promotion = review_selectors.promotion_get(project=self.project, request_id=request_id)
-        return Response(promotion_out(self, promotion, heldout=self.can_see_heldout()))
+        return Response(self.out(PromotionOut, promotion, heldout=self.can_see_heldout()))
 
 
 class PromotionDecisionView(ApiView):
@@ -232,7 +227,7 @@ class PromotionDecisionView(ApiView):
             comment=data.validated_data.get("comment", ""),
         )
         promotion = review_selectors.promotion_get(project=self.project, request_id=request_id)
-        return Response(promotion_out(self, promotion, heldout=self.can_see_heldout()))
+        return Response(self.out(PromotionOut, promotion, heldout=self.can_see_heldout()))
 
 
 class PromotionApproveView(PromotionDecisionView):
