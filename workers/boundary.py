@@ -42,6 +42,8 @@ from workers.openai_requests import error_body
 logger = logging.getLogger(__name__)
 
 SOCKET_NAME = "api.sock"
+# coevo's own routes: the suite's environment and helpers (docs/harnesses.md).
+COEVO_PREFIX = "/coevo/v1"
 MAX_BODY_BYTES = 4 * 1024 * 1024
 # A read or write that stalls this long ends the connection (a slow or stuck client).
 IO_TIMEOUT_S = 30.0
@@ -71,6 +73,11 @@ class BoundaryHandler(Protocol):
 
     def check_request(self, api: str, body: Any) -> tuple[dict[str, Any], list[str]]:
         """``openai_requests.check_request`` with the rollout's seed and token budget."""
+        ...
+
+    def coevo_call(self, method: str, params: dict[str, Any]) -> Any:
+        """``env.reset``, ``env.step`` or ``helper.<name>`` with ``params``; raises
+        BoundaryRefusal."""
         ...
 
 
@@ -181,7 +188,11 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/completions": "completions",
             "/completions": "completions",
             anthropic_messages.PATH: "messages",
+            COEVO_PREFIX + "/env/reset": "env.reset",
+            COEVO_PREFIX + "/env/step": "env.step",
         }.get(path)
+        if api is None and path.startswith(COEVO_PREFIX + "/helpers/"):
+            api = "helper." + path.removeprefix(COEVO_PREFIX + "/helpers/")
         if not self._authorized():
             return
         if api is None:
@@ -193,6 +204,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if api == "messages":
             self._messages(body)
+            return
+        if api.startswith(("env.", "helper.")):
+            self._coevo(api, body)
             return
         handler = self.server.boundary.handler
         try:
@@ -233,6 +247,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(anthropic_messages.stream_events(message))
         else:
             self._json(200, message)
+
+    def _coevo(self, method: str, body: Any) -> None:
+        """The suite's environment and helpers (``ctx.env`` and ``ctx.helper`` for programs):
+        the body is the call's parameters, the reply its result."""
+        if not isinstance(body, dict):
+            self._json(400, error_body("The request body must be a JSON object."))
+            return
+        try:
+            result = self.server.boundary.handler.coevo_call(method, body)
+        except BoundaryRefusal as exc:
+            self._json(exc.status, exc.body)
+            return
+        self._json(200, result if isinstance(result, dict) else {"result": result})
 
     def do_PUT(self) -> None:
         self._method_not_allowed()

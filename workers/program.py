@@ -107,6 +107,8 @@ class _ProgramRollout:
         self.knobs = knobs
         self.model_name = runner.inputs.policy_version or "policy"
         self.lock = threading.Lock()
+        # Environment steps and helpers run one at a time, as ctx.env's do.
+        self.env_lock = threading.Lock()
         self.pending: list[Step] = []
         self.fault: HarnessFault | PolicyUnavailable | None = None
         self.calls = 0
@@ -119,6 +121,7 @@ class _ProgramRollout:
         runner = self.runner
         assert runner.meter is not None
         boundary = ModelBoundary(handler=self, token=secrets.token_urlsafe(32))
+        runner.sink = self._queue
         try:
             boundary.start()
             self.channel = runner.channel = HarnessChannel(
@@ -137,6 +140,8 @@ class _ProgramRollout:
                     "seed": runner.inputs.seed,
                     "token": boundary.token,
                     "socket": f"{BOUNDARY_DIR}/{boundary.socket_path.name}",
+                    "multi_step": runner.multi_step,
+                    "helpers": sorted(runner.helpers),
                 }
             )
             ended = self._wait_for_the_end()
@@ -145,6 +150,7 @@ class _ProgramRollout:
             if self.channel is not None:
                 self.channel.close()
             boundary.close()
+            runner.sink = None
             self._drain()
 
     def _wait_for_the_end(self) -> dict[str, Any]:
@@ -185,6 +191,8 @@ class _ProgramRollout:
             )
             raise HarnessExited(f"the program {how}")
         answer = ended.get("answer") or {}
+        if not answer.get("written") and self.runner.multi_step:
+            return None  # the episode's verdict scores a multi-step suite, not an answer
         if not answer.get("written"):
             raise ProtocolViolation(
                 "the program exited without writing its answer to $COEVO_ANSWER_FILE (write "
@@ -203,11 +211,15 @@ class _ProgramRollout:
                 'value, e.g. "yes" with its quotes for a string'
             ) from None
 
+    def _queue(self, step: Step) -> None:
+        with self.lock:
+            self.pending.append(step)
+
     def _drain(self) -> None:
         with self.lock:
             steps, self.pending = self.pending, []
         for step in steps:
-            self.runner.record(step)
+            self.runner.record_now(step)
 
     def _raise_fault(self) -> None:
         with self.lock:
@@ -307,6 +319,25 @@ class _ProgramRollout:
                 self._fail(exc)
                 raise BoundaryRefusal(429, _limit_body(exc)) from None
         return reply
+
+    def coevo_call(self, method: str, params: dict[str, Any]) -> Any:
+        """``env.reset``, ``env.step`` or ``helper.<name>`` for a program: the same calls, limits
+        and trace steps as ctx.env and ctx.helper (the runner makes them)."""
+        with self.env_lock:
+            with self.lock:
+                if self.fault is not None:
+                    raise BoundaryRefusal(409, error_body("This rollout has ended.", code="ended"))
+            try:
+                if method.startswith("env."):
+                    return self.runner._env_call(method.removeprefix("env."), params)
+                return self.runner._helper_call(method.removeprefix("helper."), params)
+            except HarnessFault as exc:
+                with self.lock:
+                    self._fail(exc)
+                status = 429 if isinstance(exc, LimitExceeded) else 400
+                raise BoundaryRefusal(
+                    status, error_body(str(exc), type="coevo_error", code=str(exc.error_kind))
+                ) from None
 
     def _payload(self, api: str, body: dict[str, Any], dropped: list[str]) -> dict[str, Any]:
         content_keys = (

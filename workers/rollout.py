@@ -143,6 +143,7 @@ class _Runner:
         self.multi_step = bool(environment and environment.multi_step)
         self.helpers = environment.helpers if environment else {}
         self.on_step = on_step
+        self.sink: Callable[[Step], None] | None = None
         self.result = RolloutResult(outcome=Outcome.HARNESS_ERROR, score=0.0)
         self.channel: HarnessChannel | None = None
         self.meter: LimitMeter | None = None
@@ -151,6 +152,15 @@ class _Runner:
         self.episode_done = False
 
     def record(self, step: Step) -> None:
+        """Add a step to the trace. A program harness's calls arrive on the boundary's threads:
+        while it runs, ``sink`` takes their steps, and the rollout's own thread records them
+        (``record_now``), so that ``on_step`` (the trace writer) only ever runs on one thread."""
+        if self.sink is not None:
+            self.sink(step)
+        else:
+            self.record_now(step)
+
+    def record_now(self, step: Step) -> None:
         self.result.steps.append(step)
         if self.on_step:
             self.on_step(step)
@@ -250,11 +260,6 @@ class _Runner:
         wall_s = min(manifest.limits.wall_time_s, self.inputs.wall_time_s)
         self.meter = meter = LimitMeter(manifest.limits, wall_s=wall_s)
         if manifest.is_program:
-            if self.multi_step:
-                raise ProtocolViolation(
-                    "protocol violation: program harnesses play single-answer suites for now "
-                    "(multi-step suites need a run(task, ctx) harness)"
-                )
             return converse_program(self, manifest, knobs)
         self.channel = channel = HarnessChannel(
             harness_dir=self.inputs.harness_dir,

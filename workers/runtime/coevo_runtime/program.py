@@ -70,6 +70,11 @@ def main() -> int:
             "ANTHROPIC_BASE_URL": base,
             "ANTHROPIC_API_KEY": start["token"],
             "COEVO_API_URL": f"{base}/v1",
+            # The suite's environment (multi-step suites) and helpers, at the same boundary.
+            "COEVO_ENV_URL": f"{base}/coevo/v1/env",
+            "COEVO_HELPERS_URL": f"{base}/coevo/v1/helpers",
+            "COEVO_MULTI_STEP": "1" if start.get("multi_step") else "0",
+            "COEVO_HELPERS": ",".join(start.get("helpers") or []),
             "COEVO_TASK_FILE": task_file,
             "COEVO_KNOBS_FILE": knobs_file,
             "COEVO_ANSWER_FILE": answer_file,
