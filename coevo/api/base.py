@@ -125,6 +125,4 @@ def paginate(
     """A page of ``queryset``, each row rendered by ``out`` (the item the schema declares)."""
     paginator = CreatedCursorPagination()
     page = paginator.paginate_queryset(queryset, view.request, view=view)
-    if not isinstance(out, type):  # not yet converted: a render function
-        return paginator.get_paginated_response([out(row) for row in page])
     return paginator.get_paginated_response(view.out(out, page, many=True, **context))

@@ -19,7 +19,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
-from coevo.campaigns.alternation import SWITCH_RULES, Phase
+from coevo.api.fields import FiniteFloatField, MethodField, OutSerializer, finite
+from coevo.campaigns.alternation import SWITCH_RULES
 from coevo.campaigns.models import (
     Campaign,
     CampaignState,
@@ -40,8 +41,10 @@ from coevo.campaigns.services import (
     campaign_resume,
     campaign_start,
     campaign_stop,
+    campaign_submit_candidate,
 )
 from coevo.evaluations.ledger import BudgetLimits
+from coevo.evaluations.models import Budget
 from coevo.evaluations.selectors import search_validation_gap
 from coevo.exports.models import ExportFormat
 from coevo.policies.services import policy_version_get_default
@@ -53,10 +56,6 @@ from harness_store.selectors import candidate_get
 MAX_SEED = 2**31 - 1
 MAX_BUDGET = 2**62
 SHA = r"^[0-9a-fA-F]{7,40}$"
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
 
 
 # --- serializers ------------------------------------------------------------------------------
@@ -145,52 +144,96 @@ class CampaignStartIn(serializers.Serializer):
         return value
 
 
-class CampaignAcceptedOut(serializers.Serializer):
+class CampaignAcceptedOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=CampaignState.choices)
-    status_url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    status_url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_status_url(self, campaign: Campaign) -> str:
+        return self.view.absolute("api:campaign", self.view.project.slug, campaign.id)
+
+    def get_dashboard_url(self, campaign: Campaign) -> str:
+        return self.view.absolute("web:campaign", self.view.project.slug, campaign.id)
 
 
-class CampaignOut(serializers.Serializer):
+class CampaignOut(OutSerializer):
     id = serializers.UUIDField()
     name = serializers.CharField()
     state = serializers.ChoiceField(choices=CampaignState.choices)
     stop_reason = serializers.CharField()
-    seed_candidate = serializers.CharField(help_text="SHA.")
-    suite = serializers.CharField()
-    suite_version = serializers.CharField()
-    policy_version = serializers.CharField()
-    best_candidate = serializers.CharField(allow_null=True, help_text="SHA; chosen on validation.")
-    best_validation_score = serializers.FloatField(allow_null=True)
+    seed_candidate = serializers.CharField(source="seed_candidate.sha", help_text="SHA.")
+    suite = serializers.CharField(source="suite.name")
+    suite_version = serializers.CharField(source="suite.version")
+    policy_version = serializers.CharField(source="policy_version.name")
+    best_candidate = serializers.CharField(
+        source="best_candidate.sha", allow_null=True, help_text="SHA; chosen on validation."
+    )
+    best_validation_score = FiniteFloatField(allow_null=True)
     created_at = serializers.DateTimeField()
-    url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_url(self, campaign: Campaign) -> str:
+        return self.view.absolute("api:campaign", self.view.project.slug, campaign.id)
+
+    def get_dashboard_url(self, campaign: Campaign) -> str:
+        return self.view.absolute("web:campaign", self.view.project.slug, campaign.id)
 
 
-class BestOut(serializers.Serializer):
-    candidate = serializers.CharField(help_text="SHA.")
-    proposal = serializers.IntegerField(help_text="Its proposal's sequence number.")
-    search_score = serializers.FloatField(allow_null=True)
-    validation_score = serializers.FloatField(allow_null=True)
-    gap = serializers.FloatField(allow_null=True, help_text="search_score − validation_score.")
-    dashboard_url = serializers.URLField()
+# Of the best proposal (campaign_best_proposal).
+class BestOut(OutSerializer):
+    candidate = serializers.CharField(source="candidate.sha", help_text="SHA.")
+    proposal = serializers.IntegerField(
+        source="sequence", help_text="Its proposal's sequence number."
+    )
+    search_score = FiniteFloatField(allow_null=True)
+    validation_score = FiniteFloatField(allow_null=True)
+    gap = MethodField(
+        serializers.FloatField(allow_null=True, help_text="search_score − validation_score.")
+    )
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_gap(self, best: Proposal) -> float | None:
+        return search_validation_gap(
+            search_score=finite(best.search_score), validation_score=finite(best.validation_score)
+        )
+
+    def get_dashboard_url(self, best: Proposal) -> str:
+        return self.view.absolute("web:candidate", self.view.project.slug, best.candidate.sha)
 
 
+# Of a ledger budget, for one unit (rollouts, tokens or wall_s).
 class SpendOut(serializers.Serializer):
-    spent = serializers.IntegerField()
-    reserved = serializers.IntegerField()
-    limit = serializers.IntegerField(allow_null=True)
+    spent = MethodField(serializers.IntegerField())
+    reserved = MethodField(serializers.IntegerField())
+    limit = MethodField(serializers.IntegerField(allow_null=True))
+
+    def __init__(self, *args: Any, unit: str = "rollouts", **kwargs: Any) -> None:
+        self.unit = unit
+        super().__init__(*args, **kwargs)
+
+    def get_spent(self, budget: Budget) -> int:
+        return getattr(budget, f"spent_{self.unit}")
+
+    def get_reserved(self, budget: Budget) -> int:
+        return getattr(budget, f"reserved_{self.unit}")
+
+    def get_limit(self, budget: Budget) -> int | None:
+        return getattr(budget, f"limit_{self.unit}")
 
 
 class SpendAllOut(serializers.Serializer):
-    rollouts = SpendOut()
-    tokens = SpendOut()
-    wall_s = SpendOut()
+    rollouts = SpendOut(source="*", unit="rollouts")
+    tokens = SpendOut(source="*", unit="tokens")
+    wall_s = SpendOut(source="*", unit="wall_s")
 
 
+# Of campaign_progress's figures.
 class ProposalCountsOut(serializers.Serializer):
-    total = serializers.IntegerField(help_text="Proposals, the seed's evaluation excluded.")
+    total = serializers.IntegerField(
+        source="proposals", help_text="Proposals, the seed's evaluation excluded."
+    )
     by_state = serializers.DictField(child=serializers.IntegerField())
 
 
@@ -198,9 +241,10 @@ class StopRulesOut(serializers.Serializer):
     max_proposals = serializers.IntegerField()
     max_candidates = serializers.IntegerField(allow_null=True)
     patience = serializers.IntegerField(allow_null=True)
-    target_score = serializers.FloatField(allow_null=True)
+    target_score = FiniteFloatField(allow_null=True)
 
 
+# Of coevo.campaigns.policy_steps.next_phase's Phase.
 class PhaseOut(serializers.Serializer):
     name = serializers.CharField(help_text="What the next step is: harness or policy.")
     steps = serializers.IntegerField(help_text="Steps taken in this phase so far.")
@@ -209,62 +253,109 @@ class PhaseOut(serializers.Serializer):
     reason = serializers.CharField()
 
 
+# Context: progress (campaign_progress) and best (campaign_best_proposal, or None).
 class CampaignDetailOut(CampaignOut):
     state_detail = serializers.CharField()
     alternation = serializers.DictField(
         help_text="The alternation configuration, defaults filled in ({}: harness steps only)."
     )
-    phase = PhaseOut(allow_null=True, help_text="An alternating campaign's phase; else null.")
+    phase = MethodField(
+        PhaseOut(allow_null=True, help_text="An alternating campaign's phase; else null.")
+    )
     current_policy_version = serializers.CharField(
-        help_text="The policy harness proposals are evaluated under now."
+        source="active_policy_version.name",
+        help_text="The policy harness proposals are evaluated under now.",
     )
     best_policy_version = serializers.CharField(
-        allow_null=True, help_text="The policy the best candidate scored its best under."
+        source="best_policy_version.name",
+        allow_null=True,
+        help_text="The policy the best candidate scored its best under.",
     )
     search_split = serializers.CharField()
     validation_split = serializers.CharField()
     strategy = serializers.ListField(child=serializers.DictField())
-    stop_rules = StopRulesOut()
+    stop_rules = StopRulesOut(source="*")
     epochs = serializers.IntegerField()
     seed = serializers.IntegerField()
-    proposals = ProposalCountsOut()
-    best = BestOut(allow_null=True)
-    spend = SpendAllOut(help_text="The campaign's ledger: spent, reserved and limit per unit.")
+    proposals = MethodField(ProposalCountsOut())
+    best = MethodField(BestOut(allow_null=True))
+    spend = MethodField(
+        SpendAllOut(help_text="The campaign's ledger: spent, reserved and limit per unit.")
+    )
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
-    proposals_url = serializers.URLField()
+    proposals_url = MethodField(serializers.URLField())
+
+    def get_phase(self, campaign: Campaign) -> dict[str, Any] | None:
+        return PhaseOut(next_phase(campaign)).data if campaign.alternates else None
+
+    def get_proposals(self, campaign: Campaign) -> dict[str, Any]:
+        return ProposalCountsOut(self.context["progress"]).data
+
+    def get_best(self, campaign: Campaign) -> dict[str, Any] | None:
+        best = self.context["best"]
+        return None if best is None else BestOut(best, context=self.context).data
+
+    def get_spend(self, campaign: Campaign) -> dict[str, Any]:
+        return SpendAllOut(self.context["progress"].budget).data
+
+    def get_proposals_url(self, campaign: Campaign) -> str:
+        return self.view.absolute("api:campaign_proposals", self.view.project.slug, campaign.id)
 
 
+# Of a stage record as a proposal stores it (a dict; missing keys read as empty).
 class StageOut(serializers.Serializer):
-    stage = serializers.CharField()
-    ok = serializers.BooleanField()
-    reason = serializers.CharField(allow_blank=True)
+    stage = MethodField(serializers.CharField())
+    ok = MethodField(serializers.BooleanField())
+    reason = MethodField(serializers.CharField(allow_blank=True))
+
+    def get_stage(self, stage: dict[str, Any]) -> str:
+        return str(stage.get("stage", ""))
+
+    def get_ok(self, stage: dict[str, Any]) -> bool:
+        return bool(stage.get("ok"))
+
+    def get_reason(self, stage: dict[str, Any]) -> str:
+        return str(stage.get("reason", ""))
 
 
-class ProposalOut(serializers.Serializer):
+# Context: detail, whether the large fields (DETAIL_FIELDS) go out.
+class ProposalOut(OutSerializer):
     id = serializers.UUIDField()
     sequence = serializers.IntegerField()
     kind = serializers.ChoiceField(choices=ProposerKind.choices)
     state = serializers.ChoiceField(choices=ProposalState.choices)
     state_detail = serializers.CharField(allow_blank=True)
-    parents = serializers.ListField(child=serializers.CharField(), help_text="Parent SHAs.")
+    parents = MethodField(
+        serializers.ListField(child=serializers.CharField(), help_text="Parent SHAs.")
+    )
     params = serializers.DictField()
-    stages = StageOut(many=True)
-    candidate = serializers.CharField(allow_null=True, help_text="SHA of the resulting commit.")
-    search_evaluation = serializers.UUIDField(allow_null=True)
-    validation_evaluation = serializers.UUIDField(allow_null=True)
-    search_score = serializers.FloatField(allow_null=True)
-    validation_score = serializers.FloatField(allow_null=True)
-    tokens_per_task = serializers.FloatField(allow_null=True)
+    stages = MethodField(StageOut(many=True))
+    candidate = serializers.CharField(
+        source="candidate.sha", allow_null=True, help_text="SHA of the resulting commit."
+    )
+    search_evaluation = serializers.UUIDField(source="search_evaluation_id", allow_null=True)
+    validation_evaluation = serializers.UUIDField(
+        source="validation_evaluation_id", allow_null=True
+    )
+    search_score = FiniteFloatField(allow_null=True)
+    validation_score = FiniteFloatField(allow_null=True)
+    tokens_per_task = FiniteFloatField(allow_null=True)
     proposer_tokens = serializers.IntegerField()
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
-    diff_url = serializers.URLField(allow_null=True)
+    diff_url = MethodField(serializers.URLField(allow_null=True))
     policy_version = serializers.CharField(
-        allow_null=True, help_text="The policy its evaluations ran under (a policy step: trained)."
+        source="policy_version.name",
+        allow_null=True,
+        help_text="The policy its evaluations ran under (a policy step: trained).",
     )
-    export = serializers.UUIDField(allow_null=True, help_text="A policy step's training data.")
-    training_run = serializers.UUIDField(allow_null=True, help_text="A policy step's run.")
+    export = serializers.UUIDField(
+        source="export_id", allow_null=True, help_text="A policy step's training data."
+    )
+    training_run = serializers.UUIDField(
+        source="training_run_id", allow_null=True, help_text="A policy step's run."
+    )
     improved = serializers.BooleanField(help_text="It raised the best validation score.")
     prompt = serializers.CharField(required=False, help_text="Only with ?detail=1.")
     response = serializers.CharField(required=False, help_text="Only with ?detail=1.")
@@ -272,6 +363,30 @@ class ProposalOut(serializers.Serializer):
     shown = serializers.DictField(
         required=False, help_text="What the proposer saw (search split only); ?detail=1."
     )
+
+    DETAIL_FIELDS = ("prompt", "response", "patch", "shown")
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        # The schema (no context) declares them; a list without ?detail=1 never loads them.
+        if self.context.get("detail") is False:
+            for name in self.DETAIL_FIELDS:
+                del fields[name]
+        return fields
+
+    def get_parents(self, proposal: Proposal) -> list[str]:
+        return [str(sha) for sha in (proposal.parent_shas or [])]
+
+    def get_stages(self, proposal: Proposal) -> list[dict[str, Any]]:
+        stages = [stage for stage in (proposal.stages or []) if isinstance(stage, dict)]
+        return StageOut(stages, many=True).data
+
+    def get_diff_url(self, proposal: Proposal) -> str | None:
+        if proposal.candidate is None:
+            return None
+        return self.view.absolute(
+            "web:candidate_diff", self.view.project.slug, proposal.candidate.sha
+        )
 
 
 class ProposalFilterIn(serializers.Serializer):
@@ -284,21 +399,23 @@ class SubmitCandidateIn(serializers.Serializer):
     sha = serializers.RegexField(SHA, help_text="A candidate of the project (import it first).")
 
 
-class ProposalAcceptedOut(serializers.Serializer):
+class ProposalAcceptedOut(OutSerializer):
     id = serializers.UUIDField()
     sequence = serializers.IntegerField()
     kind = serializers.ChoiceField(choices=ProposerKind.choices)
     state = serializers.ChoiceField(choices=ProposalState.choices)
-    candidate = serializers.CharField()
-    status_url = serializers.URLField(help_text="The campaign's status.")
-    dashboard_url = serializers.URLField()
+    candidate = serializers.CharField(source="candidate.sha")
+    status_url = MethodField(serializers.URLField(help_text="The campaign's status."))
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_status_url(self, proposal: Proposal) -> str:
+        return self.view.absolute("api:campaign", self.view.project.slug, proposal.campaign_id)
+
+    def get_dashboard_url(self, proposal: Proposal) -> str:
+        return self.view.absolute("web:campaign", self.view.project.slug, proposal.campaign_id)
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-
-def _when(value: Any) -> str | None:
-    return serializers.DateTimeField().to_representation(value) if value else None
 
 
 def _alternation(values: dict[str, Any] | None) -> dict[str, Any]:
@@ -310,53 +427,13 @@ def _alternation(values: dict[str, Any] | None) -> dict[str, Any]:
     return config
 
 
-def _phase(phase: Phase) -> dict[str, Any]:
-    return {
-        "name": phase.name,
-        "steps": phase.steps,
-        "stale": phase.stale,
-        "policy_steps": phase.policy_steps,
-        "reason": phase.reason,
-    }
-
-
 class CampaignViewMixin(ApiView):
     def campaign(self, campaign_id: Any) -> Campaign:
         return campaign_get(project=self.project, campaign_id=campaign_id)
 
-    def links(self, campaign: Campaign) -> dict[str, str]:
-        slug = self.project.slug
-        return {
-            "url": self.absolute("api:campaign", slug, campaign.id),
-            "dashboard_url": self.absolute("web:campaign", slug, campaign.id),
-        }
-
     def accepted(self, campaign: Campaign) -> Response:
-        links = self.links(campaign)
-        body = {
-            "id": str(campaign.id),
-            "state": campaign.state,
-            "status_url": links["url"],
-            "dashboard_url": links["dashboard_url"],
-        }
-        return Response(body, status=202, headers={"Location": links["url"]})
-
-    def campaign_out(self, campaign: Campaign) -> dict[str, Any]:
-        best = campaign.best_candidate
-        return {
-            "id": str(campaign.id),
-            "name": campaign.name,
-            "state": campaign.state,
-            "stop_reason": campaign.stop_reason,
-            "seed_candidate": campaign.seed_candidate.sha,
-            "suite": campaign.suite.name,
-            "suite_version": campaign.suite.version,
-            "policy_version": campaign.policy_version.name,
-            "best_candidate": best.sha if best else None,
-            "best_validation_score": _finite(campaign.best_validation_score),
-            "created_at": _when(campaign.created_at),
-            **self.links(campaign),
-        }
+        body = self.out(CampaignAcceptedOut, campaign)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
 def _campaigns(view: ApiView) -> QuerySet[Campaign]:
@@ -374,7 +451,7 @@ class CampaignListView(CampaignViewMixin):
         operation_id="campaigns_list", parameters=PAGE_PARAMETERS, responses=paginated(CampaignOut)
     )
     def get(self, request: Request, slug: str) -> Response:
-        return paginate(self, _campaigns(self), self.campaign_out)
+        return paginate(self, _campaigns(self), CampaignOut)
 
     @extend_schema(
         operation_id="campaigns_start",
@@ -425,55 +502,13 @@ class CampaignDetailView(CampaignViewMixin):
     @extend_schema(operation_id="campaigns_retrieve", responses=CampaignDetailOut)
     def get(self, request: Request, slug: str, campaign_id: UUID) -> Response:
         campaign = self.campaign(campaign_id)
-        progress = campaign_progress(campaign=campaign)
-        best = campaign_best_proposal(campaign=campaign)
-        budget = progress.budget
-        body = self.campaign_out(campaign)
-        body.update(
-            state_detail=campaign.state_detail,
-            alternation=dict(campaign.alternation or {}),
-            phase=_phase(next_phase(campaign)) if campaign.alternates else None,
-            current_policy_version=campaign.active_policy_version.name,
-            best_policy_version=(
-                campaign.best_policy_version.name if campaign.best_policy_version else None
-            ),
-            search_split=campaign.search_split,
-            validation_split=campaign.validation_split,
-            strategy=list(campaign.strategy),
-            stop_rules={
-                "max_proposals": campaign.max_proposals,
-                "max_candidates": campaign.max_candidates,
-                "patience": campaign.patience,
-                "target_score": _finite(campaign.target_score),
-            },
-            epochs=campaign.epochs,
-            seed=campaign.seed,
-            proposals={"total": progress.proposals, "by_state": dict(progress.by_state)},
-            best=self.best_out(best) if best is not None else None,
-            spend={
-                unit: {
-                    "spent": getattr(budget, f"spent_{unit}"),
-                    "reserved": getattr(budget, f"reserved_{unit}"),
-                    "limit": getattr(budget, f"limit_{unit}"),
-                }
-                for unit in ("rollouts", "tokens", "wall_s")
-            },
-            started_at=_when(campaign.started_at),
-            finished_at=_when(campaign.finished_at),
-            proposals_url=self.absolute("api:campaign_proposals", self.project.slug, campaign.id),
+        body = self.out(
+            CampaignDetailOut,
+            campaign,
+            progress=campaign_progress(campaign=campaign),
+            best=campaign_best_proposal(campaign=campaign),
         )
         return Response(body)
-
-    def best_out(self, best: Proposal) -> dict[str, Any]:
-        search, validation = _finite(best.search_score), _finite(best.validation_score)
-        return {
-            "candidate": best.candidate.sha,
-            "proposal": best.sequence,
-            "search_score": search,
-            "validation_score": validation,
-            "gap": search_validation_gap(search_score=search, validation_score=validation),
-            "dashboard_url": self.absolute("web:candidate", self.project.slug, best.candidate.sha),
-        }
 
 
 class CampaignProposalsView(CampaignViewMixin):
@@ -491,51 +526,7 @@ class CampaignProposalsView(CampaignViewMixin):
         if not detail:
             # The prompt and response of an LLM proposer can be large: a list never loads them.
             proposals = proposals.defer("shown", "prompt", "response", "patch")
-        return paginate(self, proposals, lambda p: self.proposal_out(p, detail=detail))
-
-    def proposal_out(self, p: Proposal, *, detail: bool) -> dict[str, Any]:
-        slug = self.project.slug
-        body: dict[str, Any] = {
-            "id": str(p.id),
-            "sequence": p.sequence,
-            "kind": p.kind,
-            "state": p.state,
-            "state_detail": p.state_detail,
-            "parents": [str(sha) for sha in (p.parent_shas or [])],
-            "params": dict(p.params or {}),
-            "stages": [
-                {
-                    "stage": str(s.get("stage", "")),
-                    "ok": bool(s.get("ok")),
-                    "reason": str(s.get("reason", "")),
-                }
-                for s in (p.stages or [])
-                if isinstance(s, dict)
-            ],
-            "candidate": p.candidate.sha if p.candidate else None,
-            "search_evaluation": str(p.search_evaluation_id) if p.search_evaluation_id else None,
-            "validation_evaluation": (
-                str(p.validation_evaluation_id) if p.validation_evaluation_id else None
-            ),
-            "search_score": _finite(p.search_score),
-            "validation_score": _finite(p.validation_score),
-            "tokens_per_task": _finite(p.tokens_per_task),
-            "proposer_tokens": p.proposer_tokens,
-            "created_at": _when(p.created_at),
-            "finished_at": _when(p.finished_at),
-            "diff_url": (
-                self.absolute("web:candidate_diff", slug, p.candidate.sha) if p.candidate else None
-            ),
-            "policy_version": p.policy_version.name if p.policy_version else None,
-            "export": str(p.export_id) if p.export_id else None,
-            "training_run": str(p.training_run_id) if p.training_run_id else None,
-            "improved": p.improved,
-        }
-        if detail:
-            body.update(
-                prompt=p.prompt, response=p.response, patch=p.patch, shown=dict(p.shown or {})
-            )
-        return body
+        return paginate(self, proposals, ProposalOut, detail=detail)
 
 
 class CampaignActionView(CampaignViewMixin):
@@ -579,8 +570,6 @@ class CampaignCandidatesView(CampaignViewMixin):
         responses={202: ProposalAcceptedOut},
     )
     def post(self, request: Request, slug: str, campaign_id: UUID) -> Response:
-        from coevo.campaigns.services import campaign_submit_candidate
-
         data = SubmitCandidateIn(data=request.data)
         data.is_valid(raise_exception=True)
         campaign = self.campaign(campaign_id)
@@ -588,17 +577,8 @@ class CampaignCandidatesView(CampaignViewMixin):
         proposal = campaign_submit_candidate(
             campaign=campaign, candidate=candidate, submitted_by=request.user
         )
-        links = self.links(campaign)
-        body = {
-            "id": str(proposal.id),
-            "sequence": proposal.sequence,
-            "kind": proposal.kind,
-            "state": proposal.state,
-            "candidate": candidate.sha,
-            "status_url": links["url"],
-            "dashboard_url": links["dashboard_url"],
-        }
-        return Response(body, status=202, headers={"Location": links["url"]})
+        body = self.out(ProposalAcceptedOut, proposal)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
 # Relative to projects/<slug:slug>/ (coevo/api/urls.py).

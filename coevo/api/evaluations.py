@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 from uuid import UUID
 
@@ -13,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
+from coevo.api.fields import FiniteFloatField, MethodField, OutSerializer, finite
 from coevo.errors import NotFound, PermissionDenied
 from coevo.evaluations.lifecycle import evaluation_cancel
 from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, RolloutState
@@ -32,10 +32,6 @@ from coevo.suites.selectors import suite_get
 from harness_store.selectors import candidate_get
 
 MAX_SEED = 2**31 - 1
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
 
 
 # --- serializers ------------------------------------------------------------------------------
@@ -63,13 +59,20 @@ class EvaluationStartIn(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class AcceptedOut(serializers.Serializer):
+class AcceptedOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=EvaluationState.choices)
-    status_url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    status_url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_status_url(self, evaluation: Evaluation) -> str:
+        return self.view.absolute("api:evaluation", self.view.project.slug, evaluation.id)
+
+    def get_dashboard_url(self, evaluation: Evaluation) -> str:
+        return self.view.absolute("web:evaluation", self.view.project.slug, evaluation.id)
 
 
+# Of evaluation_progress's figures.
 class ProgressOut(serializers.Serializer):
     total = serializers.IntegerField()
     done = serializers.IntegerField()
@@ -77,44 +80,70 @@ class ProgressOut(serializers.Serializer):
     pending = serializers.IntegerField()
     cancelled = serializers.IntegerField()
     passed = serializers.IntegerField()
-    failed = serializers.IntegerField(help_text="Done and not passed (any outcome).")
+    failed = MethodField(serializers.IntegerField(help_text="Done and not passed (any outcome)."))
+
+    def get_failed(self, progress: Any) -> int:
+        return progress.done - progress.passed
 
 
+# Of evaluation_statistics's figures.
 class SummaryOut(serializers.Serializer):
-    method = serializers.CharField()
-    mean = serializers.FloatField(allow_null=True)
-    ci_low = serializers.FloatField(allow_null=True)
-    ci_high = serializers.FloatField(allow_null=True)
-    confidence = serializers.FloatField()
-    n_tasks = serializers.IntegerField()
-    pass_at_k = serializers.DictField(child=serializers.FloatField(), help_text="k -> pass@k")
+    method = serializers.CharField(source="mean.method")
+    mean = FiniteFloatField(source="mean.mean", allow_null=True)
+    ci_low = FiniteFloatField(source="mean.interval.low", allow_null=True)
+    ci_high = FiniteFloatField(source="mean.interval.high", allow_null=True)
+    confidence = serializers.FloatField(source="mean.confidence")
+    n_tasks = serializers.IntegerField(source="tasks")
+    pass_at_k = MethodField(
+        serializers.DictField(child=serializers.FloatField(), help_text="k -> pass@k")
+    )
+
+    def get_pass_at_k(self, statistics: Any) -> dict[str, float]:
+        return {str(k): v for k, v in statistics.pass_at_k.items() if finite(v) is not None}
 
 
+# Of evaluation_progress's figures.
 class ErrorsOut(serializers.Serializer):
-    harness_error = serializers.IntegerField()
-    infra_error = serializers.IntegerField()
+    harness_error = serializers.IntegerField(source="harness_errors")
+    infra_error = serializers.IntegerField(source="infra_errors")
 
 
-class EvaluationOut(serializers.Serializer):
+class EvaluationOut(OutSerializer):
     id = serializers.UUIDField()
-    candidate = serializers.CharField(help_text="Candidate SHA.")
-    suite = serializers.CharField()
-    suite_version = serializers.CharField()
+    candidate = serializers.CharField(source="candidate.sha", help_text="Candidate SHA.")
+    suite = serializers.CharField(source="suite.name")
+    suite_version = serializers.CharField(source="suite.version")
     split = serializers.ChoiceField(choices=Split.choices)
-    policy_version = serializers.CharField()
+    policy_version = serializers.CharField(source="policy_version.name")
     epochs = serializers.IntegerField()
     state = serializers.ChoiceField(choices=EvaluationState.choices)
     stop_reason = serializers.CharField()
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
-    url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_url(self, evaluation: Evaluation) -> str:
+        return self.view.absolute("api:evaluation", self.view.project.slug, evaluation.id)
+
+    def get_dashboard_url(self, evaluation: Evaluation) -> str:
+        return self.view.absolute("web:evaluation", self.view.project.slug, evaluation.id)
 
 
+# Context: progress and statistics, the evaluation's figures (read once for the three parts).
 class EvaluationDetailOut(EvaluationOut):
-    progress = ProgressOut()
-    summary = SummaryOut()
-    errors = ErrorsOut()
+    progress = MethodField(ProgressOut())
+    summary = MethodField(SummaryOut())
+    errors = MethodField(ErrorsOut())
+
+    def get_progress(self, evaluation: Evaluation) -> dict[str, Any]:
+        return ProgressOut(self.context["progress"]).data
+
+    def get_summary(self, evaluation: Evaluation) -> dict[str, Any]:
+        return SummaryOut(self.context["statistics"]).data
+
+    def get_errors(self, evaluation: Evaluation) -> dict[str, Any]:
+        return ErrorsOut(self.context["progress"]).data
 
 
 class EvaluationFilterIn(serializers.Serializer):
@@ -139,25 +168,35 @@ class ComparisonIn(serializers.Serializer):
 
 
 class FlipsOut(serializers.Serializer):
-    fixed = serializers.ListField(child=serializers.CharField())
-    broken = serializers.ListField(child=serializers.CharField())
+    fixed = serializers.ListField(child=serializers.CharField(), source="improved")
+    broken = serializers.ListField(child=serializers.CharField(), source="regressed")
 
 
-class ComparisonOut(serializers.Serializer):
+# Of evaluation_compare's statistics; context: the reference and candidate evaluations.
+class ComparisonOut(OutSerializer):
     kind = serializers.ChoiceField(choices=["binary", "graded"])
-    n_tasks = serializers.IntegerField()
-    reference_mean = serializers.FloatField(allow_null=True)
-    candidate_mean = serializers.FloatField(allow_null=True)
-    delta = serializers.FloatField(allow_null=True)
-    ci_low = serializers.FloatField(allow_null=True)
-    ci_high = serializers.FloatField(allow_null=True)
+    n_tasks = serializers.IntegerField(source="tasks")
+    reference_mean = FiniteFloatField(allow_null=True)
+    candidate_mean = FiniteFloatField(allow_null=True)
+    delta = FiniteFloatField(source="difference", allow_null=True)
+    ci_low = FiniteFloatField(source="interval.low", allow_null=True)
+    ci_high = FiniteFloatField(source="interval.high", allow_null=True)
     confidence = serializers.FloatField()
-    p_value = serializers.FloatField(allow_null=True)
+    p_value = FiniteFloatField(allow_null=True)
     test = serializers.CharField()
     significant = serializers.BooleanField()
     verdict = serializers.CharField()
-    flips = FlipsOut()
-    dashboard_url = serializers.URLField()
+    # Graded results (k epochs, fractional scores): improved / regressed tasks.
+    flips = FlipsOut(source="*")
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_dashboard_url(self, statistics: Any) -> str:
+        reference, candidate = self.context["reference"], self.context["candidate"]
+        return self.view.absolute(
+            "web:comparison",
+            self.view.project.slug,
+            query=f"reference={reference.id}&candidate={candidate.id}",
+        )
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -170,32 +209,6 @@ class EvaluationViewMixin(ApiView):
             # Sealed: not even its existence is shown to a non-reviewer.
             raise NotFound(f"No evaluation {evaluation_id} in project {self.project.slug}.")
         return evaluation
-
-    def links(self, evaluation: Evaluation) -> dict[str, str]:
-        slug = self.project.slug
-        return {
-            "url": self.absolute("api:evaluation", slug, evaluation.id),
-            "dashboard_url": self.absolute("web:evaluation", slug, evaluation.id),
-        }
-
-    def evaluation_out(self, evaluation: Evaluation) -> dict[str, Any]:
-        dt = serializers.DateTimeField()
-        return {
-            "id": str(evaluation.id),
-            "candidate": evaluation.candidate.sha,
-            "suite": evaluation.suite.name,
-            "suite_version": evaluation.suite.version,
-            "split": evaluation.split,
-            "policy_version": evaluation.policy_version.name,
-            "epochs": evaluation.epochs,
-            "state": evaluation.state,
-            "stop_reason": evaluation.stop_reason,
-            "created_at": dt.to_representation(evaluation.created_at),
-            "finished_at": dt.to_representation(evaluation.finished_at)
-            if evaluation.finished_at
-            else None,
-            **self.links(evaluation),
-        }
 
 
 # --- views ------------------------------------------------------------------------------------
@@ -221,7 +234,7 @@ class EvaluationListView(EvaluationViewMixin):
             evaluations = evaluations.filter(suite__name=values["suite"])
         if values.get("state"):
             evaluations = evaluations.filter(state=values["state"])
-        return paginate(self, evaluations, self.evaluation_out)
+        return paginate(self, evaluations, EvaluationOut)
 
     @extend_schema(
         operation_id="evaluations_start",
@@ -247,49 +260,19 @@ class EvaluationListView(EvaluationViewMixin):
             knobs=values.get("knobs") or {},
             created_by=request.user,
         )
-        links = self.links(evaluation)
-        body = {
-            "id": str(evaluation.id),
-            "state": evaluation.state,
-            "status_url": links["url"],
-            "dashboard_url": links["dashboard_url"],
-        }
-        return Response(body, status=202, headers={"Location": links["url"]})
+        body = self.out(AcceptedOut, evaluation)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
 class EvaluationDetailView(EvaluationViewMixin):
     @extend_schema(operation_id="evaluations_retrieve", responses=EvaluationDetailOut)
     def get(self, request: Request, slug: str, evaluation_id: UUID) -> Response:
         evaluation = self.evaluation(evaluation_id)
-        progress = evaluation_progress(evaluation=evaluation)
-        statistics = evaluation_statistics(evaluation=evaluation)
-        mean = statistics.mean
-        body = self.evaluation_out(evaluation)
-        body.update(
-            progress={
-                "total": progress.total,
-                "done": progress.done,
-                "running": progress.running,
-                "pending": progress.pending,
-                "cancelled": progress.cancelled,
-                "passed": progress.passed,
-                "failed": progress.done - progress.passed,
-            },
-            summary={
-                "method": mean.method,
-                "mean": _finite(mean.mean),
-                "ci_low": _finite(mean.interval.low) if mean.interval else None,
-                "ci_high": _finite(mean.interval.high) if mean.interval else None,
-                "confidence": mean.confidence,
-                "n_tasks": statistics.tasks,
-                "pass_at_k": {
-                    str(k): v for k, v in statistics.pass_at_k.items() if _finite(v) is not None
-                },
-            },
-            errors={
-                "harness_error": progress.harness_errors,
-                "infra_error": progress.infra_errors,
-            },
+        body = self.out(
+            EvaluationDetailOut,
+            evaluation,
+            progress=evaluation_progress(evaluation=evaluation),
+            statistics=evaluation_statistics(evaluation=evaluation),
         )
         return Response(body)
 
@@ -325,7 +308,7 @@ class EvaluationTasksView(EvaluationViewMixin):
             }
             for row in rows.values()
         ]
-        return Response(results)
+        return Response(self.out(TaskResultOut, results, many=True))
 
 
 class EvaluationCancelView(EvaluationViewMixin):
@@ -338,14 +321,8 @@ class EvaluationCancelView(EvaluationViewMixin):
         evaluation_cancel(
             evaluation=evaluation, reason=f"cancelled through the API by {request.user}"
         )
-        links = self.links(evaluation)
-        body = {
-            "id": str(evaluation.id),
-            "state": evaluation.state,
-            "status_url": links["url"],
-            "dashboard_url": links["dashboard_url"],
-        }
-        return Response(body, status=202, headers={"Location": links["url"]})
+        body = self.out(AcceptedOut, evaluation)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
 class ComparisonView(EvaluationViewMixin):
@@ -362,33 +339,8 @@ class ComparisonView(EvaluationViewMixin):
         reference = self.evaluation(query["reference"])
         candidate = self.evaluation(query["candidate"])
         statistics = evaluation_compare(reference=reference, candidate=candidate).statistics
-        interval = statistics.interval
-        dashboard = self.absolute(
-            "web:comparison",
-            self.project.slug,
-            query=f"reference={reference.id}&candidate={candidate.id}",
-        )
         return Response(
-            {
-                "kind": statistics.kind,
-                "n_tasks": statistics.tasks,
-                "reference_mean": _finite(statistics.reference_mean),
-                "candidate_mean": _finite(statistics.candidate_mean),
-                "delta": _finite(statistics.difference),
-                "ci_low": _finite(interval.low) if interval else None,
-                "ci_high": _finite(interval.high) if interval else None,
-                "confidence": statistics.confidence,
-                "p_value": _finite(statistics.p_value),
-                "test": statistics.test,
-                "significant": bool(statistics.significant),
-                "verdict": statistics.verdict,
-                # Graded results (k epochs, fractional scores): improved / regressed tasks.
-                "flips": {
-                    "fixed": [str(k) for k in statistics.improved],
-                    "broken": [str(k) for k in statistics.regressed],
-                },
-                "dashboard_url": dashboard,
-            }
+            self.out(ComparisonOut, statistics, reference=reference, candidate=candidate)
         )
 
 

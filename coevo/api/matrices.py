@@ -7,22 +7,24 @@ Creating a matrix needs the ``evaluations:run`` scope and the researcher role an
 
 from __future__ import annotations
 
-import math
 from typing import Any
 from uuid import UUID
 
-from django.urls import path, reverse
+from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
+from coevo.api.fields import FiniteFloatField, MethodField, OutSerializer, finite
 from coevo.evaluations.ledger import BudgetLimits
 from coevo.evaluations.stats.base import Interval
 from coevo.matrices.models import CompatibilityMatrix, MatrixState
 from coevo.matrices.selectors import (
     GridCell,
+    GridColumn,
+    GridRow,
     matrix_get,
     matrix_grid,
     matrix_list,
@@ -37,10 +39,6 @@ from harness_store.selectors import candidate_get
 SHA = r"^[0-9a-fA-F]{7,40}$"
 MAX_SEED = 2**31 - 1
 MAX_BUDGET = 2**62
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
 
 
 # --- serializers ------------------------------------------------------------------------------
@@ -80,26 +78,46 @@ class MatrixCreateIn(serializers.Serializer):
     budget = MatrixBudgetIn(required=False)
 
 
-class MatrixAcceptedOut(serializers.Serializer):
+class MatrixAcceptedOut(OutSerializer):
     id = serializers.UUIDField()
-    state = serializers.ChoiceField(choices=MatrixState.choices)
-    status_url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    state = MethodField(serializers.ChoiceField(choices=MatrixState.choices))
+    status_url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_state(self, matrix: CompatibilityMatrix) -> str:
+        return matrix_state(matrix=matrix)
+
+    def get_status_url(self, matrix: CompatibilityMatrix) -> str:
+        return self.view.absolute("api:matrix", self.view.project.slug, matrix.id)
+
+    def get_dashboard_url(self, matrix: CompatibilityMatrix) -> str:
+        return self.view.absolute("web:matrix", self.view.project.slug, matrix.id)
 
 
-class MatrixOut(serializers.Serializer):
+class MatrixOut(OutSerializer):
     id = serializers.UUIDField()
     name = serializers.CharField(allow_blank=True)
-    state = serializers.ChoiceField(choices=MatrixState.choices)
-    suite = serializers.CharField()
-    suite_version = serializers.CharField()
+    state = MethodField(serializers.ChoiceField(choices=MatrixState.choices))
+    suite = serializers.CharField(source="suite.name")
+    suite_version = serializers.CharField(source="suite.version")
     split = serializers.CharField()
     epochs = serializers.IntegerField()
     seed = serializers.IntegerField()
     task_limit = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()
-    url = serializers.URLField()
-    dashboard_url = serializers.URLField()
+    url = MethodField(serializers.URLField())
+    dashboard_url = MethodField(serializers.URLField())
+
+    def get_state(self, matrix: CompatibilityMatrix) -> str:
+        # The detail reads its grid once; a list computes each matrix's state.
+        grid = self.context.get("grid")
+        return grid.state if grid is not None else matrix_state(matrix=matrix)
+
+    def get_url(self, matrix: CompatibilityMatrix) -> str:
+        return self.view.absolute("api:matrix", self.view.project.slug, matrix.id)
+
+    def get_dashboard_url(self, matrix: CompatibilityMatrix) -> str:
+        return self.view.absolute("web:matrix", self.view.project.slug, matrix.id)
 
 
 class IntervalOut(serializers.Serializer):
@@ -107,86 +125,121 @@ class IntervalOut(serializers.Serializer):
     high = serializers.FloatField()
 
 
-class MismatchOut(serializers.Serializer):
-    best_policy_version = serializers.CharField(help_text="The row's best column.")
-    best_evaluation = serializers.UUIDField()
-    tuned_for = serializers.ListField(
-        child=serializers.CharField(), help_text="Policy versions this harness is the best under."
+def _interval(interval: Interval | None) -> dict[str, float] | None:
+    if interval is None or finite(interval.low) is None or finite(interval.high) is None:
+        return None
+    return IntervalOut(interval).data
+
+
+# Of a grid cell with a mismatch (coevo.matrices.selectors.Mismatch).
+class MismatchOut(OutSerializer):
+    best_policy_version = serializers.CharField(
+        source="mismatch.best_policy_version.name", help_text="The row's best column."
     )
-    difference = serializers.FloatField(allow_null=True, help_text="This cell − the best cell.")
-    interval = IntervalOut(allow_null=True)
-    p_value = serializers.FloatField()
-    test = serializers.CharField()
-    tasks = serializers.IntegerField(help_text="Tasks paired.")
-    reason = serializers.CharField()
-    comparison_url = serializers.URLField()
+    best_evaluation = serializers.UUIDField(source="mismatch.best_evaluation.id")
+    tuned_for = MethodField(
+        serializers.ListField(
+            child=serializers.CharField(),
+            help_text="Policy versions this harness is the best under.",
+        )
+    )
+    difference = FiniteFloatField(
+        source="mismatch.comparison.difference",
+        allow_null=True,
+        help_text="This cell − the best cell.",
+    )
+    interval = MethodField(IntervalOut(allow_null=True))
+    p_value = serializers.FloatField(source="mismatch.comparison.p_value")
+    test = serializers.CharField(source="mismatch.comparison.test")
+    tasks = serializers.IntegerField(source="mismatch.comparison.tasks", help_text="Tasks paired.")
+    reason = serializers.CharField(source="mismatch.reason")
+    comparison_url = MethodField(serializers.URLField())
+
+    def get_tuned_for(self, cell: GridCell) -> list[str]:
+        return [policy_version.name for policy_version in cell.mismatch.tuned_for]
+
+    def get_interval(self, cell: GridCell) -> dict[str, float] | None:
+        return _interval(cell.mismatch.comparison.interval)
+
+    def get_comparison_url(self, cell: GridCell) -> str:
+        return self.view.absolute(
+            "web:comparison",
+            self.view.project.slug,
+            query=f"reference={cell.mismatch.best_evaluation.id}&candidate={cell.evaluation.id}",
+        )
 
 
-class CellOut(serializers.Serializer):
-    policy_version = serializers.CharField()
-    evaluation = serializers.UUIDField()
-    evaluation_url = serializers.URLField()
+class CellOut(OutSerializer):
+    policy_version = serializers.CharField(source="policy_version.name")
+    evaluation = serializers.UUIDField(source="evaluation.id")
+    evaluation_url = MethodField(serializers.URLField())
     state = serializers.CharField()
-    mean = serializers.FloatField(allow_null=True)
-    interval = IntervalOut(allow_null=True)
+    mean = FiniteFloatField(allow_null=True)
+    interval = MethodField(IntervalOut(allow_null=True))
     n = serializers.IntegerField(help_text="Tasks scored.")
     best_in_row = serializers.BooleanField()
     best_in_column = serializers.BooleanField()
-    mismatch = MismatchOut(allow_null=True)
+    mismatch = MethodField(MismatchOut(allow_null=True))
+
+    def get_evaluation_url(self, cell: GridCell) -> str:
+        return self.view.absolute("api:evaluation", self.view.project.slug, cell.evaluation.id)
+
+    def get_interval(self, cell: GridCell) -> dict[str, float] | None:
+        return _interval(cell.interval)
+
+    def get_mismatch(self, cell: GridCell) -> dict[str, Any] | None:
+        if cell.mismatch is None:
+            return None
+        return MismatchOut(cell, context=self.context).data
 
 
+# Context: grid (matrix_grid), for the names of the best columns.
 class RowOut(serializers.Serializer):
-    candidate = serializers.CharField(help_text="SHA.")
-    best_under = serializers.ListField(child=serializers.CharField())
+    candidate = serializers.CharField(source="candidate.sha", help_text="SHA.")
+    best_under = MethodField(serializers.ListField(child=serializers.CharField()))
     cells = CellOut(many=True)
 
+    def get_best_under(self, row: GridRow) -> list[str]:
+        names = {c.index: c.policy_version.name for c in self.context["grid"].columns}
+        return [names[k] for k in row.best_columns]
 
+
+# Context: grid (matrix_grid), for the SHAs of the best rows.
 class ColumnOut(serializers.Serializer):
-    policy_version = serializers.CharField()
-    best = serializers.ListField(child=serializers.CharField(), help_text="Best harness SHAs.")
+    policy_version = serializers.CharField(source="policy_version.name")
+    best = MethodField(
+        serializers.ListField(child=serializers.CharField(), help_text="Best harness SHAs.")
+    )
+
+    def get_best(self, column: GridColumn) -> list[str]:
+        shas = {r.index: r.candidate.sha for r in self.context["grid"].rows}
+        return [shas[r] for r in column.best_rows]
 
 
+# Context: grid (matrix_grid).
 class MatrixDetailOut(MatrixOut):
-    confidence = serializers.FloatField()
-    columns = ColumnOut(many=True)
-    rows = RowOut(many=True)
-    mismatches = serializers.IntegerField()
+    confidence = MethodField(serializers.FloatField())
+    columns = MethodField(ColumnOut(many=True))
+    rows = MethodField(RowOut(many=True))
+    mismatches = MethodField(serializers.IntegerField())
+
+    def get_confidence(self, matrix: CompatibilityMatrix) -> float:
+        return self.context["grid"].confidence
+
+    def get_columns(self, matrix: CompatibilityMatrix) -> list[dict[str, Any]]:
+        return ColumnOut(self.context["grid"].columns, many=True, context=self.context).data
+
+    def get_rows(self, matrix: CompatibilityMatrix) -> list[dict[str, Any]]:
+        return RowOut(self.context["grid"].rows, many=True, context=self.context).data
+
+    def get_mismatches(self, matrix: CompatibilityMatrix) -> int:
+        return len(self.context["grid"].mismatches)
 
 
 # --- views ------------------------------------------------------------------------------------
 
 
-def _interval(interval: Interval | None) -> dict[str, float] | None:
-    if interval is None or _finite(interval.low) is None or _finite(interval.high) is None:
-        return None
-    return {"low": float(interval.low), "high": float(interval.high)}
-
-
-class MatrixViewMixin(ApiView):
-    def links(self, matrix: CompatibilityMatrix) -> dict[str, str]:
-        slug = self.project.slug
-        return {
-            "url": self.absolute("api:matrix", slug, matrix.id),
-            "dashboard_url": self.absolute("web:matrix", slug, matrix.id),
-        }
-
-    def matrix_out(self, matrix: CompatibilityMatrix, state: str) -> dict[str, Any]:
-        return {
-            "id": str(matrix.id),
-            "name": matrix.name,
-            "state": state,
-            "suite": matrix.suite.name,
-            "suite_version": matrix.suite.version,
-            "split": matrix.split,
-            "epochs": matrix.epochs,
-            "seed": matrix.seed,
-            "task_limit": matrix.task_limit,
-            "created_at": serializers.DateTimeField().to_representation(matrix.created_at),
-            **self.links(matrix),
-        }
-
-
-class MatrixListView(MatrixViewMixin):
+class MatrixListView(ApiView):
     required_scopes = {"POST": "evaluations:run"}
     required_roles = {"POST": Role.RESEARCHER}
 
@@ -194,11 +247,7 @@ class MatrixListView(MatrixViewMixin):
         operation_id="matrices_list", parameters=PAGE_PARAMETERS, responses=paginated(MatrixOut)
     )
     def get(self, request: Request, slug: str) -> Response:
-        return paginate(
-            self,
-            matrix_list(project=self.project),
-            lambda m: self.matrix_out(m, matrix_state(matrix=m)),
-        )
+        return paginate(self, matrix_list(project=self.project), MatrixOut)
 
     @extend_schema(
         operation_id="matrices_create",
@@ -232,74 +281,16 @@ class MatrixListView(MatrixViewMixin):
             ),
             created_by=request.user,
         )
-        links = self.links(matrix)
-        body = {
-            "id": str(matrix.id),
-            "state": matrix_state(matrix=matrix),
-            "status_url": links["url"],
-            "dashboard_url": links["dashboard_url"],
-        }
-        return Response(body, status=202, headers={"Location": links["url"]})
+        body = self.out(MatrixAcceptedOut, matrix)
+        return Response(body, status=202, headers={"Location": body["status_url"]})
 
 
-class MatrixDetailView(MatrixViewMixin):
+class MatrixDetailView(ApiView):
     @extend_schema(operation_id="matrices_retrieve", responses=MatrixDetailOut)
     def get(self, request: Request, slug: str, matrix_id: UUID) -> Response:
         matrix = matrix_get(project=self.project, matrix_id=matrix_id)
-        grid = matrix_grid(matrix=matrix)
-        names = {c.index: c.policy_version.name for c in grid.columns}
-        shas = {r.index: r.candidate.sha for r in grid.rows}
-        body = self.matrix_out(matrix, grid.state)
-        body.update(
-            confidence=grid.confidence,
-            columns=[
-                {"policy_version": c.policy_version.name, "best": [shas[r] for r in c.best_rows]}
-                for c in grid.columns
-            ],
-            rows=[
-                {
-                    "candidate": r.candidate.sha,
-                    "best_under": [names[k] for k in r.best_columns],
-                    "cells": [self.cell_out(cell) for cell in r.cells],
-                }
-                for r in grid.rows
-            ],
-            mismatches=len(grid.mismatches),
-        )
+        body = self.out(MatrixDetailOut, matrix, grid=matrix_grid(matrix=matrix))
         return Response(body)
-
-    def cell_out(self, cell: GridCell) -> dict[str, Any]:
-        slug = self.project.slug
-        mismatch = None
-        if cell.mismatch is not None:
-            m, c = cell.mismatch, cell.mismatch.comparison
-            query = f"reference={m.best_evaluation.id}&candidate={cell.evaluation.id}"
-            mismatch = {
-                "best_policy_version": m.best_policy_version.name,
-                "best_evaluation": str(m.best_evaluation.id),
-                "tuned_for": [p.name for p in m.tuned_for],
-                "difference": _finite(c.difference),
-                "interval": _interval(c.interval),
-                "p_value": float(c.p_value),
-                "test": c.test,
-                "tasks": c.tasks,
-                "reason": m.reason,
-                "comparison_url": self.request.build_absolute_uri(
-                    f"{reverse('web:comparison', args=[slug])}?{query}"
-                ),
-            }
-        return {
-            "policy_version": cell.policy_version.name,
-            "evaluation": str(cell.evaluation.id),
-            "evaluation_url": self.absolute("api:evaluation", slug, cell.evaluation.id),
-            "state": cell.state,
-            "mean": _finite(cell.mean),
-            "interval": _interval(cell.interval),
-            "n": cell.n,
-            "best_in_row": cell.best_in_row,
-            "best_in_column": cell.best_in_column,
-            "mismatch": mismatch,
-        }
 
 
 # Relative to projects/<slug:slug>/ (coevo/api/urls.py).
