@@ -10,9 +10,14 @@ Overhead of a rollout = its wall time (claim → finish) minus the time its mode
 as a share of its wall time. Makespan efficiency = the ideal time (waves × calls × latency) over
 the measured time from the first claim to the last finish.
 
+``--harness program`` runs the same calls from a Python program harness (``command``) through
+the worker's OpenAI-compatible model boundary instead of ``ctx.llm`` (workers/boundary.py), so
+both kinds are measured the same way. The load average is printed before and after: the
+figures are only as good as the machine was quiet.
+
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/coevo_bench \\
     CELERY_BROKER_URL=redis://127.0.0.1:6379/13 \\
-    .venv/bin/python benchmarks/throughput.py --rollouts 256 --concurrency 64
+    .venv/bin/python benchmarks/throughput.py --rollouts 256 --concurrency 64 [--harness program]
 """
 
 from __future__ import annotations
@@ -51,6 +56,34 @@ def run(task, ctx):
     return text.strip()
 """
 
+# The same harness as a program: the same calls through the model boundary, with urllib.
+PROGRAM_TOML = """\
+[harness]
+name = "bench"
+command = ["python3", "main.py"]
+
+[limits]
+max_model_calls = 16
+max_tokens = 4096
+wall_time_s = 600
+"""
+
+PROGRAM = """\
+import json, os, urllib.request
+
+task = json.load(open(os.environ["COEVO_TASK_FILE"]))
+body = json.dumps({{"model": "bench", "prompt": task["input"], "max_tokens": 8}}).encode()
+headers = {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+           "Content-Type": "application/json"}}
+text = ""
+for _ in range({calls}):
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/completions", data=body,
+                                     headers=headers)
+    with urllib.request.urlopen(request) as response:
+        text = json.load(response)["choices"][0]["text"]
+json.dump(text.strip(), open(os.environ["COEVO_ANSWER_FILE"], "w"))
+"""
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,6 +93,13 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=3, help="model calls per rollout")
     parser.add_argument(
         "--workers", type=int, default=1, help="worker processes sharing --concurrency"
+    )
+    parser.add_argument(
+        "--harness",
+        choices=("ctx", "program"),
+        default="ctx",
+        help="ctx: a run(task, ctx) harness; program: the same calls from a Python program "
+        "through the model boundary",
     )
     args = parser.parse_args()
 
@@ -105,8 +145,12 @@ def main() -> int:
     project = project_get_or_create(slug=f"bench-{stamp}", name="throughput benchmark")
     harness = home / "harness"
     harness.mkdir()
-    (harness / "harness.toml").write_text(HARNESS_TOML)
-    (harness / "agent.py").write_text(AGENT.format(calls=args.calls))
+    if args.harness == "ctx":
+        (harness / "harness.toml").write_text(HARNESS_TOML)
+        (harness / "agent.py").write_text(AGENT.format(calls=args.calls))
+    else:
+        (harness / "harness.toml").write_text(PROGRAM_TOML)
+        (harness / "main.py").write_text(PROGRAM.format(calls=args.calls))
     candidate, _ = candidate_import_directory(
         project=project, directory=harness, message="benchmark harness", author_name="bench"
     )
@@ -119,6 +163,7 @@ def main() -> int:
     )
 
     app.control.purge()
+    load_before = os.getloadavg()
     env = {
         **os.environ,
         "COEVO_WORKER_CONCURRENCY": str(args.concurrency),
@@ -179,6 +224,7 @@ def main() -> int:
         worker_log.close()
         server.stop()
 
+    load_after = os.getloadavg()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = usage.ru_utime + usage.ru_stime
     rollouts = list(Rollout.objects.filter(evaluation=evaluation))
@@ -187,10 +233,11 @@ def main() -> int:
         rollout__evaluation=evaluation, kind="model_call"
     ).values_list("rollout_id", "latency_ms"):
         policy_ms[rollout_id] = policy_ms.get(rollout_id, 0) + latency
-    overheads = []
+    overheads, overheads_ms = [], []
     for rollout in rollouts:
         wall_ms = (rollout.finished_at - rollout.started_at).total_seconds() * 1000
-        overheads.append(max(0.0, wall_ms - policy_ms.get(rollout.id, 0)) / wall_ms)
+        overheads_ms.append(max(0.0, wall_ms - policy_ms.get(rollout.id, 0)))
+        overheads.append(overheads_ms[-1] / wall_ms)
     first = min(r.started_at for r in rollouts)
     last = max(r.finished_at for r in rollouts)
     waves = -(-total // args.concurrency)
@@ -200,6 +247,10 @@ def main() -> int:
         o: sum(1 for r in rollouts if r.outcome == o) for o in {r.outcome for r in rollouts}
     }
     print(
+        f"harness: {args.harness}; load average (1 min) before {load_before[0]:.2f}, "
+        f"after {load_after[0]:.2f}"
+    )
+    print(
         f"rollouts: {total} ({outcomes}), {args.concurrency} in flight "
         f"({args.workers} worker process(es))"
     )
@@ -207,7 +258,9 @@ def main() -> int:
     print(
         "overhead per rollout (wall beyond the policy's latency): "
         f"mean {statistics.mean(overheads):.1%}, median {statistics.median(overheads):.1%}, "
-        f"p95 {sorted(overheads)[int(0.95 * len(overheads)) - 1]:.1%}"
+        f"p95 {sorted(overheads)[int(0.95 * len(overheads)) - 1]:.1%}; "
+        f"in time: mean {statistics.mean(overheads_ms):.0f} ms, "
+        f"p95 {sorted(overheads_ms)[int(0.95 * len(overheads_ms)) - 1]:.0f} ms"
     )
     print(
         f"makespan {makespan:.1f}s vs ideal {ideal:.1f}s ({waves} waves): "
