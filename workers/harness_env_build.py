@@ -91,6 +91,7 @@ def harness_env_build(requirements: Requirements, *, key: str, root: Path) -> No
         )
         (site / ".lock").unlink(missing_ok=True)  # uv's own, for the target directory
         _check_all_pinned(site, pins, source=requirements.source)
+        installed = time.monotonic()
         # Bytecode now, with the worker's interpreter isolated from the new files (-I): the
         # sandbox cannot write it, and compiling runs none of the code it compiles.
         _run(
@@ -117,6 +118,7 @@ def harness_env_build(requirements: Requirements, *, key: str, root: Path) -> No
             "index": _redact_config(index_config()),
             "bytes": size,
             "build_seconds": round(time.monotonic() - started, 3),
+            "install_seconds": round(installed - started, 3),
             "built_at": time.time(),
         }
         (build / "env" / "env.json").write_text(json.dumps(meta, indent=2) + "\n")
