@@ -276,7 +276,7 @@ def test_it_builds_a_pyproject_from_its_uv_lock(tmp_path, wheelhouse):
         path="deps/pyproject.toml",
     )
     subprocess.run(
-        [find_uv_bin(), "lock", "--no-config", "--no-cache", "--no-index"]
+        [find_uv_bin(), "lock", "--no-config", "--no-cache", "--offline", "--no-index"]
         + ["--find-links", str(wheelhouse), "--project", str(directory / "deps")],
         check=True,
         capture_output=True,
