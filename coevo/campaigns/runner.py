@@ -25,6 +25,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from coevo.campaigns.evaluating import count_no_improvement, proposal_follow, search_start
+from coevo.campaigns.import_checks import candidate_import_check
 from coevo.campaigns.models import (
     PROPOSAL_OPEN_STATES,
     Campaign,
@@ -35,6 +36,8 @@ from coevo.campaigns.models import (
 )
 from coevo.campaigns.proposers import Draft, Outcome, proposer_for
 from coevo.campaigns.proposers.base import stage
+from coevo.campaigns.proposers.merge import NO_PAIR_REASON
+from coevo.campaigns.selectors import proposals_under_active_policy
 from coevo.campaigns.stop_rules import budget_spent, campaign_finish, stop_rule
 from coevo.errors import CoevoError
 from harness_store.derive import candidate_derive
@@ -226,8 +229,6 @@ def _merge_waits(campaign: Campaign, draft: Draft) -> bool:
     """A merge with no pair to merge, right after another one: nothing was evaluated since, so
     it would fail the same way again. Wait (a manual submission, or a user stopping the
     campaign, ends the wait) instead of recording the same rejection over and over."""
-    from coevo.campaigns.proposers.merge import NO_PAIR_REASON
-
     if draft.kind != ProposerKind.MERGE or not draft.stages:
         return False
     if draft.stages[0]["ok"] or draft.stages[0]["reason"] != NO_PAIR_REASON:
@@ -243,8 +244,6 @@ def _merge_waits(campaign: Campaign, draft: Draft) -> bool:
 def _search_history(campaign: Campaign) -> list[dict[str, Any]]:
     """What a proposer may see of earlier proposals: candidates with their SEARCH scores, under
     the policy now in use (scores under an earlier policy version do not compare)."""
-    from coevo.campaigns.selectors import proposals_under_active_policy
-
     return [
         {"sha": sha, "search_score": score}
         for sha, score in proposals_under_active_policy(campaign=campaign)
@@ -318,8 +317,6 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
 def _imports_stage(candidate: Any) -> dict[str, Any]:
     """The candidate's entrypoint imported in the sandbox (workers.import_check): code that
     fails to load is rejected here, before any rollout is spent on it."""
-    from coevo.campaigns.import_checks import candidate_import_check
-
     check = candidate_import_check(candidate=candidate)
     return stage("imports", check.ok, check.reason)
 

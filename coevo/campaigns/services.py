@@ -13,6 +13,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from coevo.campaigns.alternation import alternation_validate
+from coevo.campaigns.import_checks import candidate_import_check
 from coevo.campaigns.models import (
     PROPOSAL_OPEN_STATES,
     Campaign,
@@ -21,11 +22,12 @@ from coevo.campaigns.models import (
     ProposalState,
     ProposerKind,
 )
-from coevo.campaigns.proposers import strategy_validate
+from coevo.campaigns.proposers import Outcome, proposer_for_proposal, strategy_validate
 from coevo.campaigns.proposers.base import stage
 from coevo.enqueue import task_enqueue
 from coevo.errors import InvalidInput, InvalidManifest, InvalidState
 from coevo.evaluations.ledger import BudgetLimits, budget_create
+from coevo.evaluations.lifecycle import evaluation_cancel, evaluation_pause, evaluation_resume
 from coevo.evaluations.models import (
     EVALUATION_OPEN_STATES,
     Evaluation,
@@ -36,6 +38,8 @@ from coevo.evaluations.plans import EvaluationPlan
 from coevo.policies.models import EndpointKind, PolicyVersion
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite, Task
+from coevo.training.models import TRAINING_OPEN_STATES, TrainingRun
+from coevo.training.services import training_run_cancel
 from harness_store.manifest import Manifest
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_manifest
@@ -159,8 +163,6 @@ def campaign_start(*, campaign: Campaign) -> Campaign:
 def campaign_pause(*, campaign: Campaign) -> Campaign:
     """Running → paused: no new proposal, and the open proposal's evaluations stop claiming
     rollouts until the campaign is resumed."""
-    from coevo.evaluations.lifecycle import evaluation_pause
-
     with transaction.atomic():
         moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
             state=CampaignState.PAUSED, updated_at=timezone.now()
@@ -180,8 +182,6 @@ def campaign_pause(*, campaign: Campaign) -> Campaign:
 
 
 def campaign_resume(*, campaign: Campaign) -> Campaign:
-    from coevo.evaluations.lifecycle import evaluation_resume
-
     with transaction.atomic():
         moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.PAUSED).update(
             state=CampaignState.RUNNING, updated_at=timezone.now()
@@ -201,8 +201,6 @@ def campaign_resume(*, campaign: Campaign) -> Campaign:
 
 def campaign_stop(*, campaign: Campaign, reason: str = "stopped by a user") -> Campaign:
     """Any open state → stopped; the open proposal's evaluations are cancelled."""
-    from coevo.evaluations.lifecycle import evaluation_cancel
-
     with transaction.atomic():
         moved = Campaign.objects.filter(
             id=campaign.id,
@@ -225,9 +223,6 @@ def campaign_stop(*, campaign: Campaign, reason: str = "stopped by a user") -> C
 
 def _cancel_open_training(campaign: Campaign) -> None:
     """An open policy step's training run: stopped by its worker within a tick."""
-    from coevo.training.models import TRAINING_OPEN_STATES, TrainingRun
-    from coevo.training.services import training_run_cancel
-
     for run in TrainingRun.objects.filter(
         id__in=Proposal.objects.filter(
             campaign=campaign, state__in=PROPOSAL_OPEN_STATES, training_run__isnull=False
@@ -240,8 +235,6 @@ def _cancel_open_training(campaign: Campaign) -> None:
 
 
 def _fail_open_proposals(campaign: Campaign, detail: str) -> None:
-    from coevo.campaigns.proposers import Outcome, proposer_for_proposal
-
     # Queued manual submissions end with the campaign too: nothing will evaluate them.
     for proposal in Proposal.objects.filter(
         campaign=campaign, state__in=[*PROPOSAL_OPEN_STATES, ProposalState.QUEUED]
@@ -269,8 +262,6 @@ def campaign_submit_candidate(
     open proposal (if any) is done. An invalid one is recorded as such and never evaluated.
     Raises InvalidInput for a candidate of another project, InvalidState for an ended campaign.
     """
-    from coevo.campaigns.import_checks import candidate_import_check
-
     if candidate.project_id != campaign.project_id:
         raise InvalidInput(
             f"Candidate {candidate.short_sha} belongs to another project than campaign "

@@ -35,6 +35,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from coevo.ops import selectors
 from workers.metrics import REGISTRY
 
 logger = logging.getLogger(__name__)
@@ -186,8 +187,6 @@ class DatabaseCollector(Collector):
             self._cached = None
 
     def _read(self) -> Iterator[Metric]:
-        from coevo.ops import selectors
-
         rollouts = GaugeMetricFamily(
             "coevo_rollouts",
             "Rollout rows by state, outcome and error kind (done rollouts only grow, until "

@@ -35,8 +35,10 @@ from coevo.logs import log_bind, log_context, rollout_log_ids
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
 from harness_store.selectors import candidate_export
 from workers import metrics
+from workers.environments import adapter_for
 from workers.harness_env import harness_env_prepare
 from workers.outcomes import SCORED_OUTCOMES, DependencyBuildFailed, ErrorKind
+from workers.rollout import RolloutInputs, RolloutResult, Step, TaskEnvironment, execute_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +127,6 @@ def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
 
 
 def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
-    from workers.environments import adapter_for
-    from workers.rollout import RolloutResult, Step
-
     close_old_connections()
     rollout = rollout_claim(rollout_id=rollout_id, worker=worker)
     if rollout is None:
@@ -307,8 +306,6 @@ def rollout_finish(
 
 
 def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> Any:
-    from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
-
     evaluation = rollout.evaluation
     with tempfile.TemporaryDirectory(prefix="coevo-harness-") as tmp:
         harness_dir = Path(tmp) / "harness"
@@ -339,8 +336,6 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
 
 def _rollout_dependencies_failed(exc: DependencyBuildFailed, *, on_step: Any) -> Any:
     """The harness's declared dependencies did not build: a harness_error, in the trace too."""
-    from workers.rollout import RolloutResult, Step
-
     detail = str(exc)
     on_step(Step("error", {"outcome": Outcome.HARNESS_ERROR, "message": detail}))
     return RolloutResult(
