@@ -28,8 +28,8 @@ ignored too (it stays in the recorded response). Everything else is refused with
 reason (the ``applies`` validation stage): a missing hypothesis, an unterminated block, both
 formats at once, paths that are absolute or contain ``..``, files outside the manifest's
 declared ``components``, edits that do not apply, an edit of ``harness.toml`` when it is not
-itself a component, and any edit that changes the manifest's ``components`` or ``entrypoint``
-(a proposer must not widen what it may edit).
+itself a component, and any edit that changes the manifest's ``components``, ``entrypoint`` or
+``command`` (a proposer must not widen what it may edit, or move where the harness starts).
 """
 
 from __future__ import annotations
@@ -397,7 +397,7 @@ def _check_manifest_edit(before: str, after: str | None) -> None:
     old_harness, new_harness = old.get("harness") or {}, new.get("harness") or {}
     if not isinstance(new_harness, dict):
         return
-    for key in ("components", "entrypoint"):
+    for key in ("components", "entrypoint", "command"):
         if old_harness.get(key) != new_harness.get(key):
             raise EditRejected(
                 f"{MANIFEST_NAME}: the edit changes [harness] {key}; a proposer may not change "

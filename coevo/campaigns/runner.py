@@ -276,7 +276,7 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
                     stage("imports", True, "code unchanged from the parent (only knob defaults)")
                 )
             else:
-                # Any other kind may change code: its entrypoint must import in the sandbox.
+                # Any other kind may change code: it must load in the sandbox.
                 stages.append(_imports_stage(candidate))
             if not stages[-1]["ok"]:
                 pass  # rejected at imports: no later stage for code that does not load
@@ -315,8 +315,9 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
 
 
 def _imports_stage(candidate: Any) -> dict[str, Any]:
-    """The candidate's entrypoint imported in the sandbox (workers.import_check): code that
-    fails to load is rejected here, before any rollout is spent on it."""
+    """The candidate's entrypoint imported, or a program's command checked, in the sandbox
+    (workers.import_check): code that fails to load is rejected here, before any rollout is
+    spent on it."""
     check = candidate_import_check(candidate=candidate)
     return stage("imports", check.ok, check.reason)
 

@@ -40,7 +40,7 @@ MIN_TRACE_CHARS = 600
 MAX_TRACE_STEPS = 200
 STEP_TEXT_CHARS = 800
 
-INSTRUCTIONS = """You improve an LLM-agent harness: Python code and prompts that drive a small
+INSTRUCTIONS = """You improve an LLM-agent harness: the code and prompts that drive a small
 language model (the policy) to solve tasks. Read the harness files, the earlier attempts and
 the traces of failed tasks below, form ONE hypothesis about what makes tasks fail, and change
 the harness to fix it.
@@ -57,7 +57,37 @@ HYPOTHESIS: <one line: what you change and why it should help>
 You may write several SEARCH/REPLACE blocks. Each SEARCH text must occur exactly once in its
 file, whitespace included; an empty SEARCH creates a new file inside a component directory.
 (A unified diff with '--- a/PATH' and '+++ b/PATH' headers is accepted instead.) Edit only
-the files and directories listed as components; keep `def run(task, ctx)` working."""
+the files and directories listed as components; """
+
+# The contract the edited harness must keep, by kind (docs/harnesses.md).
+ENTRYPOINT_CONTRACT = "keep `def run(task, ctx)` working."
+PROGRAM_CONTRACT = """keep the program's contract working: it is started
+as its command in the harness directory, reads its task (JSON) from the file named by
+$COEVO_TASK_FILE and its knobs from $COEVO_KNOBS_FILE (or the COEVO_KNOB_<NAME> variables),
+reaches the model only through the OpenAI-compatible API at $OPENAI_BASE_URL (with
+$OPENAI_API_KEY), and writes its answer as one JSON value to $COEVO_ANSWER_FILE before it
+exits with status 0. It has no other network."""
+
+
+def _instructions(manifest: Manifest) -> str:
+    return INSTRUCTIONS + (PROGRAM_CONTRACT if manifest.is_program else ENTRYPOINT_CONTRACT)
+
+
+def _manifest_summary(manifest: Manifest) -> str:
+    if manifest.is_program:
+        start = (
+            f"command: {json.dumps(list(manifest.command))} (a program harness; its model is "
+            "the OpenAI-compatible endpoint at $OPENAI_BASE_URL: chat and completions, tools)"
+        )
+    else:
+        start = f"entrypoint: {manifest.entrypoint}\npolicy_api: {manifest.policy_api}"
+    if manifest.requirements:
+        start += f"\nrequirements (declared dependencies): {manifest.requirements}"
+    return (
+        f"{start}\n"
+        f"components (the only paths you may edit): {', '.join(manifest.components)}\n"
+        f"limits: {json.dumps(manifest.limits.as_dict())}"
+    )
 
 
 @dataclass
@@ -90,13 +120,8 @@ def workspace_build(
     patterns = _failure_patterns(campaign)
 
     head = [
-        INSTRUCTIONS,
-        _section(
-            "MANIFEST",
-            f"entrypoint: {manifest.entrypoint}\npolicy_api: {manifest.policy_api}\n"
-            f"components (the only paths you may edit): {', '.join(manifest.components)}\n"
-            f"limits: {json.dumps(manifest.limits.as_dict())}",
-        ),
+        _instructions(manifest),
+        _section("MANIFEST", _manifest_summary(manifest)),
         _section(
             f"EDITABLE FILES of the parent candidate {parent.short_sha}",
             "\n\n".join(
@@ -340,7 +365,21 @@ def _render_step(kind: str, payload: dict[str, Any]) -> str:
 
     if kind == "model_call":
         request = text("prompt") or text("messages")
-        return f"[model call] prompt (tail): {request}\n[model said] {text('completion')}"
+        line = f"[model call] prompt (tail): {request}\n[model said] {text('completion')}"
+        calls = [c for c in payload.get("tool_calls") or [] if isinstance(c, dict)]
+        if calls:
+            line += "\n[model called tools] " + "; ".join(
+                f"{str(c.get('name'))[:80]}({_cut(str(c.get('arguments') or ''), 200)})"
+                for c in calls[:8]
+            )
+        if payload.get("rejected"):
+            line += f"\n[the policy server refused the call] {text('rejected', 400)}"
+        return line
+    if kind == "program_output":
+        return (
+            f"[program exited with {payload.get('exit_code')}] stdout (tail): "
+            f"{text('stdout', STEP_TEXT_CHARS)}"
+        )
     if kind == "env_reset":
         return f"[env reset] {text('observation')}"
     if kind == "env_step":

@@ -374,3 +374,60 @@ def test_a_held_out_program_rollout_never_reaches_an_export_whatever_the_filters
             assert export.rows == 1
             assert SEALED not in export_path(sha256=export.sha256).read_text()
             assert not export.evaluations.filter(id=heldout.id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_ctx_harness_tool_call_exports_in_the_same_form(
+    project, owner, seed_candidate, humaneval_suite, policy_version
+):
+    """ctx.llm.chat(tools=...) records one sample per step, its tool calls as choice 0's."""
+    evaluation = run_evaluation(
+        seed_candidate, humaneval_suite, policy_version, results=[("passed", 1.0)], calls=0
+    )
+    asked = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    write_steps(
+        evaluation,
+        [
+            {
+                "api": "chat",
+                "model": "scripted",
+                "messages": [
+                    {"role": "user", "content": "add"},
+                    {"role": "assistant", "content": None, "tool_calls": [asked]},
+                    {"role": "tool", "content": "1", "tool_call_id": "c1"},
+                ],
+                "tools": TOOLS,
+                "sample": 0,
+                "n": 1,
+                "completion": "",
+                "finish_reason": "tool_calls",
+                "tool_calls": [{"choice": 0, "id": "c2", "name": "add", "arguments": '{"a": 2}'}],
+            }
+        ],
+    )
+    (row,) = lines(
+        build(
+            trajectory_export_create(project=project, format="prompt_completion", created_by=owner)
+        )
+    )
+    assert row["tools"] == TOOLS and "via" not in row["provenance"]
+    assert row["prompt"] == [
+        {"role": "user", "content": "add"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "id": "c1", "function": {"name": "add", "arguments": {"a": 1}}}
+            ],
+        },
+        {"role": "tool", "content": "1", "tool_call_id": "c1", "name": "add"},
+    ]
+    assert row["completion"] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "id": "c2", "function": {"name": "add", "arguments": {"a": 2}}}
+            ],
+        }
+    ]
