@@ -130,6 +130,7 @@ class _ProgramRollout:
                 deadline=runner.meter.deadline,
                 program=True,
                 ro_binds={boundary.socket_dir: BOUNDARY_DIR},
+                harness_env=runner.inputs.harness_env,
             )
             self.channel.send(
                 {

@@ -102,3 +102,33 @@ def test_the_openai_sdk_agent_with_its_declared_dependencies_on_a_real_worker(
     evaluation = evaluate(import_example(project, "openai-agent"), suite, policy_version)
     check(evaluation)
     assert any((tmp_path / "envs").rglob("openai/__init__.py"))  # its own openai, built by uv
+
+
+def test_a_programs_python_imports_its_declared_dependencies_not_the_workers(
+    celery_worker_thread, project, policy_version, settings, tmp_path
+):
+    """The worker's environment has openai too: the answer, openai's path, says which one the
+    program imported."""
+    settings.COEVO_HARNESS_FIND_LINKS = str(WHEELHOUSE)
+    settings.COEVO_HARNESS_ENV_DIR = tmp_path / "envs"
+    harness = tmp_path / "which"
+    harness.mkdir()
+    (harness / "harness.toml").write_text(
+        '[harness]\nname = "which"\ncommand = ["python", "which.py"]\n'
+        'requirements = "requirements.txt"\n'
+    )
+    shutil.copy(EXAMPLES / "openai-agent/requirements.txt", harness / "requirements.txt")
+    (harness / "which.py").write_text(
+        "import json, os, openai\n"
+        "json.dump(openai.__file__, open(os.environ['COEVO_ANSWER_FILE'], 'w'))\n"
+    )
+    candidate, _ = candidate_import_directory(
+        project=project, directory=harness, message="which openai", author_name="t"
+    )
+    rows = b'{"id": "w", "input": "which?", "expected": "/opt/harness-env/openai/.*", "split": "search"}'
+    suite, _ = suite_import_jsonl(
+        project=project, name="which", data=rows, scorer=scorer_spec_build(kind="regex")
+    )
+    evaluation = evaluate(candidate, suite, policy_version)
+    rollout = Rollout.objects.get(evaluation=evaluation)
+    assert rollout.outcome == Outcome.PASSED, (rollout.answer, rollout.detail)

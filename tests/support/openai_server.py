@@ -22,6 +22,9 @@ from typing import Any
 class ScriptedPolicy:
     rules: list[tuple[str, str]] = field(default_factory=list)
     tool_rules: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = field(default_factory=list)
+    # "required": tool calls only when the request's tool_choice is "required" (a model that
+    # needs telling to use its tools).
+    tools_when: str | None = None
     default: str = "    pass\n"
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: int = 0
@@ -83,7 +86,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/chat/completions":
             last = (body.get("messages") or [{}])[-1].get("content") or ""
             last = last if isinstance(last, str) else json.dumps(last)
-            calls = self.policy.tool_calls_for(last) if body.get("tools") else None
+            offered = body.get("tools") and (
+                self.policy.tools_when is None or body.get("tool_choice") == self.policy.tools_when
+            )
+            calls = self.policy.tool_calls_for(last) if offered else None
             if calls:
                 text = ""
                 tool_calls = [
