@@ -49,17 +49,29 @@ TOOLS = [
 ]
 
 # Each unit in its dimension's base unit (metres, kilograms, seconds).
-UNITS = {
-    "mm": 0.001, "cm": 0.01, "m": 1.0, "km": 1000.0, "in": 0.0254, "ft": 0.3048,
-    "yd": 0.9144, "mi": 1609.344,
-    "g": 0.001, "kg": 1.0, "lb": 0.45359237, "oz": 0.028349523125,
-    "s": 1.0, "min": 60.0, "h": 3600.0, "day": 86400.0,
+DIMENSIONS = {
+    "length": {
+        "mm": 0.001,
+        "cm": 0.01,
+        "m": 1.0,
+        "km": 1000.0,
+        "in": 0.0254,
+        "ft": 0.3048,
+        "yd": 0.9144,
+        "mi": 1609.344,
+    },
+    "mass": {"g": 0.001, "kg": 1.0, "lb": 0.45359237, "oz": 0.028349523125},
+    "time": {"s": 1.0, "min": 60.0, "h": 3600.0, "day": 86400.0},
 }
-DIMENSION = {unit: ("length" if unit in "mm cm m km in ft yd mi".split() else
-                    "mass" if unit in "g kg lb oz".split() else "time") for unit in UNITS}
+UNITS = {unit: size for units in DIMENSIONS.values() for unit, size in units.items()}
+DIMENSION = {unit: name for name, units in DIMENSIONS.items() for unit in units}
 OPERATORS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.Pow: operator.pow, ast.USub: operator.neg,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
 }
 
 
