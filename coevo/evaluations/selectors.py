@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.fields.json import KT
 
 from coevo.errors import InvalidInput, NotFound
 from coevo.evaluations.models import (
@@ -14,6 +15,7 @@ from coevo.evaluations.models import (
     Outcome,
     Rollout,
     RolloutState,
+    TraceStep,
 )
 from coevo.evaluations.stats.means import (
     ScoreSummary,
@@ -210,6 +212,68 @@ def rollout_trace(
     """One page of the rollout's trace from ``cursor`` (page 1 when None), optionally only
     the steps matching ``query``. Never the whole trace: see coevo.evaluations.traces."""
     return trace_page(rollout=rollout, cursor=cursor, query=query, page_size=page_size)
+
+
+# The most calls one read of the tree returns. It is cut in step order, so every kept call's
+# parent is kept too: workers/program.py places a call, and records its step, only after its
+# parent's. Each row read decompresses its payload, so readers ask for the prefix they need.
+CALL_TREE_MAX_CALLS = 20_000
+
+
+class CallRow(NamedTuple):
+    """One model call at a program harness's boundary, and where its step is (a tuple: a
+    long trace has thousands)."""
+
+    attempt: int
+    index: int  # the step's
+    call: int
+    session: int | None  # None: refused by the policy server before it had a place
+    parent: int | None
+    relation: str | None  # starts | continues | repeats | branches
+
+
+def rollout_call_tree(*, rollout: Rollout, limit: int = CALL_TREE_MAX_CALLS) -> list[CallRow]:
+    """The boundary calls among the rollout's first ``limit`` model-call steps, with their
+    place in the call tree (the ``call``, ``session``, ``parent`` and ``relation`` keys
+    workers/program.py records), in step order: one query that reads those four JSON keys,
+    never whole payloads into Python. The keys come as text (``->>``): decoding four JSON
+    values a row costs more than the query on a long trace."""
+    limit = max(0, min(limit, CALL_TREE_MAX_CALLS))
+    # The prefix is picked by (attempt, index) alone, and only its rows' keys are read: each
+    # key read decompresses the payload, and a filter or sort on one reads every step's.
+    prefix = (
+        TraceStep.objects.filter(rollout=rollout, kind="model_call")
+        .order_by("attempt", "index")
+        .values("id")[:limit]
+    )
+    rows = (
+        TraceStep.objects.filter(id__in=prefix)
+        .order_by("attempt", "index")
+        .annotate(
+            tree_call=KT("payload__call"),
+            tree_session=KT("payload__session"),
+            tree_parent=KT("payload__parent"),
+            tree_relation=KT("payload__relation"),
+        )
+        .values_list(
+            "attempt", "index", "tree_call", "tree_session", "tree_parent", "tree_relation"
+        )
+    )
+    places = []
+    for attempt, index, call, session, parent, relation in rows:
+        number = _as_int(call)
+        if number is not None:
+            places.append(
+                CallRow(attempt, index, number, _as_int(session), _as_int(parent), relation)
+            )
+    return places
+
+
+def _as_int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 _SCORED = (Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR)

@@ -20,13 +20,19 @@ from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKi
 from coevo.campaigns.plots import LineageNode, ParetoPoint
 from coevo.campaigns.selectors import CampaignProgress
 from coevo.evaluations.models import Rollout
-from coevo.evaluations.selectors import rollout_trace, search_validation_gap
+from coevo.evaluations.selectors import (
+    rollout_call_tree,
+    rollout_trace,
+    search_validation_gap,
+)
 from coevo.evaluations.traces import Cursor, TracePage, TraceSummary, trace_summary
 from coevo.projects.models import Membership, Project
 from coevo.projects.selectors import project_list_for_user
 from coevo.reviews.models import PromotionRequest
 from coevo.suites.models import Task
 from coevo.suites.selectors import task_is_sealed
+from coevo.web.trace_calls import model_call_views
+from coevo.web.trace_tree import OVERVIEW_MAX_CALLS, CallTree, call_tree
 from harness_store.models import Candidate
 
 OPEN_MODEL_CALLS_UP_TO = 4
@@ -58,6 +64,8 @@ class TraceViewer:
     # Model calls start open only on short traces (a HumanEval rollout's one or two calls);
     # a game's hundred calls would bury the action/observation timeline.
     open_model_calls: bool
+    # A program harness's calls by session (None: the trace has no boundary calls).
+    calls: CallTree | None = None
 
     @property
     def multi_attempt(self) -> bool:
@@ -79,11 +87,41 @@ def trace_viewer(*, rollout: Rollout, cursor: str | None = None, query: str = ""
     for step in page.steps:
         step.attempt_head = step.attempt != previous
         previous = step.attempt
+    calls = None
+    if _may_have_boundary_calls(summary, page):
+        # The overview's first calls, and every call up to this page's last step (for the
+        # page's session numbers and parent links): a prefix, as long as the steps before it.
+        limit = OVERVIEW_MAX_CALLS
+        if page.steps:
+            last = page.steps[-1]
+            before = sum(a.steps for a in summary.attempts if a.number < last.attempt)
+            limit = max(limit, before + last.index + 1)
+        rows = rollout_call_tree(rollout=rollout, limit=limit)
+        if rows:
+            total = summary.kinds.get("model_call", 0)
+            calls = call_tree(
+                rows,
+                on_page=((s.attempt, s.index) for s in page.steps),
+                total=total,
+                complete=total <= limit,
+            )
+    model_call_views(page.steps, tree=calls)
     return TraceViewer(
         summary=summary,
         page=page,
         open_model_calls=summary.kinds.get("model_call", 0) <= OPEN_MODEL_CALLS_UP_TO,
+        calls=calls,
     )
+
+
+def _may_have_boundary_calls(summary: TraceSummary, page: TracePage) -> bool:
+    """Whether to ask for the call tree (one query): a page that shows model calls tells
+    whether they are a program's (a boundary call carries its place in the tree); a page
+    that shows none (a search, an env-only stretch) cannot tell, so it asks."""
+    if "model_call" not in summary.kinds:
+        return False
+    shown = [s.payload for s in page.steps if s.kind == "model_call"]
+    return not shown or any(isinstance(p, dict) and "call" in p for p in shown)
 
 
 def task_prompt(*, rollout: Rollout) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from django import template
@@ -112,3 +113,11 @@ def signed_percent(value: float | None, digits: int = 1) -> str:
     if value is None:
         return "—"
     return f"{value * 100:+.{digits}f} pts"
+
+
+@register.filter
+def shell_command(argv: Any) -> str:
+    """A program harness's command as one would type it: ["python", "main.py"] → python main.py."""
+    if isinstance(argv, list | tuple):
+        return shlex.join(str(arg) for arg in argv)
+    return str(argv)
