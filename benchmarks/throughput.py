@@ -48,11 +48,22 @@ max_tokens = 4096
 wall_time_s = 600
 """
 
+# The harness stamps its own phases (wall clock, shared with the worker): emitted with
+# --phases only (a ctx.log step, a stdout line), so the default harness is the one measured
+# before.
 AGENT = """\
+import time
+LOADED = time.time()
+
 def run(task, ctx):
+    started, calls = time.time(), []
     text = ""
     for _ in range({calls}):
+        sent = time.time()
         text = ctx.llm.complete(task["input"], max_tokens=8).text
+        calls.append([sent, time.time()])
+    if {phases}:
+        ctx.log("phases", loaded=LOADED, started=started, calls=calls, ended=time.time())
     return text.strip()
 """
 
@@ -69,8 +80,11 @@ wall_time_s = 600
 """
 
 PROGRAM = """\
+import time
+LOADED = time.time()
 import json, os, urllib.request
 
+started, calls = time.time(), []
 task = json.load(open(os.environ["COEVO_TASK_FILE"]))
 body = json.dumps({{"model": "bench", "prompt": task["input"], "max_tokens": 8}}).encode()
 headers = {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
@@ -79,9 +93,14 @@ text = ""
 for _ in range({calls}):
     request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/completions", data=body,
                                      headers=headers)
+    sent = time.time()
     with urllib.request.urlopen(request) as response:
         text = json.load(response)["choices"][0]["text"]
+    calls.append([sent, time.time()])
 json.dump(text.strip(), open(os.environ["COEVO_ANSWER_FILE"], "w"))
+if {phases}:
+    print(json.dumps({{"phases": {{"loaded": LOADED, "started": started, "calls": calls,
+                                  "ended": time.time()}}}}))
 """
 
 
@@ -100,6 +119,11 @@ def main() -> int:
         default="ctx",
         help="ctx: a run(task, ctx) harness; program: the same calls from a Python program "
         "through the model boundary",
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="the harness stamps its phases; print where each rollout's overhead goes",
     )
     args = parser.parse_args()
 
@@ -147,10 +171,10 @@ def main() -> int:
     harness.mkdir()
     if args.harness == "ctx":
         (harness / "harness.toml").write_text(HARNESS_TOML)
-        (harness / "agent.py").write_text(AGENT.format(calls=args.calls))
+        (harness / "agent.py").write_text(AGENT.format(calls=args.calls, phases=args.phases))
     else:
         (harness / "harness.toml").write_text(PROGRAM_TOML)
-        (harness / "main.py").write_text(PROGRAM.format(calls=args.calls))
+        (harness / "main.py").write_text(PROGRAM.format(calls=args.calls, phases=args.phases))
     candidate, _ = candidate_import_directory(
         project=project, directory=harness, message="benchmark harness", author_name="bench"
     )
@@ -271,7 +295,71 @@ def main() -> int:
         f"CPU used by the worker and its sandboxes: {cpu_s:.1f}s = {cpu_s / total * 1000:.0f} ms "
         f"per rollout; {cpu_s / (makespan * cores):.0%} of {cores} cores over the makespan"
     )
+    if args.phases:
+        print_phases(rollouts, kind=args.harness)
     return 0
+
+
+def print_phases(rollouts: list, *, kind: str) -> None:
+    """Where each rollout's overhead goes, from the harness's own stamps and the policy
+    client's latency per call: start (claim → harness code loaded), prepare (→ first call
+    sent), calls (each call as the harness saw it beyond the policy client's time: for a program
+    the boundary's hop), between (harness code between calls), finish (last reply → finished:
+    answer, exit, scoring, the rollout's rows)."""
+    from coevo.evaluations.models import TraceStep
+
+    stamps: dict[object, dict] = {}
+    latencies: dict[object, list[int]] = {}
+    steps = TraceStep.objects.filter(
+        rollout__in=rollouts, kind__in=["log", "program_output", "model_call"]
+    ).order_by("rollout_id", "index")
+    for step in steps:
+        if step.kind == "model_call":
+            latencies.setdefault(step.rollout_id, []).append(step.latency_ms)
+        elif step.kind == "log" and step.payload.get("message") == "phases":
+            stamps[step.rollout_id] = step.payload["fields"]
+        elif step.kind == "program_output":
+            last = (step.payload.get("stdout") or "").strip().splitlines()[-1:]
+            if last:
+                stamps[step.rollout_id] = json.loads(last[0])["phases"]
+    parts: dict[str, list[float]] = {
+        "start": [],
+        "prepare": [],
+        "calls": [],
+        "between": [],
+        "finish": [],
+    }
+    per_call: list[float] = []
+    for rollout in rollouts:
+        stamp = stamps.get(rollout.id)
+        if stamp is None:
+            continue
+        claimed, finished = rollout.started_at.timestamp(), rollout.finished_at.timestamp()
+        calls = stamp["calls"]
+        hops = [
+            (end - sent) * 1000 - ms
+            for (sent, end), ms in zip(calls, latencies.get(rollout.id, []), strict=True)
+        ]
+        per_call += hops
+        parts["start"].append((stamp["loaded"] - claimed) * 1000)
+        parts["prepare"].append((calls[0][0] - stamp["loaded"]) * 1000)
+        parts["calls"].append(sum(hops))
+        parts["between"].append(
+            sum((calls[i + 1][0] - calls[i][1]) * 1000 for i in range(len(calls) - 1))
+        )
+        parts["finish"].append((finished - calls[-1][1]) * 1000)
+    count = len(parts["start"])
+    print(f"where the overhead goes ({kind}, {count} rollouts; ms, mean / p95):")
+    for name, values in parts.items():
+        print(f"  {name:8} {statistics.mean(values):7.0f} / {_p95(values):7.0f}")
+    print(
+        f"  per call beyond the policy client's time: {statistics.mean(per_call):.1f} / "
+        f"{_p95(per_call):.1f} ms"
+    )
+
+
+def _p95(values: list[float]) -> float:
+    return sorted(values)[max(0, int(0.95 * len(values)) - 1)]
 
 
 if __name__ == "__main__":
