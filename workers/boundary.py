@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 SOCKET_NAME = "api.sock"
 # coevo's own routes: the suite's environment and helpers (docs/harnesses.md).
-COEVO_PREFIX = "/coevo/v1"
+ROUTES_PREFIX = "/coevo/v1"
 MAX_BODY_BYTES = 4 * 1024 * 1024
 # A read or write that stalls this long ends the connection (a slow or stuck client).
 IO_TIMEOUT_S = 30.0
@@ -188,11 +188,11 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/completions": "completions",
             "/completions": "completions",
             anthropic_messages.PATH: "messages",
-            COEVO_PREFIX + "/env/reset": "env.reset",
-            COEVO_PREFIX + "/env/step": "env.step",
+            ROUTES_PREFIX + "/env/reset": "env.reset",
+            ROUTES_PREFIX + "/env/step": "env.step",
         }.get(path)
-        if api is None and path.startswith(COEVO_PREFIX + "/helpers/"):
-            api = "helper." + path.removeprefix(COEVO_PREFIX + "/helpers/")
+        if api is None and path.startswith(ROUTES_PREFIX + "/helpers/"):
+            api = "helper." + path.removeprefix(ROUTES_PREFIX + "/helpers/")
         if not self._authorized():
             return
         if api is None:
