@@ -246,10 +246,10 @@ def test_it_refuses_a_rollback_by_a_researcher(researcher, owner, asker, product
 def test_it_notifies_webhooks_once_a_move_commits(
     monkeypatch, django_capture_on_commit_callbacks, project, owner, asker, production
 ):
-    import coevo.audit.webhooks as webhooks
+    import coevo.reviews.services as services  # where channel_move looks it up
 
     sent = []
-    monkeypatch.setattr(webhooks, "webhooks_notify", lambda **kwargs: sent.append(kwargs))
+    monkeypatch.setattr(services, "webhooks_notify", lambda **kwargs: sent.append(kwargs))
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         channel_move(channel=production, candidate=asker, policy_version=None, moved_by=owner)
     assert sent == []  # nothing before the commit
