@@ -34,9 +34,12 @@ class PolicyRequestRejected(CoevoError):
 
     code = "policy_request_rejected"
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, reply: str = "") -> None:
         super().__init__(message)
         self.status = status  # the HTTP status, when there was one
+        # The server's own answer (its body), without its address: what a program harness
+        # that sent the request may be shown.
+        self.reply = reply
 
 
 class SandboxUnavailable(CoevoError):

@@ -14,9 +14,13 @@ policy version answers. Every call goes through ``BoundaryHandler.model_call`` â
 runner, which counts it against the manifest's limits and records it â€” and a refusal is an
 OpenAI-style error body (Anthropic's shape on ``/v1/messages``).
 
-Bounds against a hostile client: a size limit on headers and body, a timeout on every read and
-write, a bound on open connections and on calls in flight at once. Nothing here trusts the
-client beyond the bytes it sends.
+Bounds against a hostile client: a size limit on headers and body; a deadline for each request
+to arrive whole (request line, headers, body: ``IO_TIMEOUT_S`` from when its connection began
+waiting for it, however it trickles) and as long for each reply to be taken; a bound on open
+connections and on calls in flight at once. A body must be UTF-8 JSON whose numbers are finite
+and fit in 64 bits, with no lone surrogates. http.server's own refusals, and any failure of the
+worker's own code, answer as JSON errors without detail (the worker's log has the traceback).
+Nothing here trusts the client beyond the bytes it sends.
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import socket
 import socketserver
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -45,8 +52,15 @@ SOCKET_NAME = "api.sock"
 # coevo's own routes: the suite's environment and helpers (docs/harnesses.md).
 ROUTES_PREFIX = "/coevo/v1"
 MAX_BODY_BYTES = 4 * 1024 * 1024
-# A read or write that stalls this long ends the connection (a slow or stuck client).
+# A request must arrive whole within this long of when its connection began waiting for it,
+# and a reply be taken within as long: a client that trickles, stalls or never reads is cut.
+# (Read when each connection starts, so tests can shorten it.)
 IO_TIMEOUT_S = 30.0
+# JSON numbers past 64 bits are not portable (RFC 8259 section 6) and no parameter takes one:
+# refused here rather than left to policy servers' parsers, which differ.
+MAX_JSON_INT = 2**63
+# A \uD800-\uDFFF escape: valid only as half of a pair (checked when one occurs).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 MAX_CONNECTIONS = 64
 # Calls of one rollout in flight at once; more wait their turn (the endpoint's own
 # concurrency bound, in the policy client, holds across rollouts).
@@ -133,6 +147,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, path: str, boundary: ModelBoundary) -> None:
         self.boundary = boundary
         self.open: set[socket.socket] = set()
+        # Connections whose request is still arriving, with the deadline it must arrive by.
+        self.reading: dict[socket.socket, float] = {}
         self.open_lock = threading.Lock()
         super().__init__(path, _Handler)
 
@@ -147,24 +163,44 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         super().process_request(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
+        # Closed under the lock, so that the watchdog never shuts down a descriptor that was
+        # closed and reused meanwhile.
         with self.open_lock:
             self.open.discard(request)
-        super().shutdown_request(request)
+            self.reading.pop(request, None)
+            super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Between polls of serve_forever (every 0.2 s): cut each connection whose request has
+        not arrived whole by its deadline. A timeout on each read cannot: a client that sends
+        a byte just before each one runs out would hold its connection for ever (slowloris)."""
+        now = time.monotonic()
+        with self.open_lock:
+            for sock in [s for s, deadline in self.reading.items() if deadline <= now]:
+                del self.reading[sock]
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints the traceback to stderr; the worker's log is the place for it.
+        logger.exception("model boundary: a connection failed")
 
     def close_connections(self) -> None:
         with self.open_lock:
-            sockets = list(self.open)
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            for sock in self.open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "coevo-boundary"
     sys_version = ""
-    timeout = IO_TIMEOUT_S
     server: _Server
+    # http.server's own refusals (a request line too long, say) come before it sets the path,
+    # and before it knows the version: they still answer with a status line, as HTTP/1.1.
+    path = ""
+    default_request_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:  # the trace records calls
         return
@@ -172,7 +208,43 @@ class _Handler(BaseHTTPRequestHandler):
     def address_string(self) -> str:
         return "sandbox"
 
+    def setup(self) -> None:
+        self.timeout = IO_TIMEOUT_S
+        super().setup()
+
+    def handle_one_request(self) -> None:
+        self._replied = False
+        self._reading(True)
+        try:
+            super().handle_one_request()
+        except OSError:
+            self.close_connection = True  # the client went away, or the watchdog cut it
+        except Exception:
+            # A failure of the worker's own code: its message or traceback could show the
+            # worker's paths or secrets, so the program gets a bare 500 and the log the rest.
+            logger.exception("model boundary: a request failed")
+            if not self._replied:
+                self._json(
+                    500,
+                    error_body("The worker could not answer this request.", type="server_error"),
+                )
+            self.close_connection = True
+        finally:
+            self._reading(False)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._replied = True
+        super().send_response(code, message)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line, a line or header section too
+        long, an unknown method or HTTP version) as JSON like the rest, never an HTML page."""
+        self.close_connection = True
+        reason = message or self.responses.get(code, ("Refused",))[0]
+        self._json(code, error_body(f"{reason[:200]}."))
+
     def do_GET(self) -> None:
+        self._reading(False)
         if not self._authorized():
             return
         if self.path.split("?")[0].rstrip("/") in ("/v1/models", "/models"):
@@ -264,7 +336,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self._method_not_allowed()
 
-    do_DELETE = do_PATCH = do_PUT
+    # Nothing is tunnelled (CONNECT), echoed (TRACE) or described (OPTIONS, HEAD).
+    do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = do_PUT
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -303,13 +376,26 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return None
         if len(raw) < length:
-            self.close_connection = True
+            self.close_connection = True  # cut by the watchdog, or the client gave up
             return None
+        self._reading(False)
         try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):
-            self._json(400, error_body("The request body is not valid JSON."))
+            text = raw.decode()
+            body = json.loads(
+                text, parse_int=_int64, parse_float=_finite_float, parse_constant=_not_json
+            )
+            if _SURROGATE_ESCAPE.search(text):
+                json.dumps(body, ensure_ascii=False).encode()  # a lone one cannot be UTF-8
+        except (ValueError, RecursionError):  # (UnicodeError is a ValueError)
+            self._json(
+                400,
+                error_body(
+                    "The request body is not valid JSON: UTF-8 text, with finite numbers that "
+                    "fit in 64 bits and no lone surrogates."
+                ),
+            )
             return None
+        return body
 
     def _drain_body(self) -> None:
         try:
@@ -321,6 +407,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.rfile.read(length)
         elif length:
             self.close_connection = True
+        self._reading(False)
 
     def _not_found(self) -> None:
         self._json(
@@ -334,18 +421,31 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _method_not_allowed(self) -> None:
         self._drain_body()
+        self.close_connection = True  # (a HEAD's client expects no body after the headers)
         self._json(405, error_body(f"{self.command} is not allowed here."))
+
+    def _reading(self, reading: bool) -> None:
+        """Whether this connection's request is still arriving (the watchdog's business)."""
+        with self.server.open_lock:
+            if reading:
+                self.server.reading[self.connection] = time.monotonic() + IO_TIMEOUT_S
+            else:
+                self.server.reading.pop(self.connection, None)
 
     def _json(self, status: int, payload: dict[str, Any]) -> None:
         if status >= 400 and self.path.split("?")[0].rstrip("/") == anthropic_messages.PATH:
             payload = anthropic_messages.error_of(status, payload)  # Anthropic's SDKs read it
         data = json.dumps(payload).encode()
-        with contextlib.suppress(OSError):
+        try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+        except OSError:
+            # Not taken in time (a client that never reads): the next request on this
+            # connection would wait as long again.
+            self.close_connection = True
 
     def _stream(self, events: Iterator[bytes]) -> None:
         try:
@@ -360,3 +460,21 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
         self.close_connection = True
+
+
+def _int64(text: str) -> int:
+    value = int(text)  # (past 4300 digits Python itself refuses, in linear time)
+    if not -MAX_JSON_INT <= value < MAX_JSON_INT:
+        raise ValueError("a number past 64 bits")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError("a number too large for a double")
+    return value
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

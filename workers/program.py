@@ -13,7 +13,11 @@ placed in the rollout's call tree: a call whose conversation extends an earlier 
 (request and reply) is its child; one that repeats an earlier request, or shares only the
 start of it, branches off beside it. A call refused for a limit, or one the policy server
 cannot answer, ends the rollout (the program is stopped); what the rollout ends as is decided
-here, on the worker, never by the program.
+here, on the worker, never by the program. Once the program has exited the sandbox is killed
+at once, with whatever the program left running in it (a daemon holding the socket), and the
+boundary answers nothing more: a call still with the policy then changes nothing of the
+rollout's result or trace. What the program is told of a refusal never names the policy
+server's address (the trace keeps the whole message for the project's members).
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class _ProgramRollout:
         self.env_lock = threading.Lock()
         self.pending: list[Step] = []
         self.fault: HarnessFault | PolicyUnavailable | None = None
+        # The program has exited, or the rollout is ending: the boundary refuses every call.
+        self.ended = False
         self.calls = 0
         self.tree = _CallTree()
         self.channel: HarnessChannel | None = None
@@ -148,6 +154,7 @@ class _ProgramRollout:
             ended = self._wait_for_the_end()
             return self._answer(ended)
         finally:
+            self._stop()
             if self.channel is not None:
                 self.channel.close()
             boundary.close()
@@ -169,6 +176,7 @@ class _ProgramRollout:
             if kind == "ready":
                 continue
             if kind == "program_ended":
+                self._stop()
                 self._drain()
                 self._raise_fault()
                 return message
@@ -228,6 +236,14 @@ class _ProgramRollout:
         if fault is not None:
             raise fault
 
+    def _stop(self) -> None:
+        """Refuse the boundary's calls from now on, and kill the sandbox with whatever the
+        program left running in it."""
+        with self.lock:
+            self.ended = True
+        if self.channel is not None:
+            self.channel.kill()
+
     def _fail(self, fault: HarnessFault | PolicyUnavailable) -> None:
         """Called under the lock: the rollout ends with ``fault``; stop the program."""
         if self.fault is None:
@@ -251,7 +267,7 @@ class _ProgramRollout:
         assert meter is not None
         n = int(body.get("n") or 1)
         with self.lock:
-            if self.fault is not None:
+            if self.fault is not None or self.ended:
                 raise BoundaryRefusal(409, error_body("This rollout has ended.", code="ended"))
             try:
                 for _ in range(n):  # a slot per sample, taken before the policy is asked
@@ -268,28 +284,38 @@ class _ProgramRollout:
             with self.lock:
                 self._fail(exc)
             raise BoundaryRefusal(
-                503, error_body(f"The policy server cannot answer: {exc}", type="server_error")
+                503,
+                error_body(
+                    "The policy server cannot answer: the rollout ends (an infrastructure "
+                    "error, not the harness's).",
+                    type="server_error",
+                ),
             ) from None
         except PolicyRequestRejected as exc:
             # The request's own fault (a prompt past the context window, say): the program
             # gets the refusal and may recover, as it would from the OpenAI API.
             with self.lock:
-                self.pending.append(
-                    Step(
-                        "model_call",
-                        {
-                            **self._payload(api, body, dropped),
-                            "call": index,
-                            "rejected": str(exc)[:2000],
-                        },
+                if not self.ended:
+                    self.pending.append(
+                        Step(
+                            "model_call",
+                            {
+                                **self._payload(api, body, dropped),
+                                "call": index,
+                                "rejected": str(exc)[:2000],
+                            },
+                        )
                     )
-                )
             status = exc.status if isinstance(exc.status, int) and 400 <= exc.status < 500 else 400
-            raise BoundaryRefusal(status, error_body(str(exc)[:2000])) from None
+            shown = f"The policy server refused the request (HTTP {exc.status})"
+            shown += f": {exc.reply}" if exc.reply else "."
+            raise BoundaryRefusal(status, error_body(shown[:2000])) from None
         reply = dict(completion.raw)
         reply["model"] = self.model_name
         tokens = completion.prompt_tokens + completion.completion_tokens
         with self.lock:
+            if self.ended:  # answered after the rollout's end: nothing of it is the rollout's
+                raise BoundaryRefusal(409, error_body("This rollout has ended.", code="ended"))
             meter.tokens += tokens
             runner.result.model_calls += n
             runner.result.prompt_tokens += completion.prompt_tokens
@@ -326,7 +352,7 @@ class _ProgramRollout:
         and trace steps as ctx.env and ctx.helper (the runner makes them)."""
         with self.env_lock:
             with self.lock:
-                if self.fault is not None:
+                if self.fault is not None or self.ended:
                     raise BoundaryRefusal(409, error_body("This rollout has ended.", code="ended"))
             try:
                 if method.startswith("env."):
@@ -369,7 +395,8 @@ def _canonical(message: Any) -> str:
     if not isinstance(message, dict):
         return json.dumps(message, sort_keys=True, default=str)
     calls = []
-    for call in message.get("tool_calls") or []:
+    tool_calls = message.get("tool_calls")  # whatever the program sent: not always a list
+    for call in tool_calls if isinstance(tool_calls, list) else []:
         if isinstance(call, dict):
             function = call.get("function") if isinstance(call.get("function"), dict) else {}
             arguments = _same_json(function.get("arguments"))

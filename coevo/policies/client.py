@@ -154,6 +154,7 @@ class PolicyClient:
                     f"The policy server at {self.base_url} rejected {method} {path} with "
                     f"HTTP {response.status_code}: {response.text[:500]}",
                     status=response.status_code,
+                    reply=response.text[:500],
                 )
             if text:
                 return response.text

@@ -17,20 +17,25 @@ The worker decides what all of it means (answer, harness error, limit); this sid
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Any
 
 from coevo_runtime import PROTOCOL_VERSION, Channel
 
 MAX_ANSWER_BYTES = 1024 * 1024
 STDOUT_TAIL_BYTES = 16 * 1024
+# Read from stdout once the program has exited, at most (a daemon left behind may flood it).
+MAX_STDOUT_AFTER_EXIT = 1024 * 1024
 
 
 def main() -> int:
@@ -96,9 +101,23 @@ def main() -> int:
         return 0
     tail = bytearray()
     assert proc.stdout is not None
-    while chunk := proc.stdout.read1(65536):
+    fd, after_exit = proc.stdout.fileno(), 0
+    while after_exit <= MAX_STDOUT_AFTER_EXIT:
+        exited = proc.poll() is not None
+        # The program's end is its own exit, not the end of its stdout: what it left running
+        # (a daemon) may hold stdout open for ever. Once it has exited, everything it wrote
+        # is in the pipe: that is read, and the worker is told at once (it then kills the
+        # sandbox and all that is left in it).
+        if not select.select([fd], [], [], 0 if exited else 0.02)[0]:
+            if exited:
+                break
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
         tail.extend(chunk)
         del tail[:-STDOUT_TAIL_BYTES]
+        after_exit += len(chunk) if exited else 0
     code = proc.wait()
     channel.send(
         {
@@ -135,26 +154,38 @@ def _forward(socket_path: str) -> int:
     server.listen(64)
 
     def accept() -> None:
+        # The program may use up the sandbox's descriptors or threads (holding connections
+        # open, say): connections are then refused or wait, and the forwarder lives on.
         while True:
             try:
                 client, _ = server.accept()
-            except OSError:
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(0.05)  # it waits in the backlog until descriptors are free
+                    continue
                 return
-            threading.Thread(target=_connect, args=(client, socket_path), daemon=True).start()
+            try:
+                threading.Thread(target=_connect, args=(client, socket_path), daemon=True).start()
+            except RuntimeError:  # no thread to be had
+                client.close()
 
     threading.Thread(target=accept, daemon=True).start()
     return server.getsockname()[1]
 
 
 def _connect(client: socket.socket, socket_path: str) -> None:
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:  # no descriptor to be had
+        client.close()
+        return
     try:
         upstream.connect(socket_path)
-    except OSError:
+        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+    except (OSError, RuntimeError):  # (RuntimeError: no thread to be had)
         client.close()
         upstream.close()
         return
-    threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
     _pipe(client, upstream)
 
 
