@@ -11,10 +11,10 @@ import base64
 import hashlib
 import io
 import json
-import multiprocessing
 import os
 import socket
 import subprocess
+import sys
 import tarfile
 import textwrap
 import threading
@@ -30,6 +30,7 @@ from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.services import evaluation_create, rollout_execute
 from coevo.suites.models import Split
 from harness_store.services import candidate_import_directory
+from tests.conftest import REPO_ROOT
 from workers import harness_env_build, sandbox
 from workers import harness_requirements as requirements_module
 from workers.environments.base import Verdict
@@ -479,24 +480,47 @@ def test_concurrent_ensures_of_one_key_build_once(tmp_path, settings):
     assert envs(settings) == [results[0].key]
 
 
-def _ensure_in_a_process(requirements, queue) -> None:
-    env = harness_env_ensure(requirements)
-    queue.put((env.built, str(env.path)))
-    env.close()
+_ENSURE_IN_A_WORKER = """
+import json, sys
+from pathlib import Path
+import django
+django.setup()
+from workers.harness_env import harness_env_ensure
+from workers.harness_requirements import harness_requirements
+env = harness_env_ensure(harness_requirements(Path(sys.argv[1])))
+print(json.dumps([env.built, str(env.path)]))
+env.close()
+"""
 
 
 def test_concurrent_ensures_from_worker_processes_build_once(tmp_path, settings):
-    requirements = harness_requirements(harness(tmp_path, PINNED))
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
+    # Separate interpreters, as worker processes are (forking this multi-threaded test process
+    # could copy a lock some other thread holds, and hang).
+    directory = harness(tmp_path, PINNED)
+    environ = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "coevo.settings",
+        "COEVO_HARNESS_FIND_LINKS": str(settings.COEVO_HARNESS_FIND_LINKS),
+        "COEVO_HARNESS_INDEX_URL": str(settings.COEVO_HARNESS_INDEX_URL),
+        "COEVO_HARNESS_ENV_DIR": str(settings.COEVO_HARNESS_ENV_DIR),
+        "COEVO_HARNESS_ENV_BUILD_TIMEOUT_S": str(settings.COEVO_HARNESS_ENV_BUILD_TIMEOUT_S),
+    }
     processes = [
-        context.Process(target=_ensure_in_a_process, args=(requirements, queue)) for _ in range(3)
+        subprocess.Popen(
+            [sys.executable, "-c", _ENSURE_IN_A_WORKER, str(directory)],
+            env=environ,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
     ]
+    results = []
     for process in processes:
-        process.start()
-    results = [queue.get(timeout=120) for _ in processes]
-    for process in processes:
-        process.join(timeout=30)
+        out, err = process.communicate(timeout=180)
+        assert process.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
     assert sorted(built for built, _ in results) == [False, False, True]
     assert len({path for _, path in results}) == 1
     assert len(envs(settings)) == 1
