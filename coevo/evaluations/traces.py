@@ -69,17 +69,21 @@ def _pack(payload: dict[str, Any]) -> tuple[dict[str, Any], str, bytes | None]:
 
 def _payload_json(payload: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The payload and its JSON text. PostgreSQL's jsonb refuses the NUL character (a harness
-    may well print one), so NULs become U+FFFD rather than failing the whole batch."""
+    may well print one) and text cannot hold a lone surrogate (JSON's "\\ud800" parses to one,
+    which UTF-8 cannot encode), so both become U+FFFD rather than failing the whole batch."""
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
-    if "\\u0000" in text:
+    if "\\u0000" in text or _SURROGATE.search(text):
         payload = _without_nul(payload)
         text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
     return payload, text
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _without_nul(value: Any) -> Any:
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
+        return _SURROGATE.sub("\ufffd", value.replace("\x00", "\ufffd"))
     if isinstance(value, dict):
         return {_without_nul(key): _without_nul(item) for key, item in value.items()}
     if isinstance(value, list | tuple):

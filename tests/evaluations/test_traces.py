@@ -3,6 +3,7 @@ and that the rollout runner loses no step when a rollout is cancelled or crashes
 
 from __future__ import annotations
 
+import json
 import textwrap
 import threading
 import time
@@ -116,6 +117,20 @@ def test_it_stores_any_text_a_harness_may_produce(rollout):
     assert first.payload == {"message": tricky, "nested": {"k\tey": [tricky, 1.5, None]}}
     # jsonb cannot hold NUL: it is replaced, instead of failing the whole batch.
     assert second.payload == {"message": "nul \ufffd byte"}
+
+
+@pytest.mark.django_db
+def test_it_stores_a_lone_surrogate_a_harness_sent_as_a_replacement_character(rollout):
+    # json.loads('"\\ud800"') gives a str that UTF-8 cannot encode: a harness can send one.
+    lone = json.loads('"half \\ud800 of a pair"')
+    large = {"message": lone + "x" * (2 * COMPRESS_OVER_BYTES)}
+    with TraceWriter(rollout_id=rollout.id, attempt=1) as writer:
+        writer.add(FakeStep("log", {"message": lone, "fields": {lone: [lone]}}))
+        writer.add(FakeStep("log", large))
+    first, second = TraceStep.objects.filter(rollout=rollout).order_by("index")
+    fixed = "half \ufffd of a pair"
+    assert first.payload == {"message": fixed, "fields": {fixed: [fixed]}}
+    assert trace_step_payload(second)["message"].startswith(fixed)
 
 
 @pytest.mark.django_db
