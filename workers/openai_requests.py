@@ -39,6 +39,8 @@ _SHARED_KEYS = frozenset(
         "presence_penalty",
         "logprobs",
         "user",
+        # vLLM's extension: the prompt's and the reply's token ids, recorded in the trace.
+        "return_token_ids",
     }
 )
 CHAT_KEYS = _SHARED_KEYS | {
