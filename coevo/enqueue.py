@@ -58,8 +58,35 @@ def task_enqueue(
 
 def queue_depth(name: str) -> int | None:
     """Messages waiting in the broker's queue ``name`` (None when the broker cannot say)."""
+    return broker_queue_depths([name])[name]
+
+
+def broker_queue_depths(names: list[str], *, timeout_s: float = 5.0) -> dict[str, int | None]:
+    """Messages waiting in each queue of ``names``, over one connection; None for a queue the
+    broker cannot count, and for all of them when the broker does not answer."""
+    depths: dict[str, int | None] = dict.fromkeys(names)
     try:
-        with current_app.connection_for_read() as conn:
-            return conn.default_channel.queue_declare(queue=name, passive=True).message_count
-    except Exception:  # an undeclared queue, or a transport without counts
+        with current_app.connection_for_read(connect_timeout=timeout_s) as conn:
+            conn.ensure_connection(max_retries=1, timeout=timeout_s)
+            channel = conn.default_channel
+            for name in names:
+                depths[name] = _queue_depth(channel, name)
+    except Exception:  # kombu's errors differ by transport
+        return dict.fromkeys(names)
+    return depths
+
+
+def _queue_depth(channel: Any, name: str) -> int | None:
+    try:
+        return channel.queue_declare(queue=name, passive=True).message_count
+    except Exception:
+        pass
+    # Redis and the filesystem transport: a queue no worker declared yet (no binding) is
+    # refused by a passive declare, but its size can still be read (0 while it does not exist).
+    size = getattr(channel, "_size", None)
+    if size is None:
+        return None
+    try:
+        return int(size(name))
+    except Exception:
         return None

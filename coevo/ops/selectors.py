@@ -17,6 +17,7 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from coevo.celery import app
+from coevo.enqueue import broker_queue_depths
 from coevo.evaluations.models import Budget, Evaluation, Outcome, Rollout, TraceStep
 from coevo.ops.health import policy_probe
 from coevo.ops.models import WorkerHeartbeat
@@ -45,32 +46,7 @@ def queue_names() -> list[str]:
 def queue_depths() -> dict[str, int | None]:
     """Messages waiting per declared queue; None for a queue the broker cannot count (or when
     the broker does not answer). One connection, with a short timeout."""
-    depths: dict[str, int | None] = dict.fromkeys(queue_names())
-    try:
-        with app.connection_for_read(connect_timeout=settings.COEVO_READYZ_TIMEOUT_S) as conn:
-            conn.ensure_connection(max_retries=1, timeout=settings.COEVO_READYZ_TIMEOUT_S)
-            channel = conn.default_channel
-            for name in depths:
-                depths[name] = _queue_depth(channel, name)
-    except Exception:
-        return dict.fromkeys(queue_names())
-    return depths
-
-
-def _queue_depth(channel: Any, name: str) -> int | None:
-    try:
-        return channel.queue_declare(queue=name, passive=True).message_count
-    except Exception:
-        pass
-    # Redis and the filesystem transport: a queue no worker declared yet (no binding) is
-    # refused by a passive declare, but its size can still be read (0 while it does not exist).
-    size = getattr(channel, "_size", None)
-    if size is None:
-        return None
-    try:
-        return int(size(name))
-    except Exception:
-        return None
+    return broker_queue_depths(queue_names(), timeout_s=settings.COEVO_READYZ_TIMEOUT_S)
 
 
 def ledger_totals() -> list[dict[str, Any]]:
