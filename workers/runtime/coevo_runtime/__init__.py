@@ -132,6 +132,16 @@ class Channel:
             raise SystemExit("coevo runtime: the worker closed the channel")
         return json.loads(line)
 
+    def start(self) -> dict[str, Any] | None:
+        """Wait for the worker's ``start`` message and answer ``ready``; None (the worker told
+        why) when the first message is something else."""
+        start = self.receive()
+        if start.get("type") != "start":
+            self.send({"type": "error", "error": f"expected a start message, got {start!r}"})
+            return None
+        self.send({"type": "ready", "protocol": PROTOCOL_VERSION})
+        return start
+
     def call(self, method: str, params: dict[str, Any]) -> Any:
         self._next_id += 1
         self.send({"type": "call", "id": self._next_id, "method": method, "params": params})

@@ -13,18 +13,16 @@ import sys
 import traceback
 from typing import Any
 
-from coevo_runtime import PROTOCOL_VERSION, Channel, Context
+from coevo_runtime import Channel, Context
 
 MAX_FRAMES = 50
 
 
 def main() -> int:
     channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
-    start = channel.receive()
-    if start.get("type") != "start":
-        channel.send({"type": "error", "error": f"expected a start message, got {start!r}"})
+    start = channel.start()
+    if start is None:
         return 2
-    channel.send({"type": "ready", "protocol": PROTOCOL_VERSION})
     module_name, _, function_name = start["entrypoint"].partition(":")
     sys.path.insert(0, os.getcwd())
     try:

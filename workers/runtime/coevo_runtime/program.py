@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from coevo_runtime import PROTOCOL_VERSION, Channel
+from coevo_runtime import Channel
 
 MAX_ANSWER_BYTES = 1024 * 1024
 STDOUT_TAIL_BYTES = 16 * 1024
@@ -40,11 +40,9 @@ MAX_STDOUT_AFTER_EXIT = 1024 * 1024
 
 def main() -> int:
     channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
-    start = channel.receive()
-    if start.get("type") != "start":
-        channel.send({"type": "error", "error": f"expected a start message, got {start!r}"})
+    start = channel.start()
+    if start is None:
         return 2
-    channel.send({"type": "ready", "protocol": PROTOCOL_VERSION})
     workdir = tempfile.mkdtemp(prefix="coevo-")
     task_file = os.path.join(workdir, "task.json")
     knobs_file = os.path.join(workdir, "knobs.json")
