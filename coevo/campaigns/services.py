@@ -155,7 +155,7 @@ def campaign_start(*, campaign: Campaign) -> Campaign:
         raise InvalidState(
             f"Campaign {campaign.name} is {campaign.state}: only a pending one starts."
         )
-    _advance_on_commit(campaign.id)
+    campaign_advance_enqueue(campaign_id=campaign.id, on_commit=True)
     campaign.refresh_from_db()
     return campaign
 
@@ -194,7 +194,7 @@ def campaign_resume(*, campaign: Campaign) -> Campaign:
             id__in=_open_evaluation_ids(campaign), state=EvaluationState.PAUSED
         ):
             evaluation_resume(evaluation=evaluation)
-        _advance_on_commit(campaign.id)
+        campaign_advance_enqueue(campaign_id=campaign.id, on_commit=True)
     campaign.refresh_from_db()
     return campaign
 
@@ -326,7 +326,7 @@ def campaign_submit_candidate(
             finished_at=timezone.now() if failed else None,
         )
         if not failed and locked.state == CampaignState.RUNNING:
-            _advance_on_commit(locked.id)
+            campaign_advance_enqueue(campaign_id=locked.id, on_commit=True)
     logger.info(
         "campaign %s: candidate %s submitted as proposal %s (%s)",
         campaign.id,
@@ -358,10 +358,6 @@ def campaign_advance_enqueue(*, campaign_id: Any, on_commit: bool = False) -> No
         what=f"campaign {campaign_id}",
         on_commit=on_commit,
     )
-
-
-def _advance_on_commit(campaign_id: Any) -> None:
-    campaign_advance_enqueue(campaign_id=campaign_id, on_commit=True)
 
 
 def _new_id() -> Any:
