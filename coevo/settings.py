@@ -228,6 +228,11 @@ COEVO_ROLLOUT_WALL_S = env_int("COEVO_ROLLOUT_WALL_S", 900, minimum=1)
 COEVO_ROLLOUT_MAX_ATTEMPTS = env_int("COEVO_ROLLOUT_MAX_ATTEMPTS", 3, minimum=1)
 COEVO_ROLLOUT_RETRY_BASE_S = env_int("COEVO_ROLLOUT_RETRY_BASE_S", 10, minimum=0)
 COEVO_VERIFIER_TIMEOUT_S = env_int("COEVO_VERIFIER_TIMEOUT_S", 20, minimum=1)
+# Workspace tasks (workers/environments/workspace.py): what a rollout's workspace may hold, and
+# the most a task's test.sh may take (task.toml's [verifier] timeout_sec, capped here).
+COEVO_WORKSPACE_MAX_FILES = env_int("COEVO_WORKSPACE_MAX_FILES", 20000, minimum=10)
+COEVO_WORKSPACE_MAX_BYTES = env_int("COEVO_WORKSPACE_MAX_BYTES", 256 * 1024**2, minimum=1024**2)
+COEVO_WORKSPACE_VERIFIER_TIMEOUT_S = env_int("COEVO_WORKSPACE_VERIFIER_TIMEOUT_S", 600, minimum=1)
 # Harnesses' declared dependencies (workers/harness_env.py): built with uv from wheels only, from
 # COEVO_HARNESS_FIND_LINKS (a local wheel directory; then no index is asked) or else
 # COEVO_HARNESS_INDEX_URL; cached per content hash under COEVO_HARNESS_ENV_DIR, least recently

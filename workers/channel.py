@@ -46,11 +46,16 @@ class HarnessChannel:
         program: bool = False,
         ro_binds: dict[Path, str] | None = None,
         harness_env: Path | None = None,
+        rw_binds: dict[Path, str] | None = None,
+        env: dict[str, str] | None = None,
+        uid: int | None = None,
     ) -> None:
         """``program``: the launcher of a program harness (``coevo_runtime.program``) instead
         of the ``run(task, ctx)`` runtime; ``ro_binds`` adds read-only binds (the model
         boundary's socket directory); ``harness_env`` is the harness's built dependencies
-        (workers/harness_env.py), mounted read-only on its PYTHONPATH and PATH."""
+        (workers/harness_env.py), mounted read-only on its PYTHONPATH and PATH; ``rw_binds``,
+        ``env`` and ``uid`` give a workspace task's directory, its variables and the identity
+        its other sandboxes share (workers/environments/workspace.py)."""
         self.wall_s = wall_s
         self.deadline = deadline
         self.stderr_tail = bytearray()
@@ -65,8 +70,10 @@ class HarnessChannel:
                 **(ro_binds or {}),
                 **harness_env_binds(harness_env),
             },
-            env=harness_env_vars(harness_env, pythonpath="/opt/coevo"),
+            env={**harness_env_vars(harness_env, pythonpath="/opt/coevo"), **(env or {})},
             cwd="/harness",
+            rw_binds=rw_binds,
+            uid=uid,
             limits=sandbox.SandboxLimits(
                 cpu_s=wall_s + 5,
                 **({"memory_bytes": settings.COEVO_PROGRAM_ADDRESS_SPACE_BYTES} if program else {}),

@@ -128,6 +128,7 @@ class _ProgramRollout:
         assert runner.meter is not None
         boundary = ModelBoundary(handler=self, token=secrets.token_urlsafe(32))
         runner.sink = self._queue
+        watch: threading.Event | None = None
         try:
             boundary.start()
             self.channel = runner.channel = HarnessChannel(
@@ -137,7 +138,9 @@ class _ProgramRollout:
                 program=True,
                 ro_binds={boundary.socket_dir: BOUNDARY_DIR},
                 harness_env=runner.inputs.harness_env,
+                **runner.workspace_channel_options(),
             )
+            watch = runner.watch_workspace(self.channel)
             self.channel.send(
                 {
                     "type": "start",
@@ -154,6 +157,8 @@ class _ProgramRollout:
             ended = self._wait_for_the_end()
             return self._answer(ended)
         finally:
+            if watch is not None:
+                watch.set()
             self._stop()
             if self.channel is not None:
                 self.channel.close()
@@ -200,8 +205,10 @@ class _ProgramRollout:
             )
             raise HarnessExited(f"the program {how}")
         answer = ended.get("answer") or {}
-        if not answer.get("written") and self.runner.multi_step:
-            return None  # the episode's verdict scores a multi-step suite, not an answer
+        if not answer.get("written") and (self.runner.multi_step or self.runner.has_workspace):
+            # The episode's verdict scores a multi-step suite, the workspace's tests a
+            # workspace task: not an answer.
+            return None
         if not answer.get("written"):
             raise ProtocolViolation(
                 "the program exited without writing its answer to $COEVO_ANSWER_FILE (write "

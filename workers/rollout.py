@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,20 +39,27 @@ from coevo.errors import (
 from harness_store.manifest import Manifest, load_manifest
 from workers import calls, openai_requests
 from workers.channel import HarnessChannel
-from workers.environments import adapter_helpers, adapter_is_multi_step
+from workers.environments import adapter_has_workspace, adapter_helpers, adapter_is_multi_step
 from workers.environments.base import Episode, InvalidHelperCall, Verdict
+from workers.environments.workspace import MAX_VERIFIER_OUTPUT_CHARS, Workspace
+from workers.environments.workspace_files import WorkspaceTooLarge
+from workers.harness_env import ENV_MOUNT
 from workers.limits import LimitMeter
 from workers.outcomes import (
     ErrorKind,
     HarnessFault,
     HarnessRaised,
     InvalidCall,
+    LimitExceeded,
     Outcome,
     ProtocolViolation,
 )
 from workers.policy import Completion, Policy, Sampling
 from workers.program import converse_program
 from workers.steps import Step
+
+# How often the workspace's size is checked while the harness runs.
+WORKSPACE_WATCH_S = 0.5
 
 
 @dataclass
@@ -96,11 +104,24 @@ class TaskEnvironment:
         return adapter_is_multi_step(self.adapter)
 
     @property
+    def has_workspace(self) -> bool:
+        return adapter_has_workspace(self.adapter)
+
+    @property
     def helpers(self) -> dict[str, Callable[..., dict[str, Any]]]:
         return adapter_helpers(self.adapter)
 
-    def verify(self, answer: Any) -> Verdict:
+    def verify(self, answer: Any, *, workspace: Workspace | None = None) -> Verdict:
+        if workspace is not None:
+            return self.adapter.verify(
+                inputs=self.inputs, verifier=self.verifier, answer=answer, workspace=workspace
+            )
         return self.adapter.verify(inputs=self.inputs, verifier=self.verifier, answer=answer)
+
+    def wall_s(self) -> int | None:
+        """The task's own time limit for the harness (a workspace task's task.toml)."""
+        limit = getattr(self.adapter, "task_wall_s", None)
+        return limit(self.inputs) if limit else None
 
     def open_episode(self, *, seed: int) -> Episode:
         return self.adapter.open_episode(inputs=self.inputs, verifier=self.verifier, seed=seed)
@@ -150,6 +171,9 @@ class _Runner:
         self.episode: Episode | None = None
         self.episode_started = False
         self.episode_done = False
+        self.workspace: Workspace | None = None
+        # Set by the workspace's watch when it stops the harness for filling it.
+        self.workspace_fault: LimitExceeded | None = None
 
     def record(self, step: Step) -> None:
         """Add a step to the trace. A program harness's calls arrive on the boundary's threads:
@@ -188,6 +212,7 @@ class _Runner:
                     "limits": manifest.limits.as_dict(),
                     "multi_step": self.multi_step,
                     "helpers": sorted(self.helpers),
+                    **({"workspace": True} if self.has_workspace else {}),
                 },
             )
         )
@@ -195,17 +220,29 @@ class _Runner:
             if self.multi_step:
                 assert self.environment is not None
                 self.episode = self.environment.open_episode(seed=self.inputs.seed)
+            if self.has_workspace:
+                assert self.environment is not None
+                self.workspace = Workspace.create(self.environment.inputs["files"])
             return self._play(manifest, knobs)
         finally:
             if self.episode is not None:
                 self.episode.close()
+            if self.workspace is not None:
+                self.workspace.close()
+
+    @property
+    def has_workspace(self) -> bool:
+        return bool(self.environment and self.environment.has_workspace)
 
     def _play(self, manifest: Manifest, knobs: dict[str, Any]) -> RolloutResult:
         try:
             answer = self._converse(manifest, knobs)
         except HarnessFault as exc:
+            # When the workspace's watch stopped the harness, that is how it ended.
+            fault = self.workspace_fault or exc
             self._record_unscored_verdict()
-            return self._end(Outcome.HARNESS_ERROR, exc.error_kind, str(exc))
+            self._record_workspace_diff()
+            return self._end(Outcome.HARNESS_ERROR, fault.error_kind, str(fault))
         except PolicyUnavailable as exc:
             return self._end(Outcome.INFRA_ERROR, ErrorKind.POLICY, str(exc), score=None)
         except SandboxUnavailable as exc:
@@ -217,13 +254,39 @@ class _Runner:
             return self._end(Outcome.HARNESS_ERROR, ErrorKind.POLICY, str(exc))
         self.result.answer = answer
         self.record(Step("answer", {"answer": answer}))
+        if self.workspace is not None and not self._record_workspace_diff():
+            return self._end(
+                Outcome.HARNESS_ERROR, ErrorKind.LIMIT, f"limit exceeded: {self.workspace_fault}"
+            )
         try:
-            verdict = self.episode.verdict() if self.episode is not None else self.verify(answer)
+            if self.episode is not None:
+                verdict = self.episode.verdict()
+            elif self.workspace is not None:
+                assert self.environment is not None
+                verdict = self.environment.verify(answer, workspace=self.workspace)
+            else:
+                verdict = self.verify(answer)
         except SandboxUnavailable as exc:
             return self._end(Outcome.INFRA_ERROR, ErrorKind.SANDBOX, str(exc), score=None)
-        self.record(Step("verdict", _verdict_payload(verdict)))
+        # A workspace task's test output is what reviewers read: more of it is kept.
+        chars = MAX_VERIFIER_OUTPUT_CHARS if self.workspace is not None else 4000
+        self.record(Step("verdict", _verdict_payload(verdict, output_chars=chars)))
         outcome = Outcome.PASSED if verdict.passed else Outcome.TASK_FAILURE
         return self._end(outcome, ErrorKind.NONE, verdict.detail, score=verdict.score, record=False)
+
+    def _record_workspace_diff(self) -> bool:
+        """The workspace's final state against its starting files, in the trace (also when
+        the harness failed: reviewers see what it left). False when it is over its limits."""
+        if self.workspace is None:
+            return True
+        try:
+            final = self.workspace.final()
+        except WorkspaceTooLarge as exc:
+            self.workspace_fault = LimitExceeded(str(exc))
+            self.record(Step("workspace_diff", {"error": str(exc)}))
+            return False
+        self.record(Step("workspace_diff", self.workspace.diff(final)))
+        return True
 
     def _record_unscored_verdict(self) -> None:
         """Where the episode stood when the harness failed: shown in the trace, never scored
@@ -258,6 +321,9 @@ class _Runner:
 
     def _converse(self, manifest: Manifest, knobs: dict[str, Any]) -> Any:
         wall_s = min(manifest.limits.wall_time_s, self.inputs.wall_time_s)
+        task_wall_s = self.environment.wall_s() if self.environment else None
+        if task_wall_s:
+            wall_s = min(wall_s, task_wall_s)
         self.meter = meter = LimitMeter(manifest.limits, wall_s=wall_s)
         if manifest.is_program:
             return converse_program(self, manifest, knobs)
@@ -266,7 +332,9 @@ class _Runner:
             wall_s=wall_s,
             deadline=meter.deadline,
             harness_env=self.inputs.harness_env,
+            **self.workspace_channel_options(),
         )
+        watch = self.watch_workspace(channel)
         try:
             channel.send(
                 {
@@ -299,7 +367,43 @@ class _Runner:
                 else:
                     raise ProtocolViolation(f"protocol violation: unknown message type {kind!r}")
         finally:
+            watch.set()
             channel.close()
+
+    # --- the workspace of a workspace task --------------------------------------------------
+
+    def workspace_channel_options(self) -> dict[str, Any]:
+        """What the harness's sandbox gets of the workspace: the writable bind, its variables,
+        the identity its commands share; PATH with the worker's interpreter (``pytest``)."""
+        if self.workspace is None:
+            return {}
+        env = self.workspace.env()
+        if self.inputs.harness_env is not None:
+            env["PATH"] = f"{ENV_MOUNT}/bin:{env['PATH']}"
+        return {
+            "rw_binds": self.workspace.binds,
+            "env": env,
+            "uid": self.workspace.uid,
+        }
+
+    def watch_workspace(self, channel: HarnessChannel) -> threading.Event:
+        """Poll the workspace's size while the harness runs; past its limits the harness is
+        stopped and the rollout ends as a limit. Set the returned event to stop polling."""
+        done = threading.Event()
+        workspace = self.workspace
+        if workspace is None:
+            return done
+
+        def poll() -> None:
+            while not done.wait(WORKSPACE_WATCH_S):
+                problem = workspace.over_limit()
+                if problem:
+                    self.workspace_fault = LimitExceeded(problem)
+                    channel.kill()
+                    return
+
+        threading.Thread(target=poll, daemon=True, name="workspace-watch").start()
+        return done
 
     def _handle_call(self, message: dict[str, Any], manifest: Manifest) -> Any:
         method, params = calls.parse_call(message)
@@ -459,10 +563,17 @@ class _Runner:
                 f"(offered: {offered})"
             )
         remaining = self.meter.remaining_s()
-        timeout_s = max(1.0, min(float(settings.COEVO_VERIFIER_TIMEOUT_S), remaining))
         started = time.monotonic()
         try:
-            result = helper(inputs=self.environment.inputs, params=params, timeout_s=timeout_s)
+            if self.workspace is not None:
+                # A command in the workspace is a step of the task, counted as one; it may
+                # take what is left of the wall time.
+                self.meter.before_env_step()
+                self.meter.count_env_step()
+                result = helper(workspace=self.workspace, params=params, timeout_s=remaining)
+            else:
+                timeout_s = max(1.0, min(float(settings.COEVO_VERIFIER_TIMEOUT_S), remaining))
+                result = helper(inputs=self.environment.inputs, params=params, timeout_s=timeout_s)
         except InvalidHelperCall as exc:
             raise InvalidCall(f"ctx.helper({name!r}): {exc}") from None
         self.record(
@@ -488,10 +599,10 @@ def _runtime_tool_call(call: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _verdict_payload(verdict: Verdict) -> dict[str, Any]:
+def _verdict_payload(verdict: Verdict, *, output_chars: int = 4000) -> dict[str, Any]:
     return {
         "passed": verdict.passed,
         "score": verdict.score,
         "detail": verdict.detail,
-        "output": verdict.output[-4000:],
+        "output": verdict.output[-output_chars:],
     }

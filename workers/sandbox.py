@@ -34,7 +34,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,9 @@ _DROP_PRIVILEGES = (
 # fork bomb, say) slows its neighbours but cannot starve the worker's timers and heartbeats.
 SANDBOX_NICE = 10
 
+# How often ``run`` calls its ``watch``.
+WATCH_INTERVAL_S = 0.5
+
 # PATH inside the sandbox unless the caller sets one (workers/harness_env.py puts a harness's
 # own scripts first).
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -102,6 +106,8 @@ class SandboxRun:
     stderr: bytes
     timed_out: bool
     output_exceeded: bool = False
+    # ``run``'s watch asked to stop it (a workspace over its size).
+    watch_stopped: bool = False
 
 
 def sandbox_mode() -> str:
@@ -122,6 +128,14 @@ def python_executable() -> str:
     return sys.executable
 
 
+def sandbox_uid() -> int | None:
+    """An identity for sandboxes that must share files (one workspace rollout's): a fresh
+    unprivileged uid on a root worker, None otherwise (the worker's own, mapped by bwrap)."""
+    if os.geteuid() != 0 or not shutil.which("bwrap"):
+        return None
+    return _sandbox_uid()
+
+
 def sandbox_argv(
     argv: list[str],
     *,
@@ -131,8 +145,10 @@ def sandbox_argv(
     mode: str,
     limits: SandboxLimits | None = None,
     uid: int | None = None,
+    rw_binds: Mapping[Path, str] | None = None,
 ) -> list[str]:
-    """The bwrap command line; ``uid`` (root workers only) is the identity to drop to."""
+    """The bwrap command line; ``uid`` (root workers only) is the identity to drop to;
+    ``rw_binds`` are the only host directories the sandbox may write (a task's workspace)."""
     if mode == "unsandboxed":
         return list(argv)
     limits = limits or SandboxLimits()
@@ -189,6 +205,11 @@ def sandbox_argv(
         args += _parent_dirs(target, made)
         args += ["--ro-bind", str(source), target]
         mounts[os.path.realpath(source)] = target
+    # Writable: a workspace task's directory (workers/environments/workspace.py), which the
+    # caller owns, bounds (its size is watched) and reads back without following links.
+    for source, target in (rw_binds or {}).items():
+        args += _parent_dirs(target, made)
+        args += ["--bind", str(source), target]
     for hidden in _hidden_targets(mounts):
         args += ["--tmpfs", hidden, "--remount-ro", hidden]
     # The root and /dev are tmpfs too, writable by the sandbox's uid when it is the owner (a
@@ -209,8 +230,13 @@ def spawn(
     env: Mapping[str, str] | None = None,
     cwd: str = "/tmp",
     limits: SandboxLimits | None = None,
+    rw_binds: Mapping[Path, str] | None = None,
+    uid: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in the sandbox with pipes on stdin, stdout and stderr."""
+    """Start ``argv`` in the sandbox with pipes on stdin, stdout and stderr.
+
+    ``uid`` (from ``sandbox_uid``) runs several sandboxes as one identity: those of one
+    workspace rollout share its files. Without it a root worker picks a fresh one."""
     mode = sandbox_mode()
     limits = limits or SandboxLimits()
     base_env = {
@@ -222,9 +248,9 @@ def spawn(
     }
     full_env = {**base_env, **(env or {})}
     binds = dict(ro_binds or {})
-    uid = None
     nproc = limits.processes
     if mode == "unsandboxed":
+        uid = None
         # Without bwrap the bind targets do not exist: point the environment at the sources.
         remap = {target: str(source) for source, target in binds.items()}
         # A value may list several paths (PATH, PYTHONPATH): each is remapped.
@@ -233,8 +259,15 @@ def spawn(
         }
         cwd = _remap(cwd, remap)
         argv = [_remap(a, remap) for a in argv]
-    elif os.geteuid() == 0:
+        if rw_binds:
+            raise SandboxUnavailable(
+                "this task gives the harness a writable workspace, which needs the bubblewrap "
+                "sandbox (apt-get install bubblewrap); coevo does not run it unsandboxed"
+            )
+    elif os.geteuid() == 0 and uid is None:
         uid = _sandbox_uid()
+    elif os.geteuid() != 0:
+        uid = None
     if uid is None and os.geteuid() != 0:
         # The kernel counts the processes of the uid, not of the sandbox, so the worker's own
         # and its other sandboxes' count too: allow what runs now plus the sandbox's share.
@@ -242,7 +275,14 @@ def spawn(
             _warn_shared_process_limit()
         nproc += _tasks_of_uid(os.getuid())
     command = sandbox_argv(
-        argv, ro_binds=binds, env=full_env, cwd=cwd, mode=mode, limits=limits, uid=uid
+        argv,
+        ro_binds=binds,
+        env=full_env,
+        cwd=cwd,
+        mode=mode,
+        limits=limits,
+        uid=uid,
+        rw_binds=rw_binds,
     )
     return subprocess.Popen(
         command,
@@ -269,14 +309,20 @@ def run(
     limits: SandboxLimits | None = None,
     max_output_bytes: int = 1024 * 1024,
     output_limit_bytes: int = 64 * 1024 * 1024,
+    rw_binds: Mapping[Path, str] | None = None,
+    uid: int | None = None,
+    watch: Callable[[], bool] | None = None,
 ) -> SandboxRun:
     """Run to completion (or the timeout) and return the tail of stdout and stderr.
 
     At most ``max_output_bytes`` of each is kept; a program that writes more than
     ``output_limit_bytes`` in all is killed (``output_exceeded``), so a flood costs the worker
-    neither memory nor the rest of the timeout.
+    neither memory nor the rest of the timeout. ``watch``, called every ``WATCH_INTERVAL_S``
+    while it runs, kills it when it returns True (``watch_stopped``): a workspace over its size.
     """
-    proc = spawn(argv, ro_binds=ro_binds, env=env, cwd=cwd, limits=limits)
+    proc = spawn(
+        argv, ro_binds=ro_binds, env=env, cwd=cwd, limits=limits, rw_binds=rw_binds, uid=uid
+    )
     tails = {"stdout": bytearray(), "stderr": bytearray()}
     written = [0]
     exceeded = threading.Event()
@@ -310,12 +356,22 @@ def run(
     ]
     for thread in threads:
         thread.start()
-    try:
-        proc.wait(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = not exceeded.is_set()
-        terminate(proc)
+    deadline = time.monotonic() + timeout_s
+    timed_out = watch_stopped = False
+    while True:
+        try:
+            step = WATCH_INTERVAL_S if watch is not None else timeout_s
+            proc.wait(timeout=max(0.0, min(step, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            if watch is not None and watch():
+                watch_stopped = True
+                terminate(proc)
+                break
+            if time.monotonic() >= deadline:
+                timed_out = not exceeded.is_set()
+                terminate(proc)
+                break
     for thread in threads:
         thread.join(timeout=5)
     for stream in (proc.stdout, proc.stderr):
@@ -327,6 +383,7 @@ def run(
         stderr=bytes(tails["stderr"]),
         timed_out=timed_out,
         output_exceeded=exceeded.is_set(),
+        watch_stopped=watch_stopped,
     )
     return metrics.sandbox_run_observed(result)  # timeouts, output floods, kills by signal
 

@@ -30,6 +30,7 @@ class SuiteKind(models.TextChoices):
     HUMANEVAL = "humaneval", "HumanEval"
     TEXTWORLD = "textworld", "TextWorld"
     JSONL = "jsonl", "custom (JSONL)"
+    WORKSPACE = "workspace", "workspace (Harbor tasks)"
 
 
 class Split(models.TextChoices):

@@ -11,12 +11,13 @@ from types import ModuleType
 from typing import Any
 
 from coevo.errors import InvalidInput
-from workers.environments import humaneval, jsonl, textworld
+from workers.environments import humaneval, jsonl, textworld, workspace
 
 _ADAPTERS: dict[str, ModuleType] = {
     "humaneval": humaneval,
     "jsonl": jsonl,
     "textworld": textworld,
+    "workspace": workspace,
 }
 
 
@@ -29,6 +30,10 @@ def adapter_for(kind: str) -> ModuleType:
 
 def adapter_is_multi_step(adapter: ModuleType) -> bool:
     return bool(getattr(adapter, "MULTI_STEP", False))
+
+
+def adapter_has_workspace(adapter: ModuleType) -> bool:
+    return bool(getattr(adapter, "WORKSPACE", False))
 
 
 def adapter_helpers(adapter: ModuleType) -> dict[str, Callable[..., dict[str, Any]]]:

@@ -29,11 +29,17 @@ process, so harness code never sees such a refusal as an exception it could swal
 - ``ctx.log(*parts, **fields)``: a line (and JSON-able fields) in the trace.
 - ``ctx.helpers`` (names the suite offers), ``ctx.helper(name, **params)``, and shorthands such as
   ``ctx.check(completion)`` on HumanEval (the prompt's own visible examples, never the hidden tests).
+- Workspace tasks: ``ctx.workspace`` is the directory to work in (``/app``, writable; None on
+  other suites), and ``ctx.shell(command, timeout_s=60)`` runs a shell command there in a
+  sandbox of its own, recorded in the trace: ``{"exit_code", "stdout", "stderr", "timed_out",
+  "duration_ms"}``. The harness may also edit files and run commands itself (they are not in
+  the trace); hidden tests judge what the workspace holds when ``run`` returns.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -242,6 +248,7 @@ class Context:
         self.knobs = dict(knobs)
         self.limits = dict(limits or {})
         self.helpers = tuple(helpers)
+        self.workspace: str | None = os.environ.get("COEVO_WORKSPACE") or None
 
     def log(self, *parts: Any, **fields: Any) -> None:
         """Record a line in the trace (stdout is the protocol channel: do not print to it)."""
@@ -260,6 +267,17 @@ class Context:
         Returns ``{"passed", "examples", "failed", "output", "timed_out"}``.
         """
         return self.helper("check", completion=completion)
+
+    def shell(self, command: str | list[str], *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Workspace tasks: run ``command`` (a shell string or an argv list) in the workspace.
+
+        Returns ``{"exit_code", "stdout", "stderr", "timed_out", "duration_ms"}``; each command
+        counts as one step against the manifest's ``max_steps``.
+        """
+        params: dict[str, Any] = {"command": command}
+        if timeout_s is not None:
+            params["timeout_s"] = timeout_s
+        return self.helper("exec", **params)
 
 
 def _sampling(

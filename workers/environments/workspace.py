@@ -1,0 +1,411 @@
+"""Workspace tasks (Harbor's task format): the harness works in a directory, hidden tests judge
+what it leaves there.
+
+Each rollout gets a fresh copy of the task's starting files, bound writable at ``/app`` (the
+working directory Harbor's tasks use) in the harness's sandbox: the only place it may write
+besides its private /tmp. The harness reads ``task["instruction"]``, looks at the files, edits
+them and runs commands, in its own sandbox or through the ``exec`` helper
+(``ctx.shell(command)`` / ``POST $COEVO_HELPERS_URL/exec``), which runs the command in a sandbox
+of its own on the same workspace and puts the command, its exit code and output in the trace.
+The workspace's size is watched while anything runs in it (``Workspace.over_limit``).
+
+When the harness is done, the worker reads the final state without following links, stores its
+diff against the starting files with the rollout, and verifies a copy: the task's ``tests/``
+(from the suite, never from the workspace, never visible to the harness) read-only at
+``/tests``, the copy writable at ``/app``, an empty ``/logs/verifier``, then ``bash
+/tests/test.sh`` in a fresh sandbox with a timeout. The reward is what test.sh writes to
+``/logs/verifier/reward.txt`` (a number) or ``reward.json`` (``{"reward": x, ...}``), in
+[0, 1]; 1 passes. A harness that edits or deletes test files in its workspace, or writes a
+reward file there, changes nothing of this. docs/threat-model.md says what it does not stop
+(code under test that forges the result from inside the verifier's process).
+
+Task data (coevo/suites/harbor.py writes it): ``inputs = {"instruction", "files" (the starting
+tree, workers/environments/workspace_files.py), "metadata", "agent_timeout_s"}``;
+``verifier = {"tests": tree, "solution": tree, "timeout_s"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from workers import sandbox
+from workers.environments.base import InvalidHelperCall, Verdict
+from workers.environments.workspace_files import (
+    FinalTree,
+    WorkspaceTooLarge,
+    tree_chown,
+    tree_copy,
+    tree_diff,
+    tree_read_final,
+    tree_usage,
+    tree_write,
+)
+from workers.outcomes import LimitExceeded
+
+WORKSPACE = True
+MOUNT = "/app"
+TESTS_MOUNT = "/tests"
+SOLUTION_MOUNT = "/solution"
+LOGS_MOUNT = "/logs/verifier"
+# Commands start by their path inside the sandbox (a root worker's drops its privileges with
+# execv, which does not search PATH).
+BASH = "/bin/bash"
+MAX_REWARD_FILE_BYTES = 4096
+MAX_COMMAND_CHARS = 16 * 1024
+MAX_OUTPUT_CHARS = 16 * 1024
+# What the verifier's output keeps for reviewers (the tail).
+MAX_VERIFIER_OUTPUT_CHARS = 32 * 1024
+DEFAULT_EXEC_TIMEOUT_S = 60.0
+MAX_EXEC_TIMEOUT_S = 600.0
+# pytest's last line ("2 failed, 3 passed in 0.1s"), shown as the verdict's detail.
+_PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error)[^=\n]*?)\s*=*$", re.M)
+# pytest's short summary: "FAILED /tests/test_x.py::test_y - AssertionError: ...".
+_PYTEST_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S.*)$", re.M)
+
+
+def harness_view(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The task as the harness sees it: the instruction and the starting files' names (their
+    content is in the workspace itself); never the tests or the solution."""
+    return {
+        "instruction": inputs["instruction"],
+        "files": sorted(inputs.get("files") or {}),
+        "workspace": MOUNT,
+        "metadata": inputs.get("metadata") or {},
+    }
+
+
+def task_wall_s(inputs: dict[str, Any]) -> int | None:
+    """task.toml's ``[agent] timeout_sec``, when the task sets one."""
+    timeout = inputs.get("agent_timeout_s")
+    return max(1, math.ceil(float(timeout))) if timeout else None
+
+
+def sandbox_path() -> str:
+    """PATH in the workspace's sandboxes: the worker's interpreter (``python``, ``pytest``)
+    first, as for program harnesses."""
+    return f"{os.path.dirname(sandbox.python_executable())}:{sandbox.SANDBOX_PATH}"
+
+
+def sandbox_env() -> dict[str, str]:
+    """The variables of every sandbox that works on a workspace (harness, commands, solution,
+    tests). The worker's pytest plugins are the worker's, not the task's: pytest loads none
+    of them unless a task's command asks (``-p NAME``); with a test runner's plugins installed
+    (pytest-django, hypothesis) each run would otherwise import them, seconds each time."""
+    return {"PATH": sandbox_path(), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def limits() -> tuple[int, int]:
+    """(files, bytes) a workspace may hold."""
+    return settings.COEVO_WORKSPACE_MAX_FILES, settings.COEVO_WORKSPACE_MAX_BYTES
+
+
+@dataclass
+class Workspace:
+    """One rollout's workspace on the worker's disk; every sandbox of the rollout runs as
+    ``uid`` (root workers), so each may change what another wrote."""
+
+    root: Path
+    start: Mapping[str, Mapping[str, Any]]
+    uid: int | None
+
+    @classmethod
+    def create(cls, start: Mapping[str, Mapping[str, Any]]) -> Workspace:
+        base = Path(tempfile.mkdtemp(prefix="coevo-workspace-"))
+        root = base / "app"
+        root.mkdir()
+        tree_write(start, root)
+        uid = sandbox.sandbox_uid()
+        if uid is not None:
+            tree_chown(root, uid)
+        return cls(root=root, start=start, uid=uid)
+
+    @property
+    def binds(self) -> dict[Path, str]:
+        return {self.root: MOUNT}
+
+    def env(self) -> dict[str, str]:
+        return {**sandbox_env(), "COEVO_WORKSPACE": MOUNT}
+
+    def over_limit(self) -> str:
+        """Why the workspace is over its limits, or "" (lstat only: cheap enough to poll)."""
+        max_files, max_bytes = limits()
+        usage = tree_usage(self.root, max_files=max_files)
+        if usage.files > max_files:
+            return f"limit exceeded: the workspace holds more than {max_files} files"
+        if usage.bytes > max_bytes:
+            return (
+                f"limit exceeded: the workspace holds more than {max_bytes // 1024**2} MiB of files"
+            )
+        return ""
+
+    def final(self) -> FinalTree:
+        """The state the harness left (raises WorkspaceTooLarge)."""
+        max_files, max_bytes = limits()
+        return tree_read_final(self.root, max_files=max_files, max_bytes=max_bytes)
+
+    def diff(self, final: FinalTree) -> dict[str, Any]:
+        return tree_diff(self.start, final)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root.parent, ignore_errors=True)
+
+
+# --- the exec helper ------------------------------------------------------------------------
+
+
+def exec_command(*, workspace: Workspace, params: dict[str, Any], timeout_s: float) -> dict:
+    """``ctx.shell(command)``: run ``command`` (a shell string, or an argv list) in the
+    workspace, in a sandbox of its own, within ``timeout_s`` (the rollout's remaining time, at
+    most; ``params["timeout_s"]`` may ask for less).
+
+    Returns ``{"exit_code", "stdout", "stderr", "timed_out", "duration_ms"}`` (the output's
+    tails, at most 16 KiB each); ``exit_code`` is None when it was killed.
+    """
+    unknown = set(params) - {"command", "timeout_s"}
+    if unknown:
+        raise InvalidHelperCall(f"unknown parameters {sorted(unknown)}")
+    command = params.get("command")
+    if isinstance(command, str):
+        argv = [BASH, "-c", command]
+        size = len(command)
+    elif isinstance(command, list) and command and all(isinstance(a, str) for a in command):
+        # Looked up on the sandbox's PATH by bash: the sandbox starts a command by its path.
+        argv = [BASH, "-c", 'exec "$@"', "coevo-exec", *command]
+        size = sum(len(a) for a in command)
+    else:
+        raise InvalidHelperCall("command must be a shell string or a non-empty list of strings")
+    if size > MAX_COMMAND_CHARS or any("\x00" in a for a in argv):
+        raise InvalidHelperCall(f"command is longer than {MAX_COMMAND_CHARS} characters or has NUL")
+    asked = params.get("timeout_s", DEFAULT_EXEC_TIMEOUT_S)
+    if isinstance(asked, bool) or not isinstance(asked, int | float) or not asked > 0:
+        raise InvalidHelperCall("timeout_s must be a positive number of seconds")
+    timeout = max(0.1, min(float(asked), MAX_EXEC_TIMEOUT_S, timeout_s))
+    started = time.monotonic()
+    stopped = [""]
+
+    def watch() -> bool:
+        stopped[0] = workspace.over_limit()
+        return bool(stopped[0])
+
+    result = sandbox.run(
+        argv,
+        timeout_s=timeout,
+        rw_binds=workspace.binds,
+        uid=workspace.uid,
+        env=workspace.env(),
+        cwd=MOUNT,
+        limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 1, processes=64),
+        max_output_bytes=MAX_OUTPUT_CHARS,
+        watch=watch,
+    )
+    if result.watch_stopped:
+        # The command filled the workspace: the rollout ends (a limit), as for the harness.
+        raise LimitExceeded(stopped[0])
+    return {
+        "exit_code": None if result.timed_out or result.output_exceeded else result.returncode,
+        "stdout": result.stdout.decode(errors="replace")[-MAX_OUTPUT_CHARS:],
+        "stderr": result.stderr.decode(errors="replace")[-MAX_OUTPUT_CHARS:],
+        "timed_out": result.timed_out,
+        "duration_ms": int((time.monotonic() - started) * 1000),
+    }
+
+
+HELPERS = {"exec": exec_command}
+
+
+# --- verification ---------------------------------------------------------------------------
+
+
+def verify(
+    *, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any, workspace: Workspace
+) -> Verdict:
+    """Run the task's tests on a copy of the final workspace (the answer is not used: the
+    workspace is what is judged)."""
+    return verify_tree(verifier=verifier, source=workspace.root)
+
+
+def verify_tree(*, verifier: Mapping[str, Any], source: Path) -> Verdict:
+    """``bash /tests/test.sh`` on a copy of ``source`` (see the module docstring)."""
+    max_files, max_bytes = limits()
+    base = Path(tempfile.mkdtemp(prefix="coevo-verify-"))
+    try:
+        uid = sandbox.sandbox_uid()
+        app, tests, logs = base / "app", base / "tests", base / "logs"
+        for directory in (app, tests, logs):
+            directory.mkdir()
+        try:
+            tree_copy(source, app, owner=uid, max_files=max_files, max_bytes=max_bytes)
+        except WorkspaceTooLarge as exc:
+            return Verdict(False, 0.0, f"not verified: {exc}")
+        tree_write(verifier["tests"], tests)
+        if uid is not None:
+            os.lchown(logs, uid, uid)
+        timeout = min(
+            float(verifier.get("timeout_s") or settings.COEVO_WORKSPACE_VERIFIER_TIMEOUT_S),
+            float(settings.COEVO_WORKSPACE_VERIFIER_TIMEOUT_S),
+        )
+        stopped = [""]
+
+        def watch() -> bool:
+            usage_app = tree_usage(app, max_files=max_files)
+            usage_logs = tree_usage(logs, max_files=max_files)
+            over = (
+                usage_app.files + usage_logs.files > 2 * max_files
+                or usage_app.bytes + usage_logs.bytes > 2 * max_bytes
+            )
+            stopped[0] = "the tests filled the disk past the workspace's limits" if over else ""
+            return over
+
+        result = sandbox.run(
+            [BASH, f"{TESTS_MOUNT}/test.sh"],
+            timeout_s=timeout,
+            ro_binds={tests: TESTS_MOUNT},
+            rw_binds={app: MOUNT, logs: LOGS_MOUNT},
+            uid=uid,
+            env=sandbox_env(),
+            cwd=MOUNT,
+            limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 5, processes=128),
+            max_output_bytes=MAX_VERIFIER_OUTPUT_CHARS,
+            watch=watch,
+        )
+        output = (result.stdout + result.stderr).decode(errors="replace")
+        output = output[-MAX_VERIFIER_OUTPUT_CHARS:]
+        if result.watch_stopped:
+            return Verdict(False, 0.0, f"not verified: {stopped[0]}", output)
+        if result.timed_out:
+            return Verdict(False, 0.0, f"the tests timed out after {timeout:.0f}s", output)
+        reward, problem = read_reward(logs)
+        if reward is None:
+            return Verdict(False, 0.0, f"no reward: {problem}", output)
+        passed = reward >= 1.0
+        return Verdict(passed, reward, _detail(reward, output, result.returncode), output)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def read_reward(logs: Path) -> tuple[float | None, str]:
+    """The reward test.sh wrote, or (None, why there is none)."""
+    for name in ("reward.txt", "reward.json"):
+        path = logs / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None, f"{name} is not a regular file"
+        try:
+            if not os.fstat(fd).st_mode & 0o100000:
+                return None, f"{name} is not a regular file"
+            text = os.read(fd, MAX_REWARD_FILE_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(text) > MAX_REWARD_FILE_BYTES:
+            return None, f"{name} is longer than {MAX_REWARD_FILE_BYTES} bytes"
+        return _parse_reward(name, text.decode(errors="replace"))
+    return None, "test.sh wrote neither /logs/verifier/reward.txt nor reward.json"
+
+
+def _parse_reward(name: str, text: str) -> tuple[float | None, str]:
+    try:
+        if name == "reward.txt":
+            value: Any = float(text.strip())
+        else:
+            data = json.loads(text)
+            numbers = {
+                k: v
+                for k, v in (data.items() if isinstance(data, dict) else [])
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+            if "reward" in numbers:
+                value = numbers["reward"]
+            elif len(numbers) == 1:
+                value = next(iter(numbers.values()))
+            else:
+                return None, 'reward.json must hold {"reward": number} (or exactly one number)'
+    except (ValueError, RecursionError):
+        return None, f"{name} does not hold a number ({text.strip()[:60]!r})"
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        return None, f"{name} holds {value}, outside [0, 1]"
+    return float(value), ""
+
+
+def _detail(reward: float, output: str, returncode: int | None) -> str:
+    """What the verdict says: pytest's summary line when the output has one, and the first
+    failing test (the failure patterns of a campaign group rollouts by it)."""
+    summaries = _PYTEST_SUMMARY.findall(output)
+    tail = f" ({summaries[-1]})" if summaries else ""
+    if reward >= 1.0:
+        return f"the hidden tests passed{tail}"
+    failed = _PYTEST_FAILED.search(output)
+    first = f": {failed.group(1)[:300]}" if failed else ""
+    if reward > 0:
+        return f"the hidden tests passed in part, reward {reward:g}{first}{tail}"
+    return f"the hidden tests failed{first}{tail}"
+
+
+# --- a task's own solution (the import's check) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class SolutionCheck:
+    start: Verdict  # the untouched starting files
+    solution: Verdict | None  # after solution/solve.sh; None when the task has no solution
+    solve_output: str = ""
+
+
+def solution_check(*, inputs: Mapping[str, Any], verifier: Mapping[str, Any]) -> SolutionCheck:
+    """Verify the starting files as they are, then run ``solution/solve.sh`` on a fresh copy
+    (the solution read-only at ``/solution``, in a sandbox with the workspace's limits and the
+    task's agent timeout) and verify what it leaves."""
+    start = Workspace.create(inputs["files"])
+    try:
+        untouched = verify_tree(verifier=verifier, source=start.root)
+    finally:
+        start.close()
+    solution = verifier.get("solution") or {}
+    if "solve.sh" not in solution:
+        return SolutionCheck(untouched, None)
+    workspace = Workspace.create(inputs["files"])
+    base = Path(tempfile.mkdtemp(prefix="coevo-solution-"))
+    try:
+        # The sandbox's uid reads it: not the private (0700) temporary directory itself.
+        solution_dir = base / "solution"
+        solution_dir.mkdir(mode=0o755)
+        tree_write(solution, solution_dir)
+        timeout = float(task_wall_s(dict(inputs)) or settings.COEVO_WORKSPACE_VERIFIER_TIMEOUT_S)
+        result = sandbox.run(
+            [BASH, f"{SOLUTION_MOUNT}/solve.sh"],
+            timeout_s=timeout,
+            ro_binds={solution_dir: SOLUTION_MOUNT},
+            rw_binds=workspace.binds,
+            uid=workspace.uid,
+            env=workspace.env(),
+            cwd=MOUNT,
+            limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 5),
+            max_output_bytes=MAX_OUTPUT_CHARS,
+            watch=lambda: bool(workspace.over_limit()),
+        )
+        output = (result.stdout + result.stderr).decode(errors="replace")
+        if result.timed_out or result.watch_stopped or result.returncode != 0:
+            how = "timed out" if result.timed_out else f"exited with {result.returncode}"
+            if result.watch_stopped:
+                how = "filled the workspace past its limits"
+            return SolutionCheck(untouched, Verdict(False, 0.0, f"solve.sh {how}", output), output)
+        return SolutionCheck(
+            untouched, verify_tree(verifier=verifier, source=workspace.root), output
+        )
+    finally:
+        workspace.close()
+        shutil.rmtree(base, ignore_errors=True)
