@@ -286,3 +286,19 @@ def test_solution_check_runs_the_start_state_and_the_reference_solution():
     broken = {**VERIFIER, "solution": {"solve.sh": {"text": "exit 3\n"}}}
     failed = ws_env.solution_check(inputs=INPUTS, verifier=broken).solution
     assert failed is not None and failed.detail == "solve.sh exited with 3"
+
+
+def test_commands_the_harness_starts_itself_are_logged_where_the_runtime_sees_them(tmp_path):
+    result = rollout(
+        harness(
+            tmp_path,
+            """
+            subprocess.run(["sed", "-i", "s/helo/hello/", "/app/greet.py"], check=True)
+            os.system("true")
+            return "ok"
+            """,
+        )
+    )
+    assert result.outcome == Outcome.PASSED, result.detail
+    logged = [s["message"] for s in steps(result, "log")]
+    assert "$ sed -i s/helo/hello/ /app/greet.py" in logged and "$ true" in logged

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -42,6 +44,8 @@ def main() -> int:
         multi_step=bool(start.get("multi_step")),
         helpers=start.get("helpers", ()),
     )
+    if ctx.workspace:
+        _log_commands(channel)
     try:
         answer = run(start["task"], ctx)
     except Exception as exc:
@@ -53,6 +57,40 @@ def main() -> int:
         channel.send({"type": "error", "error": f"run() returned a value that is not JSON: {exc}"})
         return 1
     return 0
+
+
+def _log_commands(channel: Channel) -> None:
+    """On a workspace task, each command the harness starts itself (subprocess, os.system,
+    os.exec*, os.posix_spawn) is logged to the trace as ``$ command``: what this process can
+    see of them (a command's own children, and its output, stay unseen; ``ctx.shell`` records
+    both). Python's audit hooks see every such call and cannot be removed."""
+    events = {
+        "subprocess.Popen": 1,
+        "os.system": 0,
+        "os.exec": 1,
+        "os.posix_spawn": 1,
+        "os.spawn": 2,
+    }
+    busy = threading.local()
+
+    def hook(event: str, args: tuple) -> None:
+        index = events.get(event)
+        if index is None or getattr(busy, "on", False) or len(args) <= index:
+            return
+        busy.on = True
+        try:
+            command = args[index]
+            if isinstance(command, str | bytes):
+                text = os.fsdecode(command)
+            else:
+                text = shlex.join(os.fsdecode(part) for part in command)
+            channel.send({"type": "log", "message": f"$ {text}"[:2000], "fields": {"via": event}})
+        except Exception:  # an odd argument must never break the harness's own call
+            pass
+        finally:
+            busy.on = False
+
+    sys.addaudithook(hook)
 
 
 def _send_error(channel: Channel, exc: BaseException, error: str) -> None:
