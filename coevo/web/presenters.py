@@ -33,6 +33,7 @@ from coevo.suites.models import Task
 from coevo.suites.selectors import task_is_sealed
 from coevo.web.trace_calls import model_call_views
 from coevo.web.trace_tree import OVERVIEW_MAX_CALLS, CallTree, call_tree
+from coevo.web.trace_workspace import WorkspaceView, rollout_workspace, workspace_step_views
 from harness_store.models import Candidate
 
 OPEN_MODEL_CALLS_UP_TO = 4
@@ -66,6 +67,8 @@ class TraceViewer:
     open_model_calls: bool
     # A program harness's calls by session (None: the trace has no boundary calls).
     calls: CallTree | None = None
+    # A workspace task's final diff and test output (None: not one, or not asked for).
+    workspace: WorkspaceView | None = None
 
     @property
     def multi_attempt(self) -> bool:
@@ -75,10 +78,18 @@ class TraceViewer:
     def is_game(self) -> bool:
         return "env_step" in self.summary.kinds or "env_reset" in self.summary.kinds
 
+    @property
+    def is_workspace(self) -> bool:
+        return "workspace_diff" in self.summary.kinds
 
-def trace_viewer(*, rollout: Rollout, cursor: str | None = None, query: str = "") -> TraceViewer:
+
+def trace_viewer(
+    *, rollout: Rollout, cursor: str | None = None, query: str = "", workspace: bool = False
+) -> TraceViewer:
     """The trace page from ``cursor`` ("attempt.index", page 1 when absent), searched with
-    ``query``; each step gets ``attempt_head`` (the first shown step of an attempt)."""
+    ``query``; each step gets ``attempt_head`` (the first shown step of an attempt).
+    ``workspace``: also read a workspace task's final diff and test output (one query, only
+    for such a trace), which the whole page shows above the steps and a next page does not."""
     start = Cursor.parse(cursor)
     page = rollout_trace(rollout=rollout, cursor=start, query=query)
     summary = trace_summary(rollout=rollout)
@@ -106,11 +117,14 @@ def trace_viewer(*, rollout: Rollout, cursor: str | None = None, query: str = ""
                 complete=total <= limit,
             )
     model_call_views(page.steps, tree=calls)
+    shown = rollout_workspace(rollout=rollout, summary=summary) if workspace else None
+    workspace_step_views(page.steps, shown=shown)
     return TraceViewer(
         summary=summary,
         page=page,
         open_model_calls=summary.kinds.get("model_call", 0) <= OPEN_MODEL_CALLS_UP_TO,
         calls=calls,
+        workspace=shown,
     )
 
 
@@ -127,8 +141,9 @@ def _may_have_boundary_calls(summary: TraceSummary, page: TracePage) -> bool:
 def task_prompt(*, rollout: Rollout) -> str:
     """What the harness was shown. Only ``inputs``: the verifier never reaches a page."""
     inputs: dict[str, Any] = rollout.task.inputs or {}
-    # HumanEval tasks carry a "prompt"; custom JSONL tasks an "input" (text or any JSON value).
-    prompt = inputs.get("prompt", inputs.get("input"))
+    # HumanEval tasks carry a "prompt"; custom JSONL tasks an "input" (text or any JSON value);
+    # workspace tasks an "instruction" (their files are in the workspace section and trace).
+    prompt = inputs.get("prompt", inputs.get("input", inputs.get("instruction")))
     if prompt is None:
         return ""
     return prompt if isinstance(prompt, str) else json.dumps(prompt, indent=2, ensure_ascii=False)

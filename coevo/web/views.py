@@ -189,10 +189,14 @@ def rollout_page(
     request: HttpRequest, project: Project, rollout: Rollout, *, sealed: bool
 ) -> HttpResponse:
     """Render a rollout's page; ``sealed`` hides the task's inputs and the trace."""
+    partial = request.htmx and not request.htmx.history_restore_request
     trace = None
     if not sealed:
         trace = trace_viewer(
-            rollout=rollout, cursor=request.GET.get("from"), query=request.GET.get("q", "")
+            rollout=rollout,
+            cursor=request.GET.get("from"),
+            query=request.GET.get("q", ""),
+            workspace=not partial,
         )
     context = {
         "project": project,
@@ -202,7 +206,6 @@ def rollout_page(
         "prompt": "" if sealed else task_prompt(rollout=rollout),
         "trace": trace,
     }
-    partial = request.htmx and not request.htmx.history_restore_request
     template = "web/_trace_page.html" if partial else "web/rollout.html"
     response = render(request, template, context)
     patch_vary_headers(response, ("HX-Request",))

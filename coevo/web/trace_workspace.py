@@ -1,0 +1,220 @@
+"""Workspace tasks on the rollout page: the shell commands a harness ran through the ``exec``
+helper, the files it left (the ``workspace_diff`` step) and the hidden tests' output (the
+verdict), as workers/environments/workspace.py and workers/rollout.py record them.
+
+Payloads come from the trace, written by a worker that ran untrusted code: every key is
+checked for its type here, and every string reaches the page through autoescaping or Pygments.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from coevo.evaluations.models import Rollout, TraceStep
+from coevo.evaluations.traces import TraceSummary, trace_step_payload
+from coevo.web.highlight import FileDiff, diff_files
+from harness_store.diffs import FilePatch
+
+# Longer outputs start collapsed: a build log would push the next command off the screen.
+COLLAPSE_OVER_LINES = 20
+EXEC_HELPER = "exec"
+DIFF_STATUSES = ("added", "modified", "deleted")
+
+
+@dataclass(frozen=True)
+class OutputView:
+    name: str  # stdout | stderr
+    text: str
+    lines: int
+
+    @property
+    def collapsed(self) -> bool:
+        return self.lines > COLLAPSE_OVER_LINES
+
+
+@dataclass(frozen=True)
+class ExecView:
+    command: str  # as one would type it: an argv list shell-quoted
+    exit_code: int | None
+    timed_out: bool
+    duration_ms: int | None
+    timeout_s: float | None  # what the harness asked for, if it did
+    outputs: list[OutputView]  # stdout, then stderr
+
+    @property
+    def badge(self) -> str:
+        """The badge class (coevo.css): pass, fail, or infra for a command that ran out of
+        time (the harness's choice of timeout, not the command's failure)."""
+        if self.timed_out:
+            return "infra"
+        return "pass" if self.exit_code == 0 else "fail"
+
+    @property
+    def label(self) -> str:
+        if self.timed_out:
+            return "timed out"
+        # No exit code and no timeout: the sandbox killed it (its output went over the limit).
+        return "killed" if self.exit_code is None else f"exit {self.exit_code}"
+
+
+@dataclass(frozen=True)
+class WorkspaceFileView:
+    path: str
+    status: str  # added | modified | deleted
+    note: str  # why there is no diff (binary, a link, too large, the size bound), or ""
+    diff: FileDiff | None
+
+
+@dataclass(frozen=True)
+class WorkspaceDiffView:
+    files: list[WorkspaceFileView]
+    added: int
+    modified: int
+    deleted: int
+    truncated: bool
+    error: str  # the workspace was over its limits: no diff was taken
+
+    @property
+    def changed(self) -> int:
+        return self.added + self.modified + self.deleted
+
+    @property
+    def summary(self) -> str:
+        """ "3 files changed: 1 added, 2 modified, 0 deleted"."""
+        files = "file" if self.changed == 1 else "files"
+        return (
+            f"{self.changed} {files} changed: {self.added} added, {self.modified} modified, "
+            f"{self.deleted} deleted"
+        )
+
+
+@dataclass(frozen=True)
+class WorkspaceView:
+    """What a workspace rollout ended with: its final diff and the hidden tests' verdict
+    (None when the rollout ended before the tests ran), both from one attempt."""
+
+    attempt: int
+    index: int  # the diff step's, for its link in the trace
+    diff: WorkspaceDiffView
+    verdict: dict[str, Any] | None
+
+
+def workspace_step_views(steps: Iterable[Any], *, shown: WorkspaceView | None = None) -> None:
+    """Set ``step.shell`` (an ``ExecView``) on each ``exec`` helper call of a page and
+    ``step.workspace`` (a ``WorkspaceDiffView``) on each workspace diff; the diff ``shown``
+    in the page's Workspace section is not highlighted a second time."""
+    for step in steps:
+        payload = step.payload if isinstance(step.payload, dict) else {}
+        if step.kind == "helper_call" and payload.get("name") == EXEC_HELPER:
+            step.shell = exec_view(payload)
+        elif step.kind == "workspace_diff":
+            if shown is not None and (step.attempt, step.index) == (shown.attempt, shown.index):
+                step.workspace = shown.diff
+            else:
+                step.workspace = workspace_diff_view(payload)
+
+
+def rollout_workspace(*, rollout: Rollout, summary: TraceSummary) -> WorkspaceView | None:
+    """The last workspace diff of the trace and its attempt's verdict, in one query that
+    reads only those steps; None (and no query) when the trace has no workspace diff."""
+    if "workspace_diff" not in summary.kinds:
+        return None
+    # Newest first: in an attempt the verdict follows the diff, so the first two rows are the
+    # last attempt's diff and verdict (or a diff and an older attempt's verdict, dropped).
+    rows = list(
+        TraceStep.objects.filter(rollout=rollout, kind__in=("workspace_diff", "verdict")).order_by(
+            "-attempt", "-index"
+        )[:2]
+    )
+    diff = next((row for row in rows if row.kind == "workspace_diff"), None)
+    if diff is None:
+        return None
+    verdict = next(
+        (
+            r
+            for r in rows
+            if r.kind == "verdict" and r.attempt == diff.attempt and r.index > diff.index
+        ),
+        None,
+    )
+    verdict_payload = trace_step_payload(verdict) if verdict is not None else None
+    return WorkspaceView(
+        attempt=diff.attempt,
+        index=diff.index,
+        diff=workspace_diff_view(trace_step_payload(diff)),
+        verdict=verdict_payload if isinstance(verdict_payload, dict) else None,
+    )
+
+
+def exec_view(payload: dict[str, Any]) -> ExecView:
+    params = payload.get("params") if isinstance(payload.get("params"), dict) else {}
+    result = payload.get("result") if isinstance(payload.get("result"), dict) else {}
+    command = params.get("command")
+    if isinstance(command, list):
+        command = shlex.join(str(arg) for arg in command)
+    timeout_s = params.get("timeout_s")
+    return ExecView(
+        command=str(command or ""),
+        exit_code=_int(result.get("exit_code")),
+        timed_out=result.get("timed_out") is True,
+        duration_ms=_int(result.get("duration_ms")),
+        timeout_s=timeout_s if isinstance(timeout_s, int | float) else None,
+        outputs=[_output(name, result.get(name)) for name in ("stdout", "stderr")],
+    )
+
+
+def workspace_diff_view(payload: Any) -> WorkspaceDiffView:
+    if not isinstance(payload, dict):
+        payload = {}
+    if payload.get("error"):
+        return WorkspaceDiffView([], 0, 0, 0, False, error=str(payload["error"]))
+    rows = [f for f in payload.get("files") or [] if isinstance(f, dict)]
+    texts = [f.get("diff") if isinstance(f.get("diff"), str) else "" for f in rows]
+    paths = [str(f.get("path", "")) for f in rows]
+    # One highlighting pass for the files that have a diff, in the payload's order.
+    highlighted = iter(diff_files([_patch(p, t) for p, t in zip(paths, texts, strict=True) if t]))
+    files = [
+        WorkspaceFileView(
+            path=path,
+            status=str(f.get("status", "")),
+            note=str(f.get("note") or ""),
+            diff=next(highlighted) if text else None,
+        )
+        for f, path, text in zip(rows, paths, texts, strict=True)
+    ]
+    counts = [_int(payload.get(status)) or 0 for status in DIFF_STATUSES]
+    return WorkspaceDiffView(files, *counts, truncated=payload.get("truncated") is True, error="")
+
+
+def _patch(path: str, text: str) -> FilePatch:
+    """A file's unified diff (difflib's) as ``harness_store.diffs`` shapes a git diff's part,
+    so the candidate diff page's highlighting applies; its +/− counts skip the header."""
+    added = removed = 0
+    in_hunk = False
+    for line in text.splitlines():
+        if line.startswith("@@"):
+            in_hunk = True
+        elif in_hunk and line.startswith("+"):
+            added += 1
+        elif in_hunk and line.startswith("-"):
+            removed += 1
+    return FilePatch(
+        old_path=path,
+        new_path=path,
+        added=added,
+        removed=removed,
+        binary=False,
+        text=text.rstrip("\n"),
+    )
+
+
+def _output(name: str, text: Any) -> OutputView:
+    text = text if isinstance(text, str) else ""
+    return OutputView(name=name, text=text, lines=len(text.splitlines()))
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
