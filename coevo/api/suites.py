@@ -16,6 +16,7 @@ from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated
 from coevo.api.fields import MethodField, OutSerializer
 from coevo.errors import InvalidInput
 from coevo.projects.models import Role
+from coevo.suites.harbor import HarborReport, suite_import_harbor_archive
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.models import Suite, SuiteKind
 from coevo.suites.selectors import suite_get, suite_summaries
@@ -63,6 +64,50 @@ class SuiteImportIn(serializers.Serializer):
     )
     description = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
     split_seed = serializers.CharField(max_length=64, required=False)
+
+
+class SuiteImportHarborIn(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+    file = serializers.FileField(
+        help_text="A tar or tar.gz of a directory of Harbor task directories, or of one task "
+        "directory (docs/workspace-suites.md)."
+    )
+    description = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+    split_seed = serializers.CharField(max_length=64, required=False)
+    allow_dockerfile = serializers.BooleanField(
+        default=False,
+        help_text="Take tasks whose Dockerfile does more than copy files, with only the files "
+        "it copies into /app (otherwise they are refused).",
+    )
+
+
+# The report's (task key, text) pairs, as HarborReportOut renders them.
+class RefusedTaskOut(serializers.Serializer):
+    task = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class TaskWarningOut(serializers.Serializer):
+    task = serializers.CharField()
+    message = serializers.CharField()
+
+
+class HarborReportOut(serializers.Serializer):
+    taken = serializers.ListField(child=serializers.CharField(), help_text="Task keys imported.")
+    refused = MethodField(RefusedTaskOut(many=True), help_text="Tasks left out, and why.")
+    warnings = MethodField(TaskWarningOut(many=True))
+
+    def get_refused(self, report: HarborReport) -> list[dict[str, str]]:
+        return [{"task": key, "reason": reason} for key, reason in report.refused]
+
+    def get_warnings(self, report: HarborReport) -> list[dict[str, str]]:
+        return [{"task": key, "message": message} for key, message in report.warnings]
+
+
+# Of {"suite": a suite from suite_summaries, "report": its HarborReport}.
+class SuiteImportHarborOut(OutSerializer):
+    suite = SuiteOut()
+    report = HarborReportOut()
 
 
 class SuiteListView(ApiView):
@@ -123,6 +168,36 @@ class SuiteImportJsonlView(ApiView):
         return Response(self.out(SuiteOut, suite), status=201 if created else 200)
 
 
+class SuiteImportHarborView(ApiView):
+    required_scopes = {"POST": "suites:write"}
+    required_roles = {"POST": Role.RESEARCHER}
+    accepts_upload = True
+
+    @extend_schema(
+        operation_id="suites_import_harbor",
+        request={"multipart/form-data": SuiteImportHarborIn},
+        responses={200: SuiteImportHarborOut, 201: SuiteImportHarborOut},
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = SuiteImportHarborIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        suite, created, report = suite_import_harbor_archive(
+            project=self.project,
+            name=values["name"],
+            archive=values["file"].read(),
+            split_seed=values.get("split_seed") or "0",
+            description=values.get("description", ""),
+            allow_dockerfile=values["allow_dockerfile"],
+            actor=request.user,
+        )
+        suite = suite_summaries(project=self.project).get(pk=suite.pk)
+        return Response(
+            self.out(SuiteImportHarborOut, {"suite": suite, "report": report}),
+            status=201 if created else 200,
+        )
+
+
 def _scorer_options(raw: str) -> dict[str, Any]:
     try:
         options = json.loads(raw)
@@ -147,7 +222,8 @@ def _scorer_options(raw: str) -> dict[str, Any]:
 _S = "projects/<slug:slug>/suites/"
 urlpatterns = [
     path(_S, SuiteListView.as_view(), name="suites"),
-    # Before the name route: "import-jsonl" would also match <slug:name>.
+    # Before the name route: "import-jsonl" and "import-harbor" would also match <slug:name>.
     path(f"{_S}import-jsonl/", SuiteImportJsonlView.as_view(), name="suite_import_jsonl"),
+    path(f"{_S}import-harbor/", SuiteImportHarborView.as_view(), name="suite_import_harbor"),
     path(f"{_S}<slug:name>/", SuiteDetailView.as_view(), name="suite"),
 ]

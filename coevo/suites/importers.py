@@ -1,7 +1,7 @@
 """The suite importers the command line offers, by name: each adds its options and imports.
 
-``python manage.py suite_import --project SLUG {humaneval|jsonl|textworld} …``; the dashboard
-calls the same services directly.
+``python manage.py suite_import --project SLUG {humaneval|jsonl|textworld|harbor|workspace} …``;
+the dashboard calls the same services directly.
 """
 
 from __future__ import annotations
@@ -13,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from coevo.projects.models import Project
+from coevo.suites.harbor import (
+    HarborReport,
+    Progress,
+    suite_import_harbor,
+    suite_import_workspace_basic,
+)
 from coevo.suites.jsonl import MAX_FILE_BYTES, SuiteImportError, scorer_spec_build
 from coevo.suites.models import Suite
 from coevo.suites.services import suite_import_humaneval, suite_import_jsonl
@@ -20,18 +26,27 @@ from coevo.suites.textworld import suite_import_textworld
 
 
 @dataclass(frozen=True)
+class Imported:
+    suite: Suite
+    created: bool
+    report: HarborReport | None = None  # importers that take some tasks and refuse others
+
+
+@dataclass(frozen=True)
 class Importer:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[..., tuple[Suite, bool]]
+    # run(project=, options=, progress=) -> Imported; progress(done, total, task key) is for
+    # importers that check tasks one by one.
+    run: Callable[..., Imported]
 
 
 def _humaneval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-seed", default="0", help="seed of the hash split (default 0)")
 
 
-def _humaneval_run(*, project: Project, options: dict[str, Any]) -> tuple[Suite, bool]:
-    return suite_import_humaneval(project=project, split_seed=options["split_seed"])
+def _humaneval_run(*, project: Project, options: dict[str, Any], progress: Progress) -> Imported:
+    return Imported(*suite_import_humaneval(project=project, split_seed=options["split_seed"]))
 
 
 def _jsonl_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +72,7 @@ def _jsonl_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-seed", default="0", help="seed of the hash split (default 0)")
 
 
-def _jsonl_run(*, project: Project, options: dict[str, Any]) -> tuple[Suite, bool]:
+def _jsonl_run(*, project: Project, options: dict[str, Any], progress: Progress) -> Imported:
     verifier: Path | None = options["verifier"]
     scorer = scorer_spec_build(
         kind=options["scorer"],
@@ -66,7 +81,7 @@ def _jsonl_run(*, project: Project, options: dict[str, Any]) -> tuple[Suite, boo
         verifier_name=verifier.name if verifier else "",
         verifier_source=_read(verifier, "verifier") if verifier else None,
     )
-    return suite_import_jsonl(
+    suite, created = suite_import_jsonl(
         project=project,
         name=options["name"],
         data=_read(options["file"], "suite file"),
@@ -74,6 +89,7 @@ def _jsonl_run(*, project: Project, options: dict[str, Any]) -> tuple[Suite, boo
         description=options["description"],
         split_seed=options["split_seed"],
     )
+    return Imported(suite, created)
 
 
 def _textworld_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,14 +102,72 @@ def _textworld_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=50, help="steps per game (default 50)")
 
 
-def _textworld_run(*, project: Project, options: dict[str, Any]) -> tuple[Suite, bool]:
-    # Imported lazily: the textworld package is heavy and only this importer needs it.
-
-    return suite_import_textworld(
+def _textworld_run(*, project: Project, options: dict[str, Any], progress: Progress) -> Imported:
+    suite, created = suite_import_textworld(
         project=project,
         split_seed=options["split_seed"],
         admissible_commands=not options["free_text"],
         max_steps=options["max_steps"],
+    )
+    return Imported(suite, created)
+
+
+def _check_solutions_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--check-solutions",
+        action="store_true",
+        help="run each task's solution/solve.sh through its tests in the sandbox first; refuse "
+        "tasks whose solution fails (seconds to minutes a task)",
+    )
+
+
+def _harbor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "directory",
+        type=Path,
+        metavar="DIR",
+        help="a directory of Harbor task directories, or one task directory (with task.toml)",
+    )
+    parser.add_argument("--name", required=True, help="suite name (lowercase, digits, - and _)")
+    parser.add_argument("--description", default="", help="what the suite measures")
+    parser.add_argument("--split-seed", default="0", help="seed of the hash split (default 0)")
+    parser.add_argument(
+        "--allow-dockerfile",
+        action="store_true",
+        help="take tasks whose Dockerfile does more than copy files (RUN, ...) with only the "
+        "files it copies into /app, instead of refusing them",
+    )
+    _check_solutions_argument(parser)
+
+
+def _harbor_run(*, project: Project, options: dict[str, Any], progress: Progress) -> Imported:
+    return Imported(
+        *suite_import_harbor(
+            project=project,
+            name=options["name"],
+            directory=options["directory"],
+            split_seed=options["split_seed"],
+            description=options["description"],
+            allow_dockerfile=options["allow_dockerfile"],
+            check_solutions=options["check_solutions"],
+            progress=progress,
+        )
+    )
+
+
+def _workspace_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--split-seed", default="0", help="seed of the hash split (default 0)")
+    _check_solutions_argument(parser)
+
+
+def _workspace_run(*, project: Project, options: dict[str, Any], progress: Progress) -> Imported:
+    return Imported(
+        *suite_import_workspace_basic(
+            project=project,
+            split_seed=options["split_seed"],
+            check_solutions=options["check_solutions"],
+            progress=progress,
+        )
     )
 
 
@@ -112,6 +186,16 @@ IMPORTERS: dict[str, Importer] = {
         "the 60 bundled TextWorld games (tw-cooking and tw-simple levels)",
         _textworld_arguments,
         _textworld_run,
+    ),
+    "harbor": Importer(
+        "a workspace suite from a directory of Harbor-format tasks (docs/workspace-suites.md)",
+        _harbor_arguments,
+        _harbor_run,
+    ),
+    "workspace": Importer(
+        "the shipped Harbor-format workspace tasks, as suite workspace-basic",
+        _workspace_arguments,
+        _workspace_run,
     ),
 }
 

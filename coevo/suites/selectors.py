@@ -2,6 +2,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 
 from coevo.errors import NotFound
@@ -67,8 +68,18 @@ def task_list(*, suite: Suite, split: Split) -> QuerySet[Task]:
 
 
 def task_catalogue(*, suite: Suite, split: Split | None = None) -> QuerySet[Task]:
-    """A suite's tasks for listing: key, split, position and inputs, never the verifier."""
-    tasks = Task.objects.filter(suite=suite).only("id", "key", "split", "position", "inputs")
+    """A suite's tasks for listing: key, split, position and inputs, never the verifier.
+
+    A workspace task's inputs hold its starting files (megabytes, maybe): its listing takes
+    only the instruction (``instruction``), read out by the database."""
+    if suite.kind == SuiteKind.WORKSPACE:
+        tasks = (
+            Task.objects.filter(suite=suite)
+            .only("id", "key", "split", "position")
+            .annotate(instruction=KT("inputs__instruction"))
+        )
+    else:
+        tasks = Task.objects.filter(suite=suite).only("id", "key", "split", "position", "inputs")
     if split is not None:
         tasks = tasks.filter(split=split)
     return tasks.order_by("position")

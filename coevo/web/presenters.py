@@ -298,14 +298,19 @@ class TaskRow:
 def task_row(task: Task) -> TaskRow:
     if task_is_sealed(task=task):
         return TaskRow(task.key, task.split, task.position, None)
+    # Workspace tasks are listed with their instruction only (task_catalogue).
+    instruction = getattr(task, "instruction", None)
+    if instruction is not None:
+        return TaskRow(task.key, task.split, task.position, input_preview(instruction))
     return TaskRow(task.key, task.split, task.position, input_preview(task.inputs))
 
 
 def input_preview(inputs: Any) -> str:
     """A short text of what the harness sees (``inputs`` only; never the verifier)."""
     if isinstance(inputs, dict):
-        # JSONL suites keep the task's input under "input"; HumanEval its "prompt".
-        for name in ("input", "prompt", "objective"):
+        # JSONL suites keep the task's input under "input"; HumanEval its "prompt"; workspace
+        # tasks their "instruction".
+        for name in ("input", "prompt", "objective", "instruction"):
             if name in inputs:
                 inputs = inputs[name]
                 break

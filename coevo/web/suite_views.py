@@ -22,6 +22,11 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from coevo.errors import CoevoError
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
+from coevo.suites.harbor import (
+    HarborReport,
+    suite_import_harbor_archive,
+    suite_import_workspace_basic,
+)
 from coevo.suites.jsonl import MAX_FILE_BYTES, SCORERS, SuiteImportError, scorer_spec_build
 from coevo.suites.models import Split, Suite
 from coevo.suites.selectors import suite_get_by_id, suite_summaries, task_catalogue
@@ -50,6 +55,24 @@ class JsonlImportForm(forms.Form):
     )
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     split_seed = forms.CharField(max_length=64, initial="0", required=False)
+
+
+class HarborImportForm(forms.Form):
+    name = forms.SlugField(max_length=64, help_text="lowercase letters, digits, - and _")
+    file = forms.FileField(
+        help_text="a tar.gz of a directory of Harbor task directories (or of one task)"
+    )
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    split_seed = forms.CharField(max_length=64, initial="0", required=False)
+    allow_dockerfile = forms.BooleanField(
+        required=False,
+        help_text="take tasks whose Dockerfile runs commands, with only the files it copies",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Its fields share names with the JSONL form's on the same page; their ids may not.
+        kwargs.setdefault("auto_id", "harbor_%s")
+        super().__init__(*args, **kwargs)
 
 
 def can_import_suites(*, project: Project, user: Any) -> bool:
@@ -112,7 +135,9 @@ def suite_import_page(request: HttpRequest, project: Project) -> HttpResponse:
 def _too_large(request: HttpRequest, project: Project, what: str) -> HttpResponse:
     limit_mib = upload_limit_bytes() // 1024**2
     error = f"file: {what}, over the {limit_mib} MiB limit on uploads; split it into several suites"
-    return _render_import(request, project, JsonlImportForm(), [error], 0, status=413)
+    return _render_import(
+        request, project, JsonlImportForm(), HarborImportForm(), [error], 0, status=413
+    )
 
 
 def _max_megabytes() -> int:
@@ -122,14 +147,25 @@ def _max_megabytes() -> int:
 @csrf_protect
 def _suite_import(request: HttpRequest, project: Project) -> HttpResponse:
     form = JsonlImportForm()
+    harbor_form = HarborImportForm()
     errors: list[str] = []
     total_errors = 0
     if request.method == "POST":
         kind = request.POST.get("kind", "jsonl")
+        report: HarborReport | None = None
         try:
             if kind == "jsonl":
                 form = JsonlImportForm(request.POST, request.FILES)
                 suite, created = _import_jsonl(project=project, form=form, actor=request.user)
+            elif kind == "harbor":
+                harbor_form = HarborImportForm(request.POST, request.FILES)
+                suite, created, report = _import_harbor(
+                    project=project, form=harbor_form, actor=request.user
+                )
+            elif kind == "workspace":
+                suite, created, report = suite_import_workspace_basic(
+                    project=project, actor=request.user
+                )
             else:
                 suite, created = _import_bundled(project=project, kind=kind, actor=request.user)
         except SuiteImportError as exc:
@@ -138,9 +174,11 @@ def _suite_import(request: HttpRequest, project: Project) -> HttpResponse:
             errors, total_errors = [str(exc)], 1
         else:
             _announce(request, suite=suite, created=created)
+            if report is not None:
+                _announce_report(request, report)
             return redirect(reverse("web:suite", args=[project.slug, suite.id]))
     return _render_import(
-        request, project, form, errors, total_errors, status=400 if errors else 200
+        request, project, form, harbor_form, errors, total_errors, status=400 if errors else 200
     )
 
 
@@ -148,6 +186,7 @@ def _render_import(
     request: HttpRequest,
     project: Project,
     form: JsonlImportForm,
+    harbor_form: HarborImportForm,
     errors: list[str],
     total_errors: int,
     *,
@@ -159,6 +198,7 @@ def _render_import(
         {
             "project": project,
             "form": form,
+            "harbor_form": harbor_form,
             "errors": errors,
             "more_errors": max(0, total_errors - len(errors)),
             "max_megabytes": _max_megabytes(),
@@ -202,6 +242,27 @@ def _import_jsonl(
     )
 
 
+def _import_harbor(
+    *, project: Project, form: HarborImportForm, actor: AbstractBaseUser
+) -> tuple[Suite, bool, HarborReport]:
+    if not form.is_valid():
+        raise SuiteImportError(
+            [f"{name}: {' '.join(problems)}" for name, problems in form.errors.items()]
+        )
+    data = form.cleaned_data
+    # The upload is bounded already (suite_import_page); the archive's content is bounded
+    # while it is unpacked (harness_store.archives).
+    return suite_import_harbor_archive(
+        project=project,
+        name=data["name"],
+        archive=data["file"].read(),
+        split_seed=data["split_seed"] or "0",
+        description=data["description"],
+        allow_dockerfile=data["allow_dockerfile"],
+        actor=actor,
+    )
+
+
 def _import_bundled(*, project: Project, kind: str, actor: AbstractBaseUser) -> tuple[Suite, bool]:
     if kind == "humaneval":
         return suite_import_humaneval(project=project, actor=actor)
@@ -226,3 +287,14 @@ def _announce(request: HttpRequest, *, suite: Suite, created: bool) -> None:
             f"{suite.name} {suite.version} already has exactly this content; nothing new "
             "was imported.",
         )
+
+
+def _announce_report(request: HttpRequest, report: HarborReport) -> None:
+    notes = [f"refused {key}: {reason}" for key, reason in report.refused]
+    notes += [f"{key}: {warning}" for key, warning in report.warnings]
+    refused = f"; refused {len(report.refused)}" if report.refused else ""
+    messages.info(request, f"Tasks taken: {len(report.taken)}{refused}.")
+    for note in notes[:MAX_ERRORS_SHOWN]:
+        messages.warning(request, note)
+    if len(notes) > MAX_ERRORS_SHOWN:
+        messages.warning(request, f"… and {len(notes) - MAX_ERRORS_SHOWN} more notes.")

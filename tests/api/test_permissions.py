@@ -27,6 +27,7 @@ ENDPOINTS = [
     ("get", "suites/", "read", False),
     ("get", "suites/{suite}/", "read", False),
     ("post", "suites/import-jsonl/", "suites:write", True),
+    ("post", "suites/import-harbor/", "suites:write", True),
     ("get", "evaluations/", "read", False),
     ("post", "evaluations/", "evaluations:run", True),
     ("get", "evaluations/{evaluation}/", "read", False),

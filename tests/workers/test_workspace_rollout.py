@@ -82,7 +82,9 @@ def test_a_harness_that_fixes_the_workspace_passes_with_its_diff_and_test_output
         harness(
             tmp_path,
             f"""
-            assert task["files"] == ["README.md", "greet.py"] and ctx.workspace == "/app"
+            assert sorted(task) == ["files", "instruction", "workspace"]
+            assert task["files"] == ["README.md", "greet.py"] and task["workspace"] == "/app"
+            assert ctx.workspace == "/app"
             open("/app/greet.py", "w").write({FIXED!r})
             return "done"
             """,

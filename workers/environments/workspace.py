@@ -77,12 +77,13 @@ _PYTEST_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S.*)$", re.M)
 
 def harness_view(inputs: dict[str, Any]) -> dict[str, Any]:
     """The task as the harness sees it: the instruction and the starting files' names (their
-    content is in the workspace itself); never the tests or the solution."""
+    content is in the workspace itself); never the tests or the solution. Nor task.toml's
+    metadata: a Harbor agent sees only instruction.md, and metadata may hold hints (a
+    difficulty explanation) meant for the task's readers."""
     return {
         "instruction": inputs["instruction"],
         "files": sorted(inputs.get("files") or {}),
         "workspace": MOUNT,
-        "metadata": inputs.get("metadata") or {},
     }
 
 
@@ -382,7 +383,8 @@ def solution_check(*, inputs: Mapping[str, Any], verifier: Mapping[str, Any]) ->
     try:
         # The sandbox's uid reads it: not the private (0700) temporary directory itself.
         solution_dir = base / "solution"
-        solution_dir.mkdir(mode=0o755)
+        solution_dir.mkdir()
+        solution_dir.chmod(0o755)  # whatever the worker's umask
         tree_write(solution, solution_dir)
         timeout = float(task_wall_s(dict(inputs)) or settings.COEVO_WORKSPACE_VERIFIER_TIMEOUT_S)
         result = sandbox.run(

@@ -115,10 +115,16 @@ def tree_validate(tree: Any, *, label: str) -> dict[str, dict[str, Any]]:
 
 
 def tree_write(tree: Mapping[str, Mapping[str, Any]], root: Path) -> None:
-    """Write a stored (validated) tree under ``root``, which exists and is empty."""
+    """Write a stored (validated) tree under ``root``, which exists and is empty. Modes are
+    set, not left to the worker's umask: a sandbox's uid reads what is written here."""
+    root.chmod(0o755)
     for path, spec in sorted(tree.items()):
         target = root.joinpath(*path_check(path).split("/"))
-        target.parent.mkdir(parents=True, exist_ok=True)
+        for parent in reversed(target.relative_to(root).parents[:-1]):
+            directory = root / parent
+            if not directory.is_dir():
+                directory.mkdir()
+                directory.chmod(0o755)
         target.write_bytes(spec_bytes(spec))
         target.chmod(0o755 if spec.get("executable") else 0o644)
 
@@ -152,7 +158,10 @@ def tree_from_dir(root: Path, *, label: str) -> dict[str, dict[str, Any]]:
                 f"{label}: over the limit of {MAX_TREE_FILES} files or "
                 f"{MAX_TREE_BYTES // 1024**2} MiB"
             )
-        path_check(relative)
+        try:
+            path_check(relative)
+        except TreeError as exc:
+            raise TreeError(f"{label}: {exc}") from None
         data = _read_regular(Path(entry.path), limit=size)
         tree[relative] = spec_for_bytes(data, executable=bool(mode & stat.S_IXUSR))
     return tree
@@ -246,7 +255,8 @@ def tree_copy(src: Path, dst: Path, *, owner: int | None, max_files: int, max_by
         st = entry.stat(follow_symlinks=False)
         target = dst.joinpath(*relative.split("/"))
         if stat.S_ISDIR(st.st_mode):
-            target.mkdir(mode=0o755)
+            target.mkdir()
+            target.chmod(0o755)
         elif stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(entry.path), target)
         elif stat.S_ISREG(st.st_mode):

@@ -1,4 +1,4 @@
-"""``python manage.py suite_import --project SLUG {humaneval|jsonl|textworld} …``."""
+"""``python manage.py suite_import --project SLUG {humaneval|jsonl|textworld|harbor|workspace} …``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from coevo.errors import CoevoError
 from coevo.projects.models import Project
+from coevo.suites.harbor import HarborReport
 from coevo.suites.importers import IMPORTERS
 from coevo.suites.jsonl import SuiteImportError
 from coevo.suites.selectors import suite_split_counts
@@ -31,7 +32,9 @@ class Command(BaseCommand):
                 f"No project {options['project']!r}; create it first or check the slug."
             )
         try:
-            suite, created = IMPORTERS[options["kind"]].run(project=project, options=options)
+            imported = IMPORTERS[options["kind"]].run(
+                project=project, options=options, progress=self._progress
+            )
         except SuiteImportError as exc:
             shown = exc.errors[:MAX_ERRORS_SHOWN]
             for line in shown:
@@ -44,6 +47,9 @@ class Command(BaseCommand):
             ) from exc
         except CoevoError as exc:
             raise CommandError(str(exc)) from exc
+        suite, created = imported.suite, imported.created
+        if imported.report is not None:
+            self._report(imported.report)
         counts = suite_split_counts(suite=suite)
         status = "imported as a new suite" if created else "already imported (same content)"
         self.stdout.write(f"{suite.name} {suite.version} ({suite.get_kind_display()}): {status}")
@@ -53,3 +59,14 @@ class Command(BaseCommand):
             + ", ".join(f"{split} {count}" for split, count in counts.items())
             + f" (total {sum(counts.values())})"
         )
+
+    def _progress(self, done: int, total: int, key: str) -> None:
+        self.stdout.write(f"  checked {done}/{total}: {key}")
+
+    def _report(self, report: HarborReport) -> None:
+        refused = f", refused {len(report.refused)}" if report.refused else ""
+        self.stdout.write(f"tasks taken: {len(report.taken)}{refused}")
+        for key, reason in report.refused:
+            self.stdout.write(f"  refused {key}: {reason}")
+        for key, warning in report.warnings:
+            self.stdout.write(f"  warning {key}: {warning}")
