@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+printf 'hello world\n' > /app/hello.txt

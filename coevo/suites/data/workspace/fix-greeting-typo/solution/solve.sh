@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/Helo, /Hello, /' /app/greet.py

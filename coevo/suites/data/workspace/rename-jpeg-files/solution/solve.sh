@@ -1,0 +1,6 @@
+#!/bin/bash
+set -e
+cd /app/photos
+for f in *.jpeg; do
+  mv "$f" "${f%.jpeg}.jpg"
+done
