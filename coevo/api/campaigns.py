@@ -64,12 +64,12 @@ SHA = r"^[0-9a-fA-F]{7,40}$"
 class StrategyEntryIn(serializers.Serializer):
     # Checked by the strategy validation (400 naming the proposers available), not by an enum
     # here: which proposers exist is the campaign engine's to say.
-    kind = serializers.CharField(max_length=32, help_text="config, llm-patch or merge.")
+    kind = serializers.CharField(max_length=32, help_text="config, random, llm-patch or merge.")
     options = serializers.DictField(
         required=False,
         help_text=(
-            "Per proposer: e.g. llm-patch {endpoint (a registered policy endpoint's name), "
-            "model, api, max_tokens, ...}."
+            "Per proposer: e.g. config or random {knobs: [names]}; llm-patch {endpoint (a "
+            "registered policy endpoint's name), model, api, max_tokens, ...}."
         ),
     )
 

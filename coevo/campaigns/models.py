@@ -36,6 +36,8 @@ class ProposerKind(models.TextChoices):
     # against and the first "best".
     SEED = "seed"
     CONFIG = "config"
+    # Uniform draws over the same knobs as config: the baseline config search must beat.
+    RANDOM = "random"
     LLM_PATCH = "llm-patch"
     MERGE = "merge"
     MANUAL = "manual"

@@ -271,7 +271,7 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
             stages.append(stage("manifest", False, str(exc)))
         else:
             stages.append(stage("manifest", True, "harness.toml validates"))
-            if draft.kind == ProposerKind.CONFIG:
+            if draft.kind in (ProposerKind.CONFIG, ProposerKind.RANDOM):
                 stages.append(
                     stage("imports", True, "code unchanged from the parent (only knob defaults)")
                 )

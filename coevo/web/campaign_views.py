@@ -174,6 +174,7 @@ def campaign_action(
 
 PROPOSER_CHOICES = [
     (ProposerKind.CONFIG.value, "config: Optuna search over the manifest's knobs"),
+    (ProposerKind.RANDOM.value, "random: uniform draws over the manifest's knobs (a baseline)"),
     (ProposerKind.LLM_PATCH.value, "llm-patch: a proposer model edits the harness code"),
     (ProposerKind.MERGE.value, "merge: combine candidates that improved on different tasks"),
 ]

@@ -15,6 +15,7 @@ from coevo.campaigns.proposers.base import Draft, Outcome, Proposer
 from coevo.campaigns.proposers.config import ConfigProposer, config_options_validate
 from coevo.campaigns.proposers.llm_patch import LlmPatchProposer, llm_patch_options_validate
 from coevo.campaigns.proposers.merge import MergeProposer, merge_options_validate
+from coevo.campaigns.proposers.random_search import RandomProposer, random_options_validate
 from coevo.errors import InvalidInput
 from harness_store.manifest import Manifest
 
@@ -27,7 +28,7 @@ def _merge_available() -> bool:
 
 
 def available_kinds() -> tuple[str, ...]:
-    kinds = [ProposerKind.CONFIG.value, ProposerKind.LLM_PATCH.value]
+    kinds = [ProposerKind.CONFIG.value, ProposerKind.RANDOM.value, ProposerKind.LLM_PATCH.value]
     if _merge_available():
         kinds.append(ProposerKind.MERGE.value)
     return tuple(kinds)
@@ -36,6 +37,8 @@ def available_kinds() -> tuple[str, ...]:
 def _validator(kind: str) -> Validator:
     if kind == ProposerKind.CONFIG:
         return config_options_validate
+    if kind == ProposerKind.RANDOM:
+        return random_options_validate
     if kind == ProposerKind.LLM_PATCH:
         return llm_patch_options_validate
 
@@ -45,6 +48,8 @@ def _validator(kind: str) -> Validator:
 def _build(kind: str, campaign: Campaign, options: dict[str, Any]) -> Proposer:
     if kind == ProposerKind.CONFIG:
         return ConfigProposer(campaign, options)
+    if kind == ProposerKind.RANDOM:
+        return RandomProposer(campaign, options)
     if kind == ProposerKind.LLM_PATCH:
         return LlmPatchProposer(campaign, options)
     if kind == ProposerKind.MERGE and _merge_available():
