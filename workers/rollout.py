@@ -43,7 +43,6 @@ from workers.environments import adapter_has_workspace, adapter_helpers, adapter
 from workers.environments.base import Episode, InvalidHelperCall, Verdict
 from workers.environments.workspace import MAX_VERIFIER_OUTPUT_CHARS, Workspace
 from workers.environments.workspace_files import WorkspaceTooLarge
-from workers.harness_env import ENV_MOUNT
 from workers.limits import LimitMeter
 from workers.outcomes import (
     ErrorKind,
@@ -57,9 +56,6 @@ from workers.outcomes import (
 from workers.policy import Completion, Policy, Sampling
 from workers.program import converse_program
 from workers.steps import Step
-
-# How often the workspace's size is checked while the harness runs.
-WORKSPACE_WATCH_S = 0.5
 
 
 @dataclass
@@ -373,37 +369,21 @@ class _Runner:
     # --- the workspace of a workspace task --------------------------------------------------
 
     def workspace_channel_options(self) -> dict[str, Any]:
-        """What the harness's sandbox gets of the workspace: the writable bind, its variables,
-        the identity its commands share; PATH with the worker's interpreter (``pytest``)."""
         if self.workspace is None:
             return {}
-        env = self.workspace.env()
-        if self.inputs.harness_env is not None:
-            env["PATH"] = f"{ENV_MOUNT}/bin:{env['PATH']}"
-        return {
-            "rw_binds": self.workspace.binds,
-            "env": env,
-            "uid": self.workspace.uid,
-        }
+        return self.workspace.sandbox_options(harness_env=self.inputs.harness_env)
 
     def watch_workspace(self, channel: HarnessChannel) -> threading.Event:
-        """Poll the workspace's size while the harness runs; past its limits the harness is
-        stopped and the rollout ends as a limit. Set the returned event to stop polling."""
-        done = threading.Event()
-        workspace = self.workspace
-        if workspace is None:
-            return done
+        """Past its limits the harness is stopped and the rollout ends as a limit; set the
+        returned event to stop watching."""
+        if self.workspace is None:
+            return threading.Event()
 
-        def poll() -> None:
-            while not done.wait(WORKSPACE_WATCH_S):
-                problem = workspace.over_limit()
-                if problem:
-                    self.workspace_fault = LimitExceeded(problem)
-                    channel.kill()
-                    return
+        def stop(fault: LimitExceeded) -> None:
+            self.workspace_fault = fault
+            channel.kill()
 
-        threading.Thread(target=poll, daemon=True, name="workspace-watch").start()
-        return done
+        return self.workspace.watch(stop)
 
     def _handle_call(self, message: dict[str, Any], manifest: Manifest) -> Any:
         method, params = calls.parse_call(message)

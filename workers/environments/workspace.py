@@ -32,8 +32,9 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from workers.environments.workspace_files import (
     tree_usage,
     tree_write,
 )
+from workers.harness_env import ENV_MOUNT
 from workers.outcomes import LimitExceeded
 
 WORKSPACE = True
@@ -68,6 +70,8 @@ MAX_OUTPUT_CHARS = 16 * 1024
 # What the verifier's output keeps for reviewers (the tail).
 MAX_VERIFIER_OUTPUT_CHARS = 32 * 1024
 DEFAULT_EXEC_TIMEOUT_S = 60.0
+# How often the workspace's size is checked while the harness runs.
+WATCH_S = 0.5
 MAX_EXEC_TIMEOUT_S = 600.0
 # pytest's last line ("2 failed, 3 passed in 0.1s"), shown as the verdict's detail.
 _PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error)[^=\n]*?)\s*=*$", re.M)
@@ -138,6 +142,30 @@ class Workspace:
 
     def env(self) -> dict[str, str]:
         return {**sandbox_env(), "COEVO_WORKSPACE": MOUNT}
+
+    def sandbox_options(self, *, harness_env: Path | None) -> dict[str, Any]:
+        """What the harness's sandbox (workers/channel.py) gets of the workspace: the writable
+        bind, its variables (PATH with the harness's declared dependencies first, then the
+        worker's interpreter and ``pytest``), the identity its commands share."""
+        env = self.env()
+        if harness_env is not None:
+            env["PATH"] = f"{ENV_MOUNT}/bin:{env['PATH']}"
+        return {"rw_binds": self.binds, "env": env, "uid": self.uid}
+
+    def watch(self, stop: Callable[[LimitExceeded], None]) -> threading.Event:
+        """Poll the size every ``WATCH_S`` while the harness runs: past the limits, ``stop``
+        once (with the fault) and no more polling. Set the returned event to end it."""
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.wait(WATCH_S):
+                problem = self.over_limit()
+                if problem:
+                    stop(LimitExceeded(problem))
+                    return
+
+        threading.Thread(target=poll, daemon=True, name="workspace-watch").start()
+        return done
 
     def over_limit(self) -> str:
         """Why the workspace is over its limits, or "" (lstat only: cheap enough to poll)."""
