@@ -74,12 +74,6 @@ class StrategyEntryIn(serializers.Serializer):
     )
 
 
-class BudgetIn(serializers.Serializer):
-    rollouts = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
-    tokens = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
-    wall_s = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
-
-
 class StrictSerializer(serializers.Serializer):
     """Refuses keys it does not know, as the domain's own validation does: a misspelt option
     must not be dropped in silence."""
@@ -92,6 +86,24 @@ class StrictSerializer(serializers.Serializer):
                     f"Unknown key(s) {unknown}; known: {sorted(self.fields)}."
                 )
         return super().to_internal_value(data)
+
+
+class BudgetIn(StrictSerializer):
+    rollouts = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
+    tokens = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
+    wall_s = serializers.IntegerField(min_value=1, max_value=MAX_BUDGET, required=False)
+    proposer_tokens = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_BUDGET,
+        required=False,
+        help_text="The proposer models' tokens (prompt and completion), apart from the policy's.",
+    )
+    proposer_wall_s = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_BUDGET // 1000,
+        required=False,
+        help_text="Seconds the proposers spend writing proposals (llm-patch: its model calls).",
+    )
 
 
 class AlternationExportIn(StrictSerializer):
@@ -227,6 +239,10 @@ class SpendAllOut(serializers.Serializer):
     rollouts = SpendOut(source="*", unit="rollouts")
     tokens = SpendOut(source="*", unit="tokens")
     wall_s = SpendOut(source="*", unit="wall_s")
+    proposer_tokens = SpendOut(source="*", unit="proposer_tokens")
+    proposer_wall_ms = SpendOut(
+        source="*", unit="proposer_wall_ms", help_text="Milliseconds (the limit too)."
+    )
 
 
 # Of campaign_progress's figures.
@@ -280,7 +296,12 @@ class CampaignDetailOut(CampaignOut):
     proposals = MethodField(ProposalCountsOut())
     best = MethodField(BestOut(allow_null=True))
     spend = MethodField(
-        SpendAllOut(help_text="The campaign's ledger: spent, reserved and limit per unit.")
+        SpendAllOut(
+            help_text=(
+                "The campaign's ledger: spent, reserved and limit per unit, the proposers' "
+                "(proposer_tokens, proposer_wall_ms) apart from the policy's."
+            )
+        )
     )
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
@@ -342,6 +363,7 @@ class ProposalOut(OutSerializer):
     validation_score = FiniteFloatField(allow_null=True)
     tokens_per_task = FiniteFloatField(allow_null=True)
     proposer_tokens = serializers.IntegerField()
+    proposer_wall_ms = serializers.IntegerField(help_text="How long the proposer took to write it.")
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     diff_url = MethodField(serializers.URLField(allow_null=True))
@@ -485,6 +507,8 @@ class CampaignListView(CampaignViewMixin):
                 rollouts=budget.get("rollouts"),
                 tokens=budget.get("tokens"),
                 wall_s=budget.get("wall_s"),
+                proposer_tokens=budget.get("proposer_tokens"),
+                proposer_wall_s=budget.get("proposer_wall_s"),
             ),
             max_proposals=values["max_proposals"],
             max_candidates=values.get("max_candidates"),

@@ -184,6 +184,9 @@ class Proposal(TimeStampedModel):
     prompt = models.TextField(blank=True)
     response = models.TextField(blank=True)
     proposer_tokens = models.PositiveIntegerField(default=0)
+    # How long the proposer took to write it (llm-patch: its model call); charged with its
+    # tokens to the campaign's budget as proposer spend (coevo.evaluations.ledger).
+    proposer_wall_ms = models.PositiveIntegerField(default=0)
     patch = models.TextField(blank=True)
     # [{"stage": applies|manifest|imports|duplicate|smoke, "ok": bool, "reason": str}]
     stages = models.JSONField(default=list, blank=True)

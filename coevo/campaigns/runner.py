@@ -10,7 +10,9 @@ search evaluations are paired against and the first "best".
 One thing happens outside the lock: a slow proposer's model call (llm-patch). The locked step
 marks the campaign as drafting (``drafting_sequence``/``drafting_at``) and hands out a ticket;
 the draft is written with no transaction open, then recorded under the lock only if the
-campaign still runs and still wants that draft. Alternating campaigns' policy steps are in
+campaign still runs and still wants that draft. Every written draft's proposer tokens and wall
+time are charged to the campaign's budget as proposer units (a discarded one too: the model was
+paid). Alternating campaigns' policy steps are in
 ``coevo.campaigns.policy_steps``.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from django.db import transaction
@@ -40,6 +43,7 @@ from coevo.campaigns.proposers.merge import NO_PAIR_REASON
 from coevo.campaigns.selectors import proposals_under_active_policy
 from coevo.campaigns.stop_rules import budget_spent, campaign_finish, stop_rule
 from coevo.errors import CoevoError
+from coevo.evaluations.ledger import Amount, budget_settle
 from harness_store.derive import candidate_derive
 
 logger = logging.getLogger(__name__)
@@ -76,7 +80,7 @@ def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
     campaign = Campaign.objects.select_related("seed_candidate", "budget").get(id=campaign_id)
     proposer = proposer_for(campaign=campaign, sequence=ticket.sequence)
     try:
-        draft = proposer.propose(history=_search_history(campaign))
+        draft = _write(campaign, proposer)
     except BaseException:
         _drafting_clear(campaign_id, ticket)  # the next advance may try again at once
         raise
@@ -100,6 +104,8 @@ def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
             )
             if current:
                 _drafting_clear(campaign_id, ticket)
+            # The proposer model was paid all the same.
+            _charge(campaign, draft, f"proposal {ticket.sequence} ({draft.kind}), discarded")
             return False
         _drafting_clear(campaign_id, ticket)
         return _use_draft(campaign, proposer, ticket.sequence, draft)
@@ -178,13 +184,39 @@ def _propose(campaign: Campaign) -> bool | _DraftTicket:
             state_detail=f"proposal {sequence}: the proposer model is writing it",
         )
         return _DraftTicket(sequence=sequence, drafting_at=now)
-    draft = proposer.propose(history=_search_history(campaign))
+    draft = _write(campaign, proposer)
     return _use_draft(campaign, proposer, sequence, draft)
+
+
+def _write(campaign: Campaign, proposer: Any) -> Draft:
+    """The proposer's draft, with its wall time: the proposer's own (llm-patch: its model
+    call), else the whole propose() call."""
+    started = time.monotonic()
+    draft = proposer.propose(history=_search_history(campaign))
+    if draft.proposer_wall_ms is None:
+        draft.proposer_wall_ms = round(1000 * (time.monotonic() - started))
+    return draft
+
+
+def _charge(campaign: Campaign, draft: Draft, note: str) -> None:
+    """Charge a written draft's proposer spend to the campaign's budget (nothing was reserved:
+    its cost is known only now)."""
+    budget_settle(
+        budget=campaign.budget,
+        reserved=Amount(),
+        actual=Amount(
+            proposer_tokens=draft.proposer_tokens, proposer_wall_ms=draft.proposer_wall_ms or 0
+        ),
+        rollout=None,
+        note=note,
+    )
 
 
 def _use_draft(campaign: Campaign, proposer: Any, sequence: int, draft: Draft) -> bool:
     """Validate and record a draft, then start its evaluation (under the campaign's lock)."""
     if _merge_waits(campaign, draft):
+        # Not charged: no model was asked, and a merge that waits is drafted again at each
+        # advance (an entry per beat tick would drown the ledger).
         return False
     if campaign.state_detail:
         Campaign.objects.filter(id=campaign.id).update(state_detail="")
@@ -293,6 +325,7 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
     failed = next((s for s in stages if not s["ok"]), None)
     if failed:
         detail = f"rejected at the {failed['stage']} stage: {failed['reason']}"
+    _charge(campaign, draft, f"proposal {sequence} ({draft.kind})")
     return Proposal.objects.create(
         campaign=campaign,
         sequence=sequence,
@@ -304,6 +337,7 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
         prompt=draft.prompt,
         response=draft.response,
         proposer_tokens=draft.proposer_tokens,
+        proposer_wall_ms=draft.proposer_wall_ms or 0,
         patch=draft.patch,
         stages=stages,
         state=ProposalState.INVALID if failed else ProposalState.PROPOSED,

@@ -65,21 +65,36 @@ class CampaignProgress:
     budget: Budget
 
     def spend(self) -> list[dict[str, Any]]:
+        """Per ledger unit: the policy's (rollouts, tokens, wall time) and the proposers'."""
         rows = []
-        for field, label in (("rollouts", "rollouts"), ("tokens", "tokens"), ("wall_s", "wall s")):
+        for field, label, scale in _SPEND_ROWS:
             limit = getattr(self.budget, f"limit_{field}")
             spent = getattr(self.budget, f"spent_{field}")
             reserved = getattr(self.budget, f"reserved_{field}")
             rows.append(
                 {
                     "name": label,
-                    "spent": spent,
-                    "reserved": reserved,
-                    "limit": limit,
+                    "spent": _scaled(spent, scale),
+                    "reserved": _scaled(reserved, scale),
+                    "limit": None if limit is None else _scaled(limit, scale),
                     "percent": int(100 * (spent + reserved) / limit) if limit else None,
                 }
             )
         return rows
+
+
+# (ledger unit, row name, divisor): proposer wall time is kept in ms and shown in seconds.
+_SPEND_ROWS = (
+    ("rollouts", "rollouts", 1),
+    ("tokens", "tokens", 1),
+    ("wall_s", "wall s", 1),
+    ("proposer_tokens", "proposer tokens", 1),
+    ("proposer_wall_ms", "proposer wall s", 1000),
+)
+
+
+def _scaled(value: int, scale: int) -> int | float:
+    return value // scale if value % scale == 0 else round(value / scale, 1)
 
 
 def campaign_progress(*, campaign: Campaign) -> CampaignProgress:

@@ -42,7 +42,7 @@ def stop_rule(campaign: Campaign) -> str:
     spent = budget_spent(campaign.budget)
     if spent:
         return spent
-    return ""
+    return proposer_budget_spent(campaign.budget)
 
 
 def budget_spent(budget: Budget) -> str:
@@ -52,6 +52,22 @@ def budget_spent(budget: Budget) -> str:
         used = getattr(budget, f"reserved_{field}") + getattr(budget, f"spent_{field}")
         if limit is not None and used >= limit:
             return f"budget spent: {used:,} of {limit:,} {unit}"
+    return ""
+
+
+def proposer_budget_spent(budget: Budget) -> str:
+    """Checked before each draft (after budget_spent refreshed the budget): a draft is charged
+    once written, so the last one may pass the limit, and the reason says by how much."""
+    tokens = budget.reserved_proposer_tokens + budget.spent_proposer_tokens
+    tokens_limit = budget.limit_proposer_tokens
+    if tokens_limit is not None and tokens >= tokens_limit:
+        return f"proposer token budget spent: {tokens:,} of {tokens_limit:,} tokens"
+    wall_ms = budget.reserved_proposer_wall_ms + budget.spent_proposer_wall_ms
+    wall_limit = budget.limit_proposer_wall_ms
+    if wall_limit is not None and wall_ms >= wall_limit:
+        return (
+            f"proposer wall-time budget spent: {wall_ms / 1000:,.1f} of {wall_limit / 1000:,.1f} s"
+        )
     return ""
 
 

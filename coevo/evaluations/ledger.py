@@ -3,13 +3,18 @@
 Reservations are conditional updates (``limit >= reserved + spent + amount``), so two
 evaluations racing for the last of a budget cannot both get it. Each movement is also written as
 a LedgerEntry, which is what the pages show.
+
+Proposer spend (the proposer model's tokens, the wall time of each draft) is in the same ledger
+as units of its own, never mixed with the policy's: a campaign's runner charges each draft once
+it is written (``budget_settle`` with nothing reserved: its cost is known only then), and the
+campaign's stop rule checks them before the next draft.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -18,8 +23,17 @@ from coevo.errors import BudgetExceeded
 from coevo.evaluations.models import Budget, LedgerEntry, LedgerKind, Rollout
 from coevo.projects.models import Project
 
-_FIELDS = ("rollouts", "tokens", "wall_s")
-_UNITS = {"rollouts": "rollouts", "tokens": "tokens", "wall_s": "seconds of rollout wall time"}
+_FIELDS = ("rollouts", "tokens", "wall_s", "proposer_tokens", "proposer_wall_ms")
+# Charged after each draft, so a draft may pass their limit: a rollout (which needs none of
+# them) is not refused for it; the stop rule ends the campaign before the next draft instead.
+_PROPOSER_FIELDS = ("proposer_tokens", "proposer_wall_ms")
+_UNITS = {
+    "rollouts": "rollouts",
+    "tokens": "tokens",
+    "wall_s": "seconds of rollout wall time",
+    "proposer_tokens": "proposer tokens",
+    "proposer_wall_ms": "milliseconds of proposer wall time",
+}
 
 
 @dataclass(frozen=True)
@@ -27,13 +41,17 @@ class Amount:
     rollouts: int = 0
     tokens: int = 0
     wall_s: int = 0
+    proposer_tokens: int = 0
+    # Milliseconds: a config draft takes a few, and rounding each up to a second would
+    # overcharge a campaign of many drafts.
+    proposer_wall_ms: int = 0
 
     def __mul__(self, n: int) -> Amount:
-        return Amount(self.rollouts * n, self.tokens * n, self.wall_s * n)
+        return Amount(**{f.name: getattr(self, f.name) * n for f in fields(self)})
 
     @property
     def is_zero(self) -> bool:
-        return not (self.rollouts or self.tokens or self.wall_s)
+        return not any(getattr(self, f) for f in _FIELDS)
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,9 @@ class BudgetLimits:
     rollouts: int | None = None
     tokens: int | None = None
     wall_s: int | None = None
+    proposer_tokens: int | None = None
+    # Given in seconds like wall_s; the ledger keeps proposer wall time in milliseconds.
+    proposer_wall_s: int | None = None
 
 
 def budget_create(
@@ -54,10 +75,11 @@ def budget_create(
 ) -> Budget:
     limits = limits or BudgetLimits()
     unit = unit or Amount()
-    for field in _FIELDS:
+    for field in ("rollouts", "tokens", "wall_s", "proposer_tokens", "proposer_wall_s"):
         value = getattr(limits, field)
         if value is not None and value < 0:
-            raise BudgetExceeded(f"A budget limit of {value} {_UNITS[field]} is not valid.")
+            unit = _UNITS.get(field, "seconds of proposer wall time")
+            raise BudgetExceeded(f"A budget limit of {value} {unit} is not valid.")
     return Budget.objects.create(
         project=project,
         name=name,
@@ -66,6 +88,10 @@ def budget_create(
         limit_rollouts=limits.rollouts,
         limit_tokens=limits.tokens,
         limit_wall_s=limits.wall_s,
+        limit_proposer_tokens=limits.proposer_tokens,
+        limit_proposer_wall_ms=(
+            None if limits.proposer_wall_s is None else 1000 * limits.proposer_wall_s
+        ),
         unit_tokens=unit.tokens,
         unit_wall_s=unit.wall_s,
     )
@@ -83,6 +109,8 @@ def budget_reserve(
             fits = Q(id=account.id)
             for field in _FIELDS:
                 need = getattr(amount, field)
+                if not need and field in _PROPOSER_FIELDS:
+                    continue
                 fits &= Q(**{f"limit_{field}__isnull": True}) | Q(
                     **{f"limit_{field}__gte": F(f"reserved_{field}") + F(f"spent_{field}") + need}
                 )
@@ -163,6 +191,8 @@ def _refusal(account: Budget, amount: Amount) -> str:
             continue
         used = getattr(account, f"reserved_{field}") + getattr(account, f"spent_{field}")
         need = getattr(amount, field)
+        if not need and field in _PROPOSER_FIELDS:
+            continue
         if used + need > limit:
             return (
                 f"Budget {account.name!r} would be exceeded: this needs {need:,} "

@@ -311,6 +311,9 @@ class Budget(TimeStampedModel):
     limit_rollouts = models.PositiveBigIntegerField(null=True, blank=True)
     limit_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     limit_wall_s = models.PositiveBigIntegerField(null=True, blank=True)
+    # A campaign's proposer spend, in units of its own (coevo.evaluations.ledger).
+    limit_proposer_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    limit_proposer_wall_ms = models.PositiveBigIntegerField(null=True, blank=True)
     # Reserved per rollout: the manifest's token and wall-time limits (worst case).
     unit_tokens = models.BigIntegerField(default=0)
     unit_wall_s = models.BigIntegerField(default=0)
@@ -320,6 +323,10 @@ class Budget(TimeStampedModel):
     spent_rollouts = models.BigIntegerField(default=0)
     spent_tokens = models.BigIntegerField(default=0)
     spent_wall_s = models.BigIntegerField(default=0)
+    reserved_proposer_tokens = models.BigIntegerField(default=0)
+    reserved_proposer_wall_ms = models.BigIntegerField(default=0)
+    spent_proposer_tokens = models.BigIntegerField(default=0)
+    spent_proposer_wall_ms = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -352,6 +359,8 @@ class LedgerEntry(models.Model):
     rollouts = models.BigIntegerField(default=0)
     tokens = models.BigIntegerField(default=0)
     wall_s = models.BigIntegerField(default=0)
+    proposer_tokens = models.BigIntegerField(default=0)
+    proposer_wall_ms = models.BigIntegerField(default=0)
     note = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 

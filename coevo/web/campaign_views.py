@@ -239,6 +239,18 @@ class CampaignStartForm(forms.Form):
     max_rollouts = forms.IntegerField(min_value=1, required=False, label="budget: rollouts")
     max_tokens = forms.IntegerField(min_value=1, required=False, label="budget: policy tokens")
     max_wall_s = forms.IntegerField(min_value=1, required=False, label="budget: wall time (s)")
+    max_proposer_tokens = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label="budget: proposer tokens",
+        help_text="the proposer model's tokens (llm-patch); the campaign stops when spent",
+    )
+    max_proposer_wall_s = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label="budget: proposer wall time (s)",
+        help_text="time the proposers spend writing proposals",
+    )
     epochs = forms.IntegerField(min_value=1, max_value=100, initial=1)
     random_seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0, label="seed")
     # Optional: alternate harness steps with policy steps (coevo.campaigns.alternation, which
@@ -345,6 +357,8 @@ def campaign_new(request: HttpRequest, project: Project) -> HttpResponse:
                         rollouts=data["max_rollouts"],
                         tokens=data["max_tokens"],
                         wall_s=data["max_wall_s"],
+                        proposer_tokens=data["max_proposer_tokens"],
+                        proposer_wall_s=data["max_proposer_wall_s"],
                     ),
                     max_proposals=data["max_proposals"],
                     patience=data["patience"],

@@ -20,7 +20,11 @@ PROMPT = "You are improving a harness. prompt-marker"
 def data(project, tmp_path, policy_version):
     data = make_campaign_data(project, tmp_path, policy_version)
     Proposal.objects.filter(campaign=data.campaign, sequence=3).update(
-        prompt=PROMPT, response="HYPOTHESIS: strip twice", proposer_tokens=321, patch="--- a"
+        prompt=PROMPT,
+        response="HYPOTHESIS: strip twice",
+        proposer_tokens=321,
+        proposer_wall_ms=4_321,
+        patch="--- a",
     )
     return data
 
@@ -44,7 +48,12 @@ def test_it_starts_a_campaign_with_202_and_a_status_url(
         "target_score": 0.9,
         "epochs": 2,
         "seed": 5,
-        "budget": {"rollouts": 100, "wall_s": 600},
+        "budget": {
+            "rollouts": 100,
+            "wall_s": 600,
+            "proposer_tokens": 10_000,
+            "proposer_wall_s": 60,
+        },
     }
     response = make_client(researcher, ["campaigns:run"]).post(BASE, body, format="json")
 
@@ -63,12 +72,19 @@ def test_it_starts_a_campaign_with_202_and_a_status_url(
         5,
     )
     assert (campaign.budget.limit_rollouts, campaign.budget.limit_tokens) == (100, None)
+    assert (campaign.budget.limit_proposer_tokens, campaign.budget.limit_proposer_wall_ms) == (
+        10_000,
+        60_000,
+    )
     assert campaign.policy_version == policy_version
 
     status = make_client(researcher, ["read"]).get(out["status_url"]).json()
     assert status["state"] == "running" and status["best"] is None
     assert status["spend"]["rollouts"] == {"spent": 0, "reserved": 0, "limit": 100}
     assert status["stop_rules"]["max_proposals"] == 3
+    # Proposer spend apart from the policy's, its wall time (and limit) in milliseconds.
+    assert status["spend"]["proposer_tokens"] == {"spent": 0, "reserved": 0, "limit": 10_000}
+    assert status["spend"]["proposer_wall_ms"] == {"spent": 0, "reserved": 0, "limit": 60_000}
 
 
 def test_it_sends_the_llm_patch_proposer_only_to_a_registered_endpoint(
@@ -136,6 +152,33 @@ def test_it_refuses_bad_starts_without_creating_anything(make_client, researcher
     assert_error(
         client.post(BASE, {**start_body, "max_proposals": 0}, format="json"), 400, "invalid_input"
     )
+    assert not Campaign.objects.exists()
+
+
+def test_it_refuses_proposer_limits_that_are_not_positive_integers(
+    make_client, researcher, start_body
+):
+    client = make_client(researcher, ["campaigns:run"])
+    for budget, field in (
+        ({"proposer_tokens": 0}, "proposer_tokens"),
+        ({"proposer_tokens": -5}, "proposer_tokens"),
+        ({"proposer_tokens": "many"}, "proposer_tokens"),
+        ({"proposer_wall_s": 1.5}, "proposer_wall_s"),
+        ({"proposer_wall_s": 0}, "proposer_wall_s"),
+    ):
+        error = assert_error(
+            client.post(BASE, {**start_body, "budget": budget}, format="json"),
+            400,
+            "invalid_input",
+        )
+        assert field in str(error), error
+    # A misspelt limit is refused, not dropped (the campaign would run unlimited).
+    error = assert_error(
+        client.post(BASE, {**start_body, "budget": {"max_proposer_tokens": 10}}, format="json"),
+        400,
+        "invalid_input",
+    )
+    assert "max_proposer_tokens" in str(error), error
     assert not Campaign.objects.exists()
 
 
@@ -210,7 +253,7 @@ def test_it_pages_proposals_and_shows_prompts_only_on_request(make_client, viewe
     assert invalid["candidate"] is None and invalid["state"] == "invalid"
     assert invalid["stages"][-1]["ok"] is False and "SyntaxError" in invalid["stages"][-1]["reason"]
     assert "prompt" not in by_sequence[3] and "response" not in by_sequence[3]
-    assert by_sequence[3]["proposer_tokens"] == 321
+    assert (by_sequence[3]["proposer_tokens"], by_sequence[3]["proposer_wall_ms"]) == (321, 4_321)
 
     detailed = client.get(url, {"detail": "1", "limit": 50}).json()["results"]
     patch = next(p for p in detailed if p["sequence"] == 3)

@@ -346,7 +346,14 @@ def test_it_starts_a_campaign_from_the_form(client, researcher, project, tmp_pat
 
     response = client.post(
         "/p/demo/campaigns/new/",
-        form_data(seed, suite, policy_version, proposers=["config", "llm-patch"]),
+        form_data(
+            seed,
+            suite,
+            policy_version,
+            proposers=["config", "llm-patch"],
+            max_proposer_tokens="5000",
+            max_proposer_wall_s="120",
+        ),
     )
 
     campaign = Campaign.objects.get()
@@ -359,6 +366,7 @@ def test_it_starts_a_campaign_from_the_form(client, researcher, project, tmp_pat
     assert campaign.strategy[1]["options"]["api"] == "completions"
     budget = campaign.budget
     assert (budget.limit_rollouts, budget.limit_tokens, budget.limit_wall_s) == (50, None, 600)
+    assert (budget.limit_proposer_tokens, budget.limit_proposer_wall_ms) == (5000, 120_000)
 
 
 def test_it_offers_the_llm_patch_proposer_registered_endpoints_and_no_url(
@@ -403,12 +411,22 @@ def test_it_shows_form_errors_inline(client, researcher, project, tmp_path, poli
 
     bad = client.post(
         "/p/demo/campaigns/new/",
-        form_data(seed, suite, policy_version, seed_candidate="beef", max_proposals="0"),
+        form_data(
+            seed,
+            suite,
+            policy_version,
+            seed_candidate="beef",
+            max_proposals="0",
+            max_proposer_tokens="0",
+            max_proposer_wall_s="soon",
+        ),
     )
     assert bad.status_code == 400
     content = bad.content.decode()
     assert 'id="error-seed_candidate"' in content and "No candidate beef" in content
     assert 'id="error-max_proposals"' in content
+    assert 'id="error-max_proposer_tokens"' in content
+    assert 'id="error-max_proposer_wall_s"' in content
 
     # The domain refuses what the form cannot see: a suite with no validation tasks.
     search_only = make_jsonl_suite(

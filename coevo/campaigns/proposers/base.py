@@ -25,6 +25,8 @@ class Draft:
     prompt: str = ""
     response: str = ""
     proposer_tokens: int = 0
+    # Set by a proposer that waits on a model (its calls); else the runner times propose().
+    proposer_wall_ms: int | None = None
 
     @property
     def failed(self) -> bool:

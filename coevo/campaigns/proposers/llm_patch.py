@@ -9,8 +9,8 @@ URL would let any researcher make the worker send requests into its own network 
 metadata service, Redis, PostgreSQL) and read what comes back. Only operators register
 endpoints (the admin), and the worker checks the name again before each request.
 What it was shown, the prompt, the raw answer and its token usage are recorded on the
-proposal; its tokens are proposer spend, kept on the proposal and never charged to the
-campaign's policy budget (the ledger has no proposer unit yet).
+proposal; its tokens and the model call's wall time are proposer spend, charged to the
+campaign's budget as proposer units (never as policy tokens) by the runner.
 
 Validation: ``applies`` is decided here (coevo.campaigns.edits); the runner then records the
 manifest, imports, duplicate and smoke stages.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
+import time
 import tomllib
 from typing import Any
 
@@ -183,6 +184,7 @@ class LlmPatchProposer:
             message="llm-patch: (no hypothesis)",
             shown=workspace.shown,
             prompt=workspace.text,
+            proposer_wall_ms=0,  # until the model is asked: no request, no proposer time
         )
         sampling = Sampling(
             max_tokens=self.options.get("max_tokens", 1024),
@@ -203,6 +205,7 @@ class LlmPatchProposer:
             # with a base_url that no registered endpoint has, sends nothing.
             draft.stages.append(stage("applies", False, f"{exc} No request was sent."))
             return draft
+        started = time.monotonic()
         try:
             completion = self._ask(client, workspace.text, sampling)
         except PolicyRequestRejected as exc:
@@ -216,6 +219,9 @@ class LlmPatchProposer:
             )
             draft.stages.append(stage("applies", False, _refusal_summary(exc.status)))
             return draft
+        finally:
+            # The model call alone: building the workspace is the runner's cost, not the model's.
+            draft.proposer_wall_ms = round(1000 * (time.monotonic() - started))
         draft.response = completion.text
         draft.proposer_tokens = completion.prompt_tokens + completion.completion_tokens
         draft.params["usage"] = {

@@ -28,6 +28,13 @@ class Command(BaseCommand):
         parser.add_argument("--patience", type=int, default=None)
         parser.add_argument("--target", type=float, default=None)
         parser.add_argument("--max-rollouts", type=int, default=None)
+        # Config drafts ask no model, so of the proposer budget only wall time applies here.
+        parser.add_argument(
+            "--max-proposer-wall-s",
+            type=int,
+            default=None,
+            help="stop once the proposer has spent this many seconds drafting",
+        )
         parser.add_argument("--random-seed", type=int, default=0)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -53,7 +60,10 @@ class Command(BaseCommand):
                 epochs=options["epochs"],
                 patience=options["patience"],
                 target_score=options["target"],
-                budget_limits=BudgetLimits(rollouts=options["max_rollouts"]),
+                budget_limits=BudgetLimits(
+                    rollouts=options["max_rollouts"],
+                    proposer_wall_s=options["max_proposer_wall_s"],
+                ),
                 seed=options["random_seed"],
             )
             campaign_start(campaign=campaign)
