@@ -5,11 +5,14 @@ keeps the best on validation."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 import time
 
 from coevo.campaigns.models import CampaignState, FailurePattern, ProposalState, ProposerKind
 from coevo.campaigns.services import campaign_create, campaign_start
+from coevo.evaluations.models import Outcome, Rollout
+from coevo.exports.services import export_path, trajectory_export_build, trajectory_export_create
 from coevo.suites.harbor import suite_import_harbor
 from coevo.suites.models import Split
 from coevo.suites.splits import split_for
@@ -74,7 +77,7 @@ def harbor_tasks(root, count: int = 12):
 
 
 def test_a_config_campaign_improves_a_harness_on_a_workspace_suite(
-    celery_worker_thread, project, tmp_path, policy_version, scripted_policy
+    celery_worker_thread, project, tmp_path, policy_version, scripted_policy, settings
 ):
     scripted_policy.rules.append(("style=good", "yes"))
     scripted_policy.default = "no"
@@ -127,3 +130,26 @@ def test_a_config_campaign_improves_a_harness_on_a_workspace_suite(
     # The seed's failures are grouped by what the hidden tests said.
     names = list(FailurePattern.objects.filter(campaign=campaign).values_list("name", flat=True))
     assert names and any("hidden tests failed" in name for name in names), names
+
+    # The best candidate's search trajectories export, harness-matched, as on any suite.
+    settings.COEVO_EXPORT_DIR = str(tmp_path / "exports")
+    export = trajectory_export_create(
+        project=project,
+        format="chat",
+        created_by=None,
+        splits=["search"],
+        candidate=good[0].candidate,
+        suite=suite,
+        successful_only=True,
+    )
+    built = trajectory_export_build(export_id=export.id)
+    assert built is not None and built.state == "ready", built and built.state_detail
+    rows = [json.loads(line) for line in export_path(sha256=built.sha256).read_text().splitlines()]
+    passed = Rollout.objects.filter(
+        evaluation__candidate=good[0].candidate,
+        evaluation__split=Split.SEARCH,
+        evaluation__suite=suite,
+        outcome=Outcome.PASSED,
+    ).count()
+    assert passed and len(rows) == passed
+    assert all("Write word" in json.dumps(row["messages"]) for row in rows)
