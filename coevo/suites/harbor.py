@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
 
 from coevo.projects.models import Project
 from coevo.suites.harbor_tasks import HarborTask, TaskRefused, harbor_task_read
 from coevo.suites.jsonl import SuiteImportError
 from coevo.suites.models import Suite, SuiteKind, Task
-from coevo.suites.services import SUITE_NAME, suite_audit
+from coevo.suites.services import SUITE_NAME, suite_version_create
 from coevo.suites.splits import split_for
 from harness_store.archives import archive_extract
 from workers.environments.workspace import solution_check
@@ -291,48 +290,28 @@ def _suite_create(
     description: str,
     actor: AbstractBaseUser | None,
 ) -> tuple[Suite, bool]:
-    with transaction.atomic():
-        # Imports into one project take turns, so two uploads cannot both become "v3".
-        Project.objects.select_for_update().filter(pk=project.pk).first()
-        existing = Suite.objects.filter(
-            project=project, name=name, content_hash=content_hash, split_seed=split_seed
-        ).first()
-        if existing:
-            return existing, False
-        same_name = Suite.objects.filter(project=project, name=name)
-        other_kind = same_name.exclude(kind=SuiteKind.WORKSPACE).first()
-        if other_kind:
-            raise SuiteImportError(
-                [
-                    f"name: the project already has a {other_kind.get_kind_display()} suite named "
-                    f"{name!r}; choose another name for these tasks"
-                ]
+    return suite_version_create(
+        project=project,
+        name=name,
+        kind=SuiteKind.WORKSPACE,
+        noun="these tasks",
+        content_hash=content_hash,
+        split_seed=split_seed,
+        description=description,
+        scorer={"kind": "tests", "runs": "bash tests/test.sh", "passed": "reward 1"},
+        actor=actor,
+        tasks=lambda suite: (
+            Task(
+                suite=suite,
+                key=task.key,
+                split=split_for(task.key, seed=split_seed),
+                position=position,
+                inputs=task.inputs,
+                verifier=task.verifier,
             )
-        suite = Suite.objects.create(
-            project=project,
-            name=name,
-            kind=SuiteKind.WORKSPACE,
-            version=f"v{same_name.count() + 1}",
-            content_hash=content_hash,
-            split_seed=split_seed,
-            description=description,
-            scorer={"kind": "tests", "runs": "bash tests/test.sh", "passed": "reward 1"},
-        )
-        Task.objects.bulk_create(
-            (
-                Task(
-                    suite=suite,
-                    key=task.key,
-                    split=split_for(task.key, seed=split_seed),
-                    position=position,
-                    inputs=task.inputs,
-                    verifier=task.verifier,
-                )
-                for position, task in enumerate(sorted(tasks, key=lambda t: t.key))
-            ),
-            # A task can hold tens of MiB of files: small batches keep each statement far
-            # below what one PostgreSQL message may carry (1 GiB).
-            batch_size=20,
-        )
-        suite_audit(actor=actor, suite=suite, action="suite.imported")
-    return suite, True
+            for position, task in enumerate(sorted(tasks, key=lambda t: t.key))
+        ),
+        # A task can hold tens of MiB of files: small batches keep each statement far below
+        # what one PostgreSQL message may carry (1 GiB).
+        batch_size=20,
+    )

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -94,6 +96,49 @@ def suite_import_jsonl(
             ]
         )
     content_hash = jsonl_content_hash(tasks=tasks, scorer=scorer)
+    worker_scorer = scorer.for_worker()
+    return suite_version_create(
+        project=project,
+        name=name,
+        kind=SuiteKind.JSONL,
+        noun="this custom suite",
+        content_hash=content_hash,
+        split_seed=split_seed,
+        description=description.strip(),
+        scorer=scorer.public(),
+        actor=actor,
+        tasks=lambda suite: (
+            Task(
+                suite=suite,
+                key=task.key,
+                split=task.split or split_for(task.key, seed=split_seed),
+                position=position,
+                inputs={"input": task.input, "metadata": task.metadata},
+                # The verifier's source travels with each task: workers share no disk.
+                verifier={"scorer": worker_scorer, "expected": task.expected},
+            )
+            for position, task in enumerate(tasks)
+        ),
+    )
+
+
+def suite_version_create(
+    *,
+    project: Project,
+    name: str,
+    kind: SuiteKind,
+    noun: str,
+    content_hash: str,
+    split_seed: str,
+    description: str,
+    scorer: dict[str, Any],
+    actor: AbstractBaseUser | None,
+    tasks: Callable[[Suite], Iterable[Task]],
+    batch_size: int = 1000,
+) -> tuple[Suite, bool]:
+    """A named suite's next version (v1, v2, … per name) with its tasks, or the existing one
+    holding the same content and seed (created False). Refused when the name belongs to a
+    suite of another kind (``noun`` names what is imported, in the message)."""
     with transaction.atomic():
         # Imports into one project take turns, so two uploads cannot both become "v3".
         Project.objects.select_for_update().filter(pk=project.pk).first()
@@ -103,40 +148,25 @@ def suite_import_jsonl(
         if existing:
             return existing, False
         same_name = Suite.objects.filter(project=project, name=name)
-        other_kind = same_name.exclude(kind=SuiteKind.JSONL).first()
+        other_kind = same_name.exclude(kind=kind).first()
         if other_kind:
             raise SuiteImportError(
                 [
                     f"name: the project already has a {other_kind.get_kind_display()} suite named "
-                    f"{name!r}; choose another name for this custom suite"
+                    f"{name!r}; choose another name for {noun}"
                 ]
             )
         suite = Suite.objects.create(
             project=project,
             name=name,
-            kind=SuiteKind.JSONL,
+            kind=kind,
             version=f"v{same_name.count() + 1}",
             content_hash=content_hash,
             split_seed=split_seed,
-            description=description.strip(),
-            scorer=scorer.public(),
+            description=description,
+            scorer=scorer,
         )
-        worker_scorer = scorer.for_worker()
-        Task.objects.bulk_create(
-            (
-                Task(
-                    suite=suite,
-                    key=task.key,
-                    split=task.split or split_for(task.key, seed=split_seed),
-                    position=position,
-                    inputs={"input": task.input, "metadata": task.metadata},
-                    # The verifier's source travels with each task: workers share no disk.
-                    verifier={"scorer": worker_scorer, "expected": task.expected},
-                )
-                for position, task in enumerate(tasks)
-            ),
-            batch_size=1000,
-        )
+        Task.objects.bulk_create(tasks(suite), batch_size=batch_size)
         suite_audit(actor=actor, suite=suite, action="suite.imported")
     return suite, True
 

@@ -271,36 +271,15 @@ class ConfigProposer:
             "task_keys": [],
             "trace_ids": [],
         }
-        draft = Draft(
+        return knob_defaults_draft(
             kind=ProposerKind.CONFIG,
-            parents=[parent],
-            changes={},
-            message=(
-                f"config trial {trial.number}: "
-                + ", ".join(f"{k}={toml_literal(v)}" for k, v in sorted(params.items()))
-            ),
+            label=f"config trial {trial.number}",
+            parent=parent,
+            manifest_text=text,
             params=params,
-            trial_number=trial.number,
             shown=shown,
+            trial_number=trial.number,
         )
-        try:
-            edited = knob_defaults_set(text, params)
-        except InvalidManifest as exc:
-            draft.stages.append(stage("applies", False, str(exc)))
-            return draft
-        draft.changes = {MANIFEST_NAME: edited.encode()}
-        draft.patch = "".join(
-            difflib.unified_diff(
-                text.splitlines(keepends=True),
-                edited.splitlines(keepends=True),
-                fromfile=f"a/{MANIFEST_NAME}",
-                tofile=f"b/{MANIFEST_NAME}",
-            )
-        )
-        draft.stages.append(
-            stage("applies", True, f"set the defaults of {len(params)} knob(s) in {MANIFEST_NAME}")
-        )
-        return draft
 
     def _tell_seed(
         self, study: optuna.Study, manifest: Any, space: dict[str, BaseDistribution]
@@ -361,3 +340,46 @@ def _sampler_seed(campaign_seed: int, trials: int) -> int:
     at trial k would draw what seed s+1 draws at trial k-1."""
     digest = hashlib.sha256(f"{campaign_seed}:{trials}".encode()).digest()
     return int.from_bytes(digest[:4], "big")
+
+
+def knob_defaults_draft(
+    *,
+    kind: str,
+    label: str,
+    parent: Any,
+    manifest_text: str,
+    params: dict[str, Any],
+    shown: dict[str, Any],
+    trial_number: int | None = None,
+) -> Draft:
+    """A draft that sets the defaults of ``params``'s knobs in the parent's harness.toml (the
+    config and random proposers' one kind of change), with its patch and "applies" stage."""
+    draft = Draft(
+        kind=kind,
+        parents=[parent],
+        changes={},
+        message=(
+            f"{label}: " + ", ".join(f"{k}={toml_literal(v)}" for k, v in sorted(params.items()))
+        ),
+        params=params,
+        trial_number=trial_number,
+        shown=shown,
+    )
+    try:
+        edited = knob_defaults_set(manifest_text, params)
+    except InvalidManifest as exc:
+        draft.stages.append(stage("applies", False, str(exc)))
+        return draft
+    draft.changes = {MANIFEST_NAME: edited.encode()}
+    draft.patch = "".join(
+        difflib.unified_diff(
+            manifest_text.splitlines(keepends=True),
+            edited.splitlines(keepends=True),
+            fromfile=f"a/{MANIFEST_NAME}",
+            tofile=f"b/{MANIFEST_NAME}",
+        )
+    )
+    draft.stages.append(
+        stage("applies", True, f"set the defaults of {len(params)} knob(s) in {MANIFEST_NAME}")
+    )
+    return draft

@@ -14,7 +14,6 @@ every further turn is rejected at the applies stage saying so.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import itertools
 import math
@@ -33,12 +32,11 @@ from coevo.campaigns.models import Campaign, Proposal, ProposerKind
 from coevo.campaigns.proposers.base import Draft, stage
 from coevo.campaigns.proposers.config import (
     _describe,
-    knob_defaults_set,
+    knob_defaults_draft,
     search_space,
-    toml_literal,
     written_value,
 )
-from coevo.errors import InvalidInput, InvalidManifest
+from coevo.errors import InvalidInput
 from harness_store.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from harness_store.selectors import candidate_read_file
 
@@ -116,35 +114,14 @@ class RandomProposer:
                 shown=shown,
                 stages=[stage("applies", False, reason)],
             )
-        draft = Draft(
+        return knob_defaults_draft(
             kind=ProposerKind.RANDOM,
-            parents=[parent],
-            changes={},
-            message=(
-                f"random draw {drawn}: "
-                + ", ".join(f"{k}={toml_literal(v)}" for k, v in sorted(params.items()))
-            ),
+            label=f"random draw {drawn}",
+            parent=parent,
+            manifest_text=text,
             params=params,
             shown=shown,
         )
-        try:
-            edited = knob_defaults_set(text, params)
-        except InvalidManifest as exc:
-            draft.stages.append(stage("applies", False, str(exc)))
-            return draft
-        draft.changes = {MANIFEST_NAME: edited.encode()}
-        draft.patch = "".join(
-            difflib.unified_diff(
-                text.splitlines(keepends=True),
-                edited.splitlines(keepends=True),
-                fromfile=f"a/{MANIFEST_NAME}",
-                tofile=f"b/{MANIFEST_NAME}",
-            )
-        )
-        draft.stages.append(
-            stage("applies", True, f"set the defaults of {len(params)} knob(s) in {MANIFEST_NAME}")
-        )
-        return draft
 
     def tell(self, *, trial_number: int | None, outcome: str, value: float | None) -> None:
         """Nothing to learn: every draw is independent of the scores."""
