@@ -106,20 +106,24 @@ ensure_python_packages() {
     echo "$digest" >"$stamp"
 }
 
-# The wheels the example agents declare (examples/*/requirements.txt), downloaded once into a
+# The wheels the example agents and proposers declare (examples/*/requirements.txt,
+# examples/*/*/requirements.txt), downloaded once into a
 # local directory: tests install harness dependencies from it (COEVO_HARNESS_FIND_LINKS), never
 # from an index, as an air-gapped site would.
 ensure_test_wheelhouse() {
     local dir="${COEVO_TEST_WHEELHOUSE:-$PWD/var/wheelhouse}"
     local stamp="$dir/.requirements-sha256"
-    local digest
-    digest="$(cat examples/*/requirements.txt | sha256sum | cut -d' ' -f1)"
+    local digest files
+    # Example harnesses and example proposers (examples/proposers/*).
+    files="$(ls examples/*/requirements.txt examples/*/*/requirements.txt 2>/dev/null || true)"
+    # shellcheck disable=SC2086
+    digest="$(cat $files | sha256sum | cut -d' ' -f1)"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
         return 0
     fi
     step "downloading the example agents' wheels into $dir"
     mkdir -p "$dir"
-    for requirements in examples/*/requirements.txt; do
+    for requirements in $files; do
         "$VENV/bin/python" -m pip download -q --only-binary :all: --no-deps \
             -r "$requirements" -d "$dir"
     done

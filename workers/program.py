@@ -131,14 +131,18 @@ class _ProgramRollout:
         watch: threading.Event | None = None
         try:
             boundary.start()
+            options = runner.workspace_channel_options()
+            options["ro_binds"] = {
+                boundary.socket_dir: BOUNDARY_DIR,
+                **options.get("ro_binds", {}),
+            }
             self.channel = runner.channel = HarnessChannel(
                 harness_dir=runner.inputs.harness_dir,
                 wall_s=runner.meter.wall_s,
                 deadline=runner.meter.deadline,
                 program=True,
-                ro_binds={boundary.socket_dir: BOUNDARY_DIR},
                 harness_env=runner.inputs.harness_env,
-                **runner.workspace_channel_options(),
+                **options,
             )
             watch = runner.watch_workspace(self.channel)
             self.channel.send(

@@ -94,6 +94,9 @@ class TaskEnvironment:
     adapter: ModuleType
     inputs: dict[str, Any]
     verifier: dict[str, Any]
+    # A workspace the caller made and keeps (a proposer reads its final state afterwards);
+    # otherwise a workspace adapter's rollout makes one from ``inputs["files"]`` and removes it.
+    workspace: Workspace | None = None
 
     @property
     def multi_step(self) -> bool:
@@ -218,12 +221,15 @@ class _Runner:
                 self.episode = self.environment.open_episode(seed=self.inputs.seed)
             if self.has_workspace:
                 assert self.environment is not None
-                self.workspace = Workspace.create(self.environment.inputs["files"])
+                self.workspace = self.environment.workspace or Workspace.create(
+                    self.environment.inputs["files"]
+                )
             return self._play(manifest, knobs)
         finally:
             if self.episode is not None:
                 self.episode.close()
-            if self.workspace is not None:
+            owned = self.environment is None or self.environment.workspace is None
+            if self.workspace is not None and owned:
                 self.workspace.close()
 
     @property

@@ -64,12 +64,16 @@ SHA = r"^[0-9a-fA-F]{7,40}$"
 class StrategyEntryIn(serializers.Serializer):
     # Checked by the strategy validation (400 naming the proposers available), not by an enum
     # here: which proposers exist is the campaign engine's to say.
-    kind = serializers.CharField(max_length=32, help_text="config, random, llm-patch or merge.")
+    kind = serializers.CharField(
+        max_length=32, help_text="config, random, llm-patch, agentic or merge."
+    )
     options = serializers.DictField(
         required=False,
         help_text=(
             "Per proposer: e.g. config or random {knobs: [names]}; llm-patch {endpoint (a "
-            "registered policy endpoint's name), model, api, max_tokens, ...}."
+            "registered policy endpoint's name), model, api, max_tokens, ...}; agentic "
+            "{program (the SHA of the candidate holding the proposer program), endpoint, "
+            "model, knobs, timeout_s, history_candidates}."
         ),
     )
 

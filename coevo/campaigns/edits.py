@@ -387,6 +387,23 @@ def _locate(lines: list[str], needle: list[str], hint: int, start: int) -> int |
     return found[0] if len(found) == 1 else None
 
 
+def changes_check(
+    *, changes: dict[str, bytes | None], manifest_text: str, components: tuple[str, ...] | list[str]
+) -> None:
+    """Files a proposer changed by other means than an answer (the agentic proposer's edited
+    working copy) pass the same rules as edits: inside the declared components, and a
+    manifest that keeps its components, entrypoint and command. Raises EditRejected."""
+    for path in sorted(changes):
+        path_check(path, components)
+    if MANIFEST_NAME in changes:
+        after = changes[MANIFEST_NAME]
+        try:
+            text = None if after is None else after.decode()
+        except UnicodeDecodeError:
+            raise EditRejected(f"{MANIFEST_NAME} is not UTF-8 text.") from None
+        _check_manifest_edit(manifest_text, text)
+
+
 def _check_manifest_edit(before: str, after: str | None) -> None:
     if after is None:
         raise EditRejected(f"{MANIFEST_NAME} cannot be deleted.")

@@ -39,6 +39,7 @@ class ProposerKind(models.TextChoices):
     # Uniform draws over the same knobs as config: the baseline config search must beat.
     RANDOM = "random"
     LLM_PATCH = "llm-patch"
+    AGENTIC = "agentic"
     MERGE = "merge"
     MANUAL = "manual"
     # An alternating campaign's policy step: train an adapter on the best candidate's

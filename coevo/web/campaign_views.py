@@ -176,6 +176,10 @@ PROPOSER_CHOICES = [
     (ProposerKind.CONFIG.value, "config: Optuna search over the manifest's knobs"),
     (ProposerKind.RANDOM.value, "random: uniform draws over the manifest's knobs (a baseline)"),
     (ProposerKind.LLM_PATCH.value, "llm-patch: a proposer model edits the harness code"),
+    (
+        ProposerKind.AGENTIC.value,
+        "agentic: a coding agent (a program candidate) edits a working copy, reading the history",
+    ),
     (ProposerKind.MERGE.value, "merge: combine candidates that improved on different tasks"),
 ]
 
@@ -228,6 +232,14 @@ class CampaignStartForm(forms.Form):
         initial="completions",
         label="llm-patch API",
         help_text="chat for instruction-tuned proposer models, completions for base models",
+    )
+    agentic_program = forms.CharField(
+        max_length=40,
+        required=False,
+        label="agentic proposer program",
+        help_text="the candidate (SHA or prefix) holding the proposer program, e.g. "
+        "examples/proposers/agentic imported into this project; it uses the llm-patch "
+        "endpoint and model above",
     )
     max_proposals = forms.IntegerField(min_value=1, max_value=10_000, initial=10)
     patience = forms.IntegerField(
@@ -328,6 +340,12 @@ class CampaignStartForm(forms.Form):
             if kind == ProposerKind.LLM_PATCH:
                 # Left out when blank: the proposer then defaults to the policy server's.
                 options = {"api": data["llm_api"]}
+                if data["llm_endpoint"]:
+                    options["endpoint"] = data["llm_endpoint"].name
+                if data["llm_model"]:
+                    options["model"] = data["llm_model"]
+            elif kind == ProposerKind.AGENTIC:
+                options = {"program": data["agentic_program"]}
                 if data["llm_endpoint"]:
                     options["endpoint"] = data["llm_endpoint"].name
                 if data["llm_model"]:

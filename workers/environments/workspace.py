@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +124,17 @@ class Workspace:
     root: Path
     start: Mapping[str, Mapping[str, Any]]
     uid: int | None
+    # Read-only material beside the workspace, in the harness's sandbox only (a proposer's
+    # history: coevo/campaigns/proposers/agentic.py): host directory -> where it appears.
+    ro_binds: dict[Path, str] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, start: Mapping[str, Mapping[str, Any]]) -> Workspace:
+    def create(
+        cls,
+        start: Mapping[str, Mapping[str, Any]],
+        *,
+        ro_binds: dict[Path, str] | None = None,
+    ) -> Workspace:
         base = Path(tempfile.mkdtemp(prefix="coevo-workspace-"))
         root = base / "app"
         root.mkdir()
@@ -134,7 +142,7 @@ class Workspace:
         uid = sandbox.sandbox_uid()
         if uid is not None:
             tree_chown(root, uid)
-        return cls(root=root, start=start, uid=uid)
+        return cls(root=root, start=start, uid=uid, ro_binds=dict(ro_binds or {}))
 
     @property
     def binds(self) -> dict[Path, str]:
@@ -150,7 +158,7 @@ class Workspace:
         env = self.env()
         if harness_env is not None:
             env["PATH"] = f"{ENV_MOUNT}/bin:{env['PATH']}"
-        return {"rw_binds": self.binds, "env": env, "uid": self.uid}
+        return {"rw_binds": self.binds, "ro_binds": self.ro_binds, "env": env, "uid": self.uid}
 
     def watch(self, stop: Callable[[LimitExceeded], None]) -> threading.Event:
         """Poll the size every ``WATCH_S`` while the harness runs: past the limits, ``stop``

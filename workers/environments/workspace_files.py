@@ -281,6 +281,35 @@ def tree_chown(root: Path, owner: int) -> None:
         os.lchown(entry.path, owner, owner)
 
 
+def tree_changes(
+    start: Mapping[str, Mapping[str, Any]], root: Path, *, max_files: int, max_bytes: int
+) -> dict[str, bytes | None]:
+    """What a workspace holds that its starting tree did not: ``{path: new bytes}``, and
+    ``{path: None}`` for a file it removed. A link or a special file left there raises
+    TreeError (what is proposed is plain files); past the bounds, WorkspaceTooLarge."""
+    final: dict[str, bytes] = {}
+    total = 0
+    for entry, relative in _walk(root):
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise TreeError(f"{relative} is {kind}; only plain files can be proposed")
+        total += st.st_size
+        if len(final) >= max_files or total > max_bytes:
+            raise WorkspaceTooLarge(
+                f"the workspace holds more than {max_files} files or "
+                f"{max_bytes // 1024**2} MiB of files"
+            )
+        final[relative] = _read_regular(Path(entry.path), limit=st.st_size)
+    changes: dict[str, bytes | None] = {path: None for path in start if path not in final}
+    for path, data in final.items():
+        if path not in start or spec_bytes(start[path]) != data:
+            changes[path] = data
+    return changes
+
+
 # --- diffs ----------------------------------------------------------------------------------
 
 

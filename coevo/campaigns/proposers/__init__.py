@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coevo.campaigns.models import Campaign, ProposerKind
+from coevo.campaigns.proposers.agentic import AgenticProposer, agentic_options_validate
 from coevo.campaigns.proposers.base import Draft, Outcome, Proposer
 from coevo.campaigns.proposers.config import ConfigProposer, config_options_validate
 from coevo.campaigns.proposers.llm_patch import LlmPatchProposer, llm_patch_options_validate
@@ -28,7 +29,12 @@ def _merge_available() -> bool:
 
 
 def available_kinds() -> tuple[str, ...]:
-    kinds = [ProposerKind.CONFIG.value, ProposerKind.RANDOM.value, ProposerKind.LLM_PATCH.value]
+    kinds = [
+        ProposerKind.CONFIG.value,
+        ProposerKind.RANDOM.value,
+        ProposerKind.LLM_PATCH.value,
+        ProposerKind.AGENTIC.value,
+    ]
     if _merge_available():
         kinds.append(ProposerKind.MERGE.value)
     return tuple(kinds)
@@ -41,6 +47,8 @@ def _validator(kind: str) -> Validator:
         return random_options_validate
     if kind == ProposerKind.LLM_PATCH:
         return llm_patch_options_validate
+    if kind == ProposerKind.AGENTIC:
+        return agentic_options_validate
 
     return merge_options_validate
 
@@ -52,6 +60,8 @@ def _build(kind: str, campaign: Campaign, options: dict[str, Any]) -> Proposer:
         return RandomProposer(campaign, options)
     if kind == ProposerKind.LLM_PATCH:
         return LlmPatchProposer(campaign, options)
+    if kind == ProposerKind.AGENTIC:
+        return AgenticProposer(campaign, options)
     if kind == ProposerKind.MERGE and _merge_available():
         return MergeProposer(campaign, options)
     raise InvalidInput(f"The {kind} proposer is not available.")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import logging
 import time
 import tomllib
@@ -62,7 +63,13 @@ OPTION_KEYS = (
 )
 
 
-def llm_patch_options_validate(*, manifest: Manifest, options: dict[str, Any]) -> dict[str, Any]:
+def llm_patch_options_validate(
+    *,
+    manifest: Manifest,
+    options: dict[str, Any],
+    label: str = "llm-patch",
+    keys: tuple[str, ...] = OPTION_KEYS,
+) -> dict[str, Any]:
     """The ``llm-patch`` strategy entry's options, with defaults filled in.
 
     ``endpoint`` (the name of a registered policy endpoint serving the proposer model;
@@ -76,14 +83,14 @@ def llm_patch_options_validate(*, manifest: Manifest, options: dict[str, Any]) -
     (default 240: the proposal is written inside the campaign_advance task, whose soft time
     limit is 300 s; outside the campaign's row lock, so nothing else waits on it).
     """
-    unknown = sorted(set(options) - set(OPTION_KEYS))
+    unknown = sorted(set(options) - set(keys))
     if unknown:
         raise InvalidInput(
-            f"llm-patch proposer: unknown options {unknown} (known: {', '.join(OPTION_KEYS)})."
+            f"{label} proposer: unknown options {unknown} (known: {', '.join(keys)})."
         )
     if not manifest.components:
         raise InvalidInput(
-            f"llm-patch proposer: the seed's {MANIFEST_NAME} declares no components, so there "
+            f"{label} proposer: the seed's {MANIFEST_NAME} declares no components, so there "
             'is nothing it may edit (add e.g. components = ["agent.py"] under [harness]).'
         )
     cleaned: dict[str, Any] = {}
@@ -92,35 +99,36 @@ def llm_patch_options_validate(*, manifest: Manifest, options: dict[str, Any]) -
             continue  # resolved when proposing: the campaign's policy endpoint / served name
         value = options[key]
         if not isinstance(value, str) or not value.strip():
-            raise InvalidInput(f"llm-patch proposer: {key} must be a non-empty string.")
+            raise InvalidInput(f"{label} proposer: {key} must be a non-empty string.")
         cleaned[key] = value.strip()
     if "endpoint" in cleaned and "base_url" in cleaned:
         raise InvalidInput(
-            "llm-patch proposer: give endpoint (a registered endpoint's name), not both "
+            f"{label} proposer: give endpoint (a registered endpoint's name), not both "
             "endpoint and base_url."
         )
     if "endpoint" in cleaned or "base_url" in cleaned:
-        endpoint = llm_patch_endpoint(options=cleaned)
+        endpoint = llm_patch_endpoint(options=cleaned, label=label)
         cleaned.pop("base_url", None)
         cleaned["endpoint"] = endpoint.name
     api = options.get("api", "completions")
     if api not in API_KINDS:
-        raise InvalidInput(f"llm-patch proposer: api must be one of {', '.join(API_KINDS)}.")
+        raise InvalidInput(f"{label} proposer: api must be one of {', '.join(API_KINDS)}.")
     cleaned["api"] = api
     parent = options.get("parent", "best")
     if parent not in PARENT_RULES:
-        raise InvalidInput(f"llm-patch proposer: parent must be one of {', '.join(PARENT_RULES)}.")
+        raise InvalidInput(f"{label} proposer: parent must be one of {', '.join(PARENT_RULES)}.")
     cleaned["parent"] = parent
-    cleaned["max_tokens"] = _number(options, "max_tokens", 1024, 1, 32768, integer=True)
-    cleaned["temperature"] = _number(options, "temperature", 0.7, 0.0, 2.0, integer=False)
-    cleaned["workspace_chars"] = _number(
+    number = functools.partial(_number, label=label)
+    cleaned["max_tokens"] = number(options, "max_tokens", 1024, 1, 32768, integer=True)
+    cleaned["temperature"] = number(options, "temperature", 0.7, 0.0, 2.0, integer=False)
+    cleaned["workspace_chars"] = number(
         options, "workspace_chars", DEFAULT_BUDGET_CHARS, 2000, 1_000_000, integer=True
     )
-    cleaned["timeout_s"] = _number(options, "timeout_s", 240, 1, 3600, integer=True)
-    return cleaned
+    cleaned["timeout_s"] = number(options, "timeout_s", 240, 1, 3600, integer=True)
+    return {key: value for key, value in cleaned.items() if key in keys}
 
 
-def llm_patch_endpoint(*, options: dict[str, Any]) -> PolicyEndpoint:
+def llm_patch_endpoint(*, options: dict[str, Any], label: str = "llm-patch") -> PolicyEndpoint:
     """The registered policy endpoint the options name (``endpoint``, or a stored ``base_url``
     equal to a registered endpoint's URL, as campaigns created before endpoints were named
     have); InvalidInput for anything else. Checked when a campaign starts and again by the
@@ -142,21 +150,28 @@ def llm_patch_endpoint(*, options: dict[str, Any]) -> PolicyEndpoint:
         return endpoint
     names = list(PolicyEndpoint.objects.order_by("name").values_list("name", flat=True)[:20])
     raise InvalidInput(
-        f"llm-patch proposer: {wanted}. Choose one by name with endpoint "
+        f"{label} proposer: {wanted}. Choose one by name with endpoint "
         f"({', '.join(names) or 'none registered'}); an operator registers endpoints in the admin."
     )
 
 
 def _number(
-    options: dict[str, Any], key: str, default: float, low: float, high: float, *, integer: bool
+    options: dict[str, Any],
+    key: str,
+    default: float,
+    low: float,
+    high: float,
+    *,
+    integer: bool,
+    label: str = "llm-patch",
 ) -> Any:
     value = options.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"llm-patch proposer: {key} must be a number.")
+        raise InvalidInput(f"{label} proposer: {key} must be a number.")
     if integer and not float(value).is_integer():
-        raise InvalidInput(f"llm-patch proposer: {key} must be an integer.")
+        raise InvalidInput(f"{label} proposer: {key} must be an integer.")
     if not low <= value <= high:
-        raise InvalidInput(f"llm-patch proposer: {key} must be between {low:g} and {high:g}.")
+        raise InvalidInput(f"{label} proposer: {key} must be between {low:g} and {high:g}.")
     return int(value) if integer else float(value)
 
 
@@ -262,21 +277,7 @@ class LlmPatchProposer:
         return None
 
     def _client(self) -> tuple[PolicyClient | RoutedPolicyClient, str]:
-        """The client, and the endpoint's name as the proposal records it."""
-        version = self.campaign.policy_version
-        if "endpoint" not in self.options and "base_url" not in self.options:
-            # The policy's own endpoint, holding one of its concurrency slots per request.
-            client = policy_client_for(version=version)
-            client.model = self.options.get("model", version.served_name)
-            return client, "(the policy endpoint)"
-        endpoint = llm_patch_endpoint(options=self.options)  # again: it may be gone since
-        client = PolicyClient(
-            endpoint.base_url,
-            model=self.options.get("model", version.served_name),
-            timeout_s=self.options.get("timeout_s", 240),
-            retries=settings.COEVO_POLICY_RETRIES,
-        )
-        return client, endpoint.name
+        return proposer_client(campaign=self.campaign, options=self.options)
 
     def _ask(self, client: PolicyClient | RoutedPolicyClient, text: str, sampling: Sampling) -> Any:
         with client:
@@ -285,21 +286,48 @@ class LlmPatchProposer:
             return client.complete(text, sampling)
 
     def _parent(self) -> Candidate:
-        """The best candidate on validation, or (``parent = front``) the candidates of the
-        per-task search front in turn: each solves some search task best."""
-        campaign = self.campaign
-        best = campaign.best_candidate or campaign.seed_candidate
-        if self.options.get("parent") != "front":
-            return best
-
-        front = sorted(
-            {sha for shas in campaign_task_front(campaign=campaign).values() for sha in shas}
+        return proposer_parent(
+            campaign=self.campaign, options=self.options, kind=ProposerKind.LLM_PATCH
         )
-        if not front:
-            return best
-        made = campaign.proposals.filter(kind=ProposerKind.LLM_PATCH).count()
-        sha = front[made % len(front)]
-        return Candidate.objects.filter(project=campaign.project_id, sha=sha).first() or best
+
+
+def proposer_client(
+    *, campaign: Campaign, options: dict[str, Any]
+) -> tuple[PolicyClient | RoutedPolicyClient, str]:
+    """The proposer model's client (llm-patch's and the agentic proposer's), and the
+    endpoint's name as the proposal records it."""
+    version = campaign.policy_version
+    if "endpoint" not in options and "base_url" not in options:
+        # The policy's own endpoint, holding one of its concurrency slots per request.
+        client = policy_client_for(version=version)
+        client.model = options.get("model", version.served_name)
+        return client, "(the policy endpoint)"
+    endpoint = llm_patch_endpoint(options=options)  # again: it may be gone since
+    client = PolicyClient(
+        endpoint.base_url,
+        model=options.get("model", version.served_name),
+        timeout_s=options.get("timeout_s", 240),
+        retries=settings.COEVO_POLICY_RETRIES,
+    )
+    return client, endpoint.name
+
+
+def proposer_parent(*, campaign: Campaign, options: dict[str, Any], kind: str) -> Candidate:
+    """The best candidate on validation, or (``parent = front``) the candidates of the
+    per-task search front in turn (rotating with the proposals of ``kind``): each solves some
+    search task best."""
+    best = campaign.best_candidate or campaign.seed_candidate
+    if options.get("parent") != "front":
+        return best
+
+    front = sorted(
+        {sha for shas in campaign_task_front(campaign=campaign).values() for sha in shas}
+    )
+    if not front:
+        return best
+    made = campaign.proposals.filter(kind=kind).count()
+    sha = front[made % len(front)]
+    return Candidate.objects.filter(project=campaign.project_id, sha=sha).first() or best
 
 
 # What a proposer model's refusal usually means, by status: said to members instead of the reply.
