@@ -171,7 +171,16 @@ def _forward(socket_path: str) -> int:
     return server.getsockname()[1]
 
 
+# What the forwarder holds for a client that does not read its replies. Left to the kernel, a
+# loopback socket's send buffer grows to net.ipv4.tcp_wmem's maximum (4 MiB or more): a program
+# that pipelines requests and never reads would keep the worker writing replies for seconds
+# before its write stalls and its IO timeout ends the connection (workers/boundary.py).
+FORWARD_SNDBUF = 256 * 1024
+
+
 def _connect(client: socket.socket, socket_path: str) -> None:
+    with contextlib.suppress(OSError):
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, FORWARD_SNDBUF)
     try:
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     except OSError:  # no descriptor to be had
