@@ -40,7 +40,8 @@ def test_the_shipped_workspace_suite_is_evaluated_with_gemma_on_a_real_worker(
         split=Split.SEARCH,
         policy_version=policy_version_get_default(),
         task_limit=2,
-        knobs={"max_attempts": 1},
+        # One attempt of at most 256 tokens a task: the pipeline is under test, not the model.
+        knobs={"max_attempts": 1, "max_tokens": 256},
     )
     wait_until_final(evaluation, timeout_s=600)
 
