@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.environments.base import Verdict
-from workers.environments.workspace import MOUNT, exec_command, task_wall_s  # noqa: F401
+from workers.environments.workspace import MOUNT, exec_command
 
 WORKSPACE = True
 HISTORY_MOUNT = "/history"
