@@ -10,8 +10,9 @@ from typing import Any
 def register(commands: Any) -> None:
     demo = commands.add_parser(
         "demo",
-        help="run the whole system on the embedded default, evaluate the seed harness and run "
-        "a short config campaign on TextWorld",
+        help="run the whole system on the embedded default: evaluate a seed harness, evolve "
+        "a naive TextWorld harness with a short config campaign, and request the promotion of "
+        "its best candidate for a second login to review",
     )
     demo.add_argument("--tasks", type=int, default=20, help="search-split tasks to evaluate")
     demo.add_argument("--once", action="store_true", help="exit after the summary")
@@ -29,7 +30,7 @@ def register(commands: Any) -> None:
         "--campaign-tasks",
         type=int,
         default=2,
-        help="games in each of the search and validation splits (default 2)",
+        help="games in each of the search, validation and held-out splits (default 2)",
     )
     campaign.add_argument(
         "--campaign-max-steps", type=int, default=20, help="step limit per game (default 20)"
@@ -39,6 +40,12 @@ def register(commands: Any) -> None:
         type=int,
         default=0,
         help="seeds the Optuna sampler and the evaluations (default 0)",
+    )
+    campaign.add_argument(
+        "--no-promotion",
+        dest="promotion",
+        action="store_false",
+        help="do not request the promotion of the campaign's best candidate to production",
     )
     demo.set_defaults(handler=run)
 
@@ -66,6 +73,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 campaign_tasks=args.campaign_tasks,
                 campaign_max_steps=args.campaign_max_steps,
                 campaign_seed=args.campaign_seed,
+                promotion=args.promotion,
             )
         )
     except CoevoError as exc:

@@ -14,6 +14,9 @@ from coevo.policies.embedded import (
     llama_server_command,
     wait_until_serving,
 )
+
+# The demo's browser test takes `page` from here.
+from tests.support.browser import browser, page  # noqa: F401
 from tests.support.net import free_port
 
 

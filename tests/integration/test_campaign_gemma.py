@@ -9,7 +9,7 @@ import pytest
 
 from coevo.campaigns.models import CampaignState, Proposal, ProposerKind
 from coevo.campaigns.services import campaign_advance_enqueue, campaign_create, campaign_start
-from coevo.demo import CAMPAIGN_KNOBS, TEXTWORLD_HARNESS, demo_textworld_suite
+from coevo.demo.campaign import CAMPAIGN_KNOBS, TEXTWORLD_HARNESS, demo_textworld_suite
 from coevo.evaluations.models import Outcome, Rollout
 from coevo.policies.embedded import DEFAULT_MODEL_ALIAS
 

@@ -1,0 +1,205 @@
+"""The demo's campaign: config search on a slice of TextWorld, from a deliberately naive seed.
+
+``examples/textworld-naive`` keeps the game's own command order and lists up to 60 commands;
+a small base model that mostly answers "1" then plays whatever the game lists first and wins
+nothing. The good setting (``order = "priority"``, a short list) is in the search space, so
+the campaign has something to find, and the summary shows what it found (issue 19: started
+from ``textworld-basic``, which already holds that setting, every demo campaign ended with
+the seed as its best).
+
+Imported once Django is set up (``coevo.demo.run``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from typing import Any
+
+from django.db import transaction
+
+from coevo.campaigns.models import PROPOSAL_OPEN_STATES, Campaign, ProposalState, ProposerKind
+from coevo.campaigns.selectors import campaign_progress
+from coevo.campaigns.services import campaign_advance_enqueue, campaign_create, campaign_start
+from coevo.config import BASE_DIR
+from coevo.demo.processes import Services, say
+from coevo.errors import CoevoError
+from coevo.evaluations.selectors import evaluation_progress
+from coevo.policies.services import policy_version_get_default
+from coevo.projects.models import Project
+from coevo.suites.models import Split, Suite, Task
+from coevo.suites.textworld import suite_import_textworld
+from harness_store.services import candidate_import_directory
+
+TEXTWORLD_HARNESS = BASE_DIR / "examples" / "textworld-naive"
+# The knobs the demo's campaign searches. list_commands is left out: free-text commands are
+# known to score nothing with a 270M base model (DESIGN.md §5), so a short demo budget is better
+# spent elsewhere. temperature is left out too: sampling only adds noise to a 270M model's
+# choice of a number, and each draw spent on it is one not spent on what matters (``order``).
+CAMPAIGN_KNOBS = ["order", "max_listed", "history"]
+# Seconds between the demo's own nudges of the campaign (what beat does in production): the
+# evaluation_finished signal drives it, this only covers a lost message.
+CAMPAIGN_NUDGE_S = 30
+# The levels of the demo's slice, taken in turn (easy first: with one game a split, the good
+# setting wins it within a few steps and the naive seed does not; the medium games show more).
+SLICE_LEVELS = ("cooking-easy-", "cooking-medium-")
+
+
+def demo_campaign(
+    *, project: Project, user: Any, games: int, max_steps: int, proposals: int, seed: int
+) -> Campaign:
+    candidate, created = candidate_import_directory(
+        project=project,
+        directory=TEXTWORLD_HARNESS,
+        message="Seed harness: the naive first attempt (the game's command order, 60 listed)",
+        author_name="coevo demo",
+        author_email="demo@localhost",
+        created_by=user,
+    )
+    say(
+        f"TextWorld seed harness (examples/textworld-naive) "
+        f"{'imported as' if created else 'already imported:'} {candidate.short_sha}"
+    )
+    suite = demo_textworld_suite(project=project, games=games, max_steps=max_steps)
+    number = project.campaigns.count() + 1
+    campaign = campaign_create(
+        project=project,
+        name=f"demo {number}: TextWorld config search (seed {seed})",
+        seed_candidate=candidate,
+        policy_version=policy_version_get_default(),
+        suite=suite,
+        strategy=[{"kind": "config", "options": {"knobs": CAMPAIGN_KNOBS}}],
+        max_proposals=proposals,
+        seed=seed,
+        created_by=user,
+    )
+    return campaign_start(campaign=campaign)
+
+
+def demo_textworld_suite(*, project: Project, games: int, max_steps: int) -> Suite:
+    """A small TextWorld suite for the demo (also used by tests/integration/test_campaign_gemma.py):
+    ``games`` games of each split (search, validation, held-out) of the full suite, easy and
+    medium cooking games in turn.
+
+    The campaign evaluates whole splits, and the full suite's 36 search games would take Gemma
+    on two cores most of an hour per proposal. The held-out games are what the demo's promotion
+    is judged on; the campaign never sees them. The subset is content-hashed like any suite (the
+    full suite's hash plus the chosen keys), so a second run with the same flags reuses it.
+    """
+    full, _ = suite_import_textworld(project=project, max_steps=max_steps)
+    chosen = []
+    for split in (Split.SEARCH, Split.VALIDATION, Split.HELDOUT):
+        in_split = list(full.tasks.filter(split=split).order_by("position"))
+        levels = [[task for task in in_split if task.key.startswith(lv)] for lv in SLICE_LEVELS]
+        picked = [task for pair in zip(*levels, strict=False) for task in pair][:games]
+        if len(picked) < games:
+            raise CoevoError(
+                f"The TextWorld suite has only {len(picked)} {split} games of the demo's "
+                f"levels; use --campaign-tasks {len(picked)} or fewer."
+            )
+        chosen += picked
+    keys = ",".join(task.key for task in chosen)
+    content_hash = hashlib.sha256(f"{full.content_hash}\x00{keys}".encode()).hexdigest()
+    name = f"textworld-demo-{games}x{max_steps}"
+    with transaction.atomic():
+        suite, created = Suite.objects.get_or_create(
+            project=project,
+            name=name,
+            content_hash=content_hash,
+            split_seed=full.split_seed,
+            defaults={
+                "kind": full.kind,
+                "version": full.version,
+                "scorer": full.scorer,
+                "description": (
+                    f"The demo's slice of {full.name}: {games} search, {games} validation and "
+                    f"{games} held-out games ({', '.join(task.key for task in chosen)}). "
+                    f"{full.description}"
+                ),
+            },
+        )
+        if created:
+            Task.objects.bulk_create(
+                Task(
+                    suite=suite,
+                    key=task.key,
+                    split=task.split,
+                    position=position,
+                    inputs=task.inputs,
+                    verifier=task.verifier,
+                )
+                for position, task in enumerate(chosen)
+            )
+    say(f"TextWorld suite {name} {'imported' if created else 'already imported'}")
+    return suite
+
+
+def wait_for_campaign(campaign: Campaign, services: Services) -> None:
+    last = None
+    nudged = time.monotonic()
+    tty = sys.stdout.isatty()
+    while True:
+        services.check_alive()
+        campaign.refresh_from_db()
+        proposals = campaign.proposals.exclude(kind=ProposerKind.SEED)
+        ended = proposals.exclude(state__in=PROPOSAL_OPEN_STATES).count()
+        best = campaign.best_validation_score
+        line = (
+            f"  {ended}/{campaign.max_proposals} proposals ended"
+            f", best validation {'n/a' if best is None else f'{best:.1%}'}"
+        )
+        current = campaign.proposals.filter(state__in=PROPOSAL_OPEN_STATES).first()
+        if current is not None:
+            evaluation_id = current.validation_evaluation_id or current.search_evaluation_id
+            label = "seed" if current.kind == ProposerKind.SEED else f"proposal {current.sequence}"
+            if evaluation_id is not None:
+                evaluation = current.validation_evaluation or current.search_evaluation
+                progress = evaluation_progress(evaluation=evaluation)
+                split = "validation" if current.validation_evaluation_id else "search"
+                line += f"; {label}: {split} {progress.done}/{progress.total} games"
+            else:
+                line += f"; {label}: starting"
+        if line != last:
+            print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n", flush=True)
+            last = line
+        if campaign.is_final:
+            if tty:
+                print()
+            return
+        if time.monotonic() - nudged > CAMPAIGN_NUDGE_S:
+            campaign_advance_enqueue(campaign_id=campaign.id)
+            nudged = time.monotonic()
+        time.sleep(1)
+
+
+def pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def campaign_summary(campaign: Campaign, elapsed_s: float) -> list[str]:
+    seed = campaign.proposals.filter(kind=ProposerKind.SEED).first()
+    progress = campaign_progress(campaign=campaign)
+    evaluated = progress.by_state.get(ProposalState.EVALUATED, 0)
+    best = campaign.best_candidate
+    best_label = "n/a"
+    if best is not None:
+        best_label = "the seed" if best.id == campaign.seed_candidate_id else best.short_sha
+    lines = [
+        f"Campaign {campaign.state}: {campaign.stop_reason}",
+        f"Campaign summary: seed score {pct(seed and seed.search_score)} search, "
+        f"{pct(seed and seed.validation_score)} validation"
+        f" · best validation {pct(campaign.best_validation_score)} ({best_label})"
+        f" · {progress.proposals} proposals ({evaluated} evaluated)"
+        f" · {progress.budget.spent_rollouts} rollouts · {_minutes(elapsed_s)}",
+    ]
+    winner = campaign.proposals.filter(candidate=best).exclude(kind=ProposerKind.SEED).first()
+    if winner is not None and winner.params:
+        changed = ", ".join(f"{name} = {value!r}" for name, value in sorted(winner.params.items()))
+        lines.append(f"Best candidate {best_label}: {changed}")
+    return lines
+
+
+def _minutes(elapsed_s: float) -> str:
+    minutes, seconds = divmod(int(elapsed_s), 60)
+    return f"{minutes}m{seconds:02d}s"

