@@ -432,12 +432,19 @@ def demo_textworld_suite(*, project, games: int, max_steps: int):
                 "kind": full.kind,
                 "version": full.version,
                 "scorer": full.scorer,
+                # A slice of the full suite: a promotion judged on the full suite finds the
+                # campaign's search and validation scores on this one (suite_family).
+                "source": full,
                 "description": (
                     f"The demo's slice of {full.name}: {games} search and {games} validation "
                     f"games ({', '.join(task.key for task in chosen)}). {full.description}"
                 ),
             },
         )
+        if suite.source_id is None:
+            # A slice made before slices named their source.
+            Suite.objects.filter(id=suite.id).update(source=full)
+            suite.source = full
         if created:
             Task.objects.bulk_create(
                 Task(
