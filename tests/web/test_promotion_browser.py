@@ -122,7 +122,7 @@ def test_a_researcher_requests_and_a_reviewer_approves_a_promotion(
     expect(page.locator("#diff-files")).to_contain_text("agent.py")
     expect(page.locator("#heldout-looks")).to_contain_text("2 in this project")
     screenshot("evidence-as-reviewer")
-    page.locator("#heldout-tasks a.task-trace").last.click()
+    page.locator("#heldout-tasks a.task-trace").first.click()  # the candidate's
     expect(page.locator("h1")).to_contain_text("h-")
     expect(page.locator(".step-model_call").first).to_be_visible()
     screenshot("heldout-trace-as-reviewer")
