@@ -27,7 +27,7 @@ from coevo.projects.models import Project, Role
 from coevo.reviews import selectors as review_selectors
 from coevo.reviews import services as review_services
 from coevo.reviews.models import PromotionRequest
-from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.create import promotion_baseline_get, promotion_request_create
 from coevo.reviews.promotions.decide import promotion_decide
 from coevo.suites.models import Split, Suite
 from coevo.suites.selectors import suite_get
@@ -35,6 +35,7 @@ from harness_store.selectors import candidate_get
 
 # Evidence keys that carry per-task held-out results; removed for everyone but reviewers.
 SEALED_COMPARISON_KEYS = ("flips", "flipped_tasks", "dropped")
+SEALED_EVIDENCE_KEYS = ("heldout_tasks",)
 
 
 class PromotionIn(serializers.Serializer):
@@ -52,6 +53,12 @@ class PromotionIn(serializers.Serializer):
         help_text="Policy version name (default: the channel's, else the configured one).",
     )
     epochs = serializers.IntegerField(min_value=1, max_value=20, default=1)
+    baseline = serializers.RegexField(
+        r"^[0-9a-fA-F]{7,40}$",
+        required=False,
+        help_text="For an empty channel: the candidate (SHA) the evidence compares against. "
+        "Default: the seed of the campaign that proposed the candidate.",
+    )
 
 
 class DecisionIn(serializers.Serializer):
@@ -91,6 +98,15 @@ class PromotionOut(OutSerializer):
     policy_version = serializers.CharField(source="policy_version.name", allow_null=True)
     suite = MethodField(serializers.CharField())
     epochs = serializers.IntegerField()
+    baseline = MethodField(
+        serializers.CharField(
+            allow_null=True,
+            help_text="The candidate compared with when the channel held nothing (else null).",
+        )
+    )
+    baseline_kind = serializers.CharField(
+        help_text="campaign_seed, picked, or empty (no baseline: a holder, or none possible)."
+    )
     requester = serializers.CharField(source="requester.get_username", allow_null=True)
     evidence = MethodField(
         serializers.DictField(
@@ -105,6 +121,9 @@ class PromotionOut(OutSerializer):
 
     def get_stale(self, promotion: PromotionRequest) -> bool:
         return review_selectors.promotion_is_stale(request=promotion)
+
+    def get_baseline(self, promotion: PromotionRequest) -> str | None:
+        return promotion.baseline_candidate.sha if promotion.baseline_candidate_id else None
 
     def get_suite(self, promotion: PromotionRequest) -> str:
         return f"{promotion.suite.name}@{promotion.suite.version}"
@@ -127,7 +146,9 @@ class PromotionOut(OutSerializer):
 
 def sealed_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
     """The evidence without per-task held-out results (what non-reviewers may see)."""
-    evidence = dict(evidence or {})
+    evidence = {
+        key: value for key, value in (evidence or {}).items() if key not in SEALED_EVIDENCE_KEYS
+    }
     comparison = evidence.get("comparison")
     if isinstance(comparison, dict):
         evidence["comparison"] = {
@@ -180,6 +201,7 @@ class PromotionListView(ApiView):
         values = data.validated_data
         policy_version = policy_version_named(values.get("policy_version"))
         candidate = candidate_get(project=self.project, sha=values["candidate"])
+        baseline = promotion_baseline_get(project=self.project, sha=values.get("baseline"))
         suite = (
             suite_get(project=self.project, name=values["suite"])
             if values.get("suite")
@@ -196,6 +218,7 @@ class PromotionListView(ApiView):
             requester=request.user,
             suite=suite,
             epochs=values["epochs"],
+            baseline=baseline,
         )
         body = self.out(PromotionCreatedOut, promotion)
         return Response(body, status=202, headers={"Location": body["status_url"]})

@@ -112,6 +112,9 @@ def demo_textworld_suite(*, project: Project, games: int, max_steps: int) -> Sui
                 "kind": full.kind,
                 "version": full.version,
                 "scorer": full.scorer,
+                # A slice of the full suite: a promotion judged on the full suite finds the
+                # campaign's search and validation scores on this one (suite_family).
+                "source": full,
                 "description": (
                     f"The demo's slice of {full.name}: {games} search, {games} validation and "
                     f"{games} held-out games ({', '.join(task.key for task in chosen)}). "
@@ -119,6 +122,10 @@ def demo_textworld_suite(*, project: Project, games: int, max_steps: int) -> Sui
                 ),
             },
         )
+        if suite.source_id is None:
+            # A slice made before slices named their source.
+            Suite.objects.filter(id=suite.id).update(source=full)
+            suite.source = full
         if created:
             Task.objects.bulk_create(
                 Task(

@@ -120,6 +120,14 @@ PROMOTION_FINAL_STATES = (
 )
 
 
+class BaselineKind(models.TextChoices):
+    """Where a request's baseline came from: only a request to an empty channel has one (with a
+    holder, the holder is the reference)."""
+
+    CAMPAIGN_SEED = "campaign_seed", "the campaign seed"
+    PICKED = "picked", "the baseline the requester picked"
+
+
 class PromotionRequest(TimeStampedModel):
     """A request that ``candidate`` (under ``policy_version``) replace the holder of ``channel``.
 
@@ -156,6 +164,14 @@ class PromotionRequest(TimeStampedModel):
         PolicyVersion, null=True, blank=True, on_delete=models.RESTRICT, related_name="+"
     )
     holder_generation = models.PositiveIntegerField()
+    # What the evidence compares against when the channel held nothing (None: no holder, no
+    # campaign seed and none picked, so no comparison). Evaluated on held-out exactly as a
+    # holder is, under the request's policy version; evidence only: approval moves the channel
+    # as it would without one.
+    baseline_candidate = models.ForeignKey(
+        Candidate, null=True, blank=True, on_delete=models.RESTRICT, related_name="+"
+    )
+    baseline_kind = models.CharField(max_length=16, choices=BaselineKind.choices, blank=True)
     # The campaign the candidate came from, if any (its held-out looks are counted).
     campaign = models.ForeignKey(
         "campaigns.Campaign", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -164,6 +180,9 @@ class PromotionRequest(TimeStampedModel):
         Evaluation, on_delete=models.RESTRICT, related_name="+"
     )
     holder_evaluation = models.ForeignKey(
+        Evaluation, null=True, blank=True, on_delete=models.RESTRICT, related_name="+"
+    )
+    baseline_evaluation = models.ForeignKey(
         Evaluation, null=True, blank=True, on_delete=models.RESTRICT, related_name="+"
     )
     # Assembled by coevo.reviews.promotions.evidence once both held-out evaluations are final;
@@ -199,6 +218,22 @@ class PromotionRequest(TimeStampedModel):
                 condition=models.Q(holder_candidate__isnull=True)
                 | models.Q(holder_evaluation__isnull=False),
                 name="promotion_holder_has_evaluation",
+            ),
+            # A baseline stands in for a holder: never both, and never without its kind and
+            # its held-out evaluation.
+            models.CheckConstraint(
+                condition=(
+                    models.Q(baseline_candidate__isnull=True)
+                    & models.Q(baseline_evaluation__isnull=True)
+                    & models.Q(baseline_kind="")
+                )
+                | (
+                    models.Q(holder_candidate__isnull=True)
+                    & models.Q(baseline_candidate__isnull=False)
+                    & models.Q(baseline_evaluation__isnull=False)
+                    & ~models.Q(baseline_kind="")
+                ),
+                name="promotion_baseline_only_without_holder",
             ),
             # One open request per (channel, candidate, policy version): a second click must
             # not start (and count) a second round of held-out evaluations.

@@ -1,7 +1,7 @@
 """Trace retention keeps what channels and promotion requests reference (docs/operations.md):
 every candidate a channel points at or pointed at, the candidates compared (the candidate and
-the holder it was compared against) and the held-out evaluations behind the evidence, whose
-traces reviewers open from the flipped tasks."""
+the holder or baseline it was compared against) and the held-out evaluations behind the
+evidence, whose traces reviewers open from the held-out task list."""
 
 from __future__ import annotations
 
@@ -29,7 +29,10 @@ def _promotion_candidates() -> QuerySet:
     return PromotionRequest.objects.values("candidate_id").union(
         PromotionRequest.objects.filter(holder_candidate__isnull=False).values(
             "holder_candidate_id"
-        )
+        ),
+        PromotionRequest.objects.filter(baseline_candidate__isnull=False).values(
+            "baseline_candidate_id"
+        ),
     )
 
 
@@ -38,5 +41,8 @@ def _promotion_evaluations() -> QuerySet:
     return PromotionRequest.objects.values("candidate_evaluation_id").union(
         PromotionRequest.objects.filter(holder_evaluation__isnull=False).values(
             "holder_evaluation_id"
-        )
+        ),
+        PromotionRequest.objects.filter(baseline_evaluation__isnull=False).values(
+            "baseline_evaluation_id"
+        ),
     )

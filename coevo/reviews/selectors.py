@@ -60,6 +60,7 @@ def promotion_list_for_project(*, project: Project) -> QuerySet[PromotionRequest
         "policy_version",
         "holder_candidate",
         "holder_policy_version",
+        "baseline_candidate",
         "requester",
         "suite",
     )
@@ -102,8 +103,6 @@ def heldout_looks(*, project: Project, campaign: Any = None) -> int:
     """
     evaluations = Evaluation.objects.filter(project=project, split=Split.HELDOUT)
     if campaign is not None:
-        from coevo.campaigns.models import Proposal
-
         evaluations = evaluations.filter(
             candidate_id__in=Proposal.objects.filter(
                 campaign=campaign, candidate__isnull=False

@@ -53,6 +53,13 @@ class Suite(TimeStampedModel):
     # How answers are scored, as shown on pages (scorer kind and parameters). A Python
     # verifier's source is not here: it travels in each task's ``verifier`` payload.
     scorer = models.JSONField(default=dict, blank=True)
+    # The suite this one is a slice of (a subset of its tasks, e.g. the demo's few TextWorld
+    # games): a slice and its source are one suite family, so a promotion judged on the full
+    # suite still finds the candidate's search and validation scores from a campaign that ran
+    # on the slice (suite_family). Not content: it never changes what a score means.
+    source = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="slices"
+    )
 
     class Meta:
         ordering = ["name", "-created_at"]

@@ -47,6 +47,46 @@ def suite_get(*, project: Project, name: str, version: str | None = None) -> Sui
     return suite
 
 
+# How far suite_family follows slices of slices: a bound on the queries, far above any use.
+FAMILY_MAX_DEPTH = 8
+
+
+def suite_family_root(*, suite: Suite) -> Suite:
+    """The suite ``suite`` is (a slice of a slice of …) a slice of; itself when it is none."""
+    root = suite
+    for _ in range(FAMILY_MAX_DEPTH):
+        if root.source_id is None:
+            break
+        root = root.source
+    return root
+
+
+def suite_family(*, suite: Suite) -> QuerySet[Suite]:
+    """The suites that measure the same thing as ``suite``: every version of its root's name
+    (the root: what it is a slice of, or itself) and the slices of any of them, in the same
+    project. Scores from one member say something about another (a campaign on the demo's
+    slice of textworld, a promotion judged on the full textworld); scores from another
+    family do not."""
+    root = suite_family_root(suite=suite)
+    ids = set(
+        Suite.objects.filter(project_id=suite.project_id, name=root.name).values_list(
+            "id", flat=True
+        )
+    )
+    ids.add(suite.id)
+    frontier = set(ids)
+    for _ in range(FAMILY_MAX_DEPTH):
+        frontier = set(
+            Suite.objects.filter(source_id__in=frontier)
+            .exclude(id__in=ids)
+            .values_list("id", flat=True)
+        )
+        if not frontier:
+            break
+        ids |= frontier
+    return Suite.objects.filter(id__in=ids)
+
+
 def suite_get_by_id(*, project: Project, suite_id: UUID) -> Suite:
     suite = suite_summaries(project=project).filter(id=suite_id).first()
     if suite is None:

@@ -321,17 +321,84 @@ def input_preview(inputs: Any) -> str:
 # --- promotions and gates --------------------------------------------------------------------
 
 
+# How the page names the side the candidate is compared with, by the reference's kind.
+REFERENCE_LABELS = {"holder": "holder", "campaign_seed": "campaign seed", "picked": "baseline"}
+
+
 def promotion_sides(*, evidence: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None]]:
-    """The candidate's and the holder's evidence, each with its search, validation and
-    held-out scores in that order (None where a side or a split has none)."""
-    return [(name, _side(evidence.get(name))) for name in ("candidate", "holder")]
+    """The candidate's evidence and its reference's (the holder's or the baseline's), each
+    with its search, validation and held-out scores in that order (None where a side or a
+    split has none), labelled as the page shows them."""
+    kind = (evidence.get("reference") or {}).get("kind") or "holder"
+    reference = evidence.get("holder") or evidence.get("baseline")
+    return [
+        ("candidate", _side(evidence.get("candidate"))),
+        (REFERENCE_LABELS.get(kind, "reference"), _side(reference)),
+    ]
 
 
 def _side(side: dict[str, Any] | None) -> dict[str, Any] | None:
     if not side:
         return None
     scores = side.get("scores") or {}
-    return {**side, "score_list": [scores.get(s) for s in ("search", "validation", "heldout")]}
+    missing = side.get("missing") or {}
+    splits = ("search", "validation", "heldout")
+    return {
+        **side,
+        "score_list": [scores.get(s) for s in splits],
+        "cells": [{"score": scores.get(s), "missing": missing.get(s)} for s in splits],
+    }
+
+
+def promotion_heldout_tasks(*, evidence: dict[str, Any]) -> dict[str, Any] | None:
+    """The held-out task list of the evidence (version 2) as rows the page renders: per task,
+    the candidate's result and the reference's (when there is one) in column order. For
+    reviewers only: the view passes it to nobody else. None for older evidence (its flipped
+    tasks are shown instead)."""
+    listed = evidence.get("heldout_tasks")
+    if not listed:
+        return None
+    compared = bool((evidence.get("reference") or {}).get("kind"))
+    rows = [
+        {
+            **task,
+            "sides": [task["candidate"], task["reference"]] if compared else [task["candidate"]],
+        }
+        for task in listed["tasks"]
+    ]
+    return {**listed, "tasks": rows}
+
+
+def promotion_reference_summary(
+    *, evidence: dict[str, Any], promotion: PromotionRequest
+) -> dict[str, Any]:
+    """Which reference the evidence compares against, in one sentence: the stored one
+    (evidence version 2), one read from an older evidence's holder, or, before the evidence
+    is assembled, what the request will compare against."""
+    channel = promotion.channel.name
+    if evidence.get("reference"):
+        reference = dict(evidence["reference"])
+    elif evidence:
+        holder = evidence.get("holder")
+        reference = {
+            "kind": "holder" if holder else None,
+            "sha": holder["sha"] if holder else None,
+            "summary": f"Compared with {channel}'s holder {holder['sha'][:7]}."
+            if holder
+            else f"No comparison: {channel} held nothing.",
+        }
+    else:
+        candidate = promotion.holder_candidate or promotion.baseline_candidate
+        kind = "holder" if promotion.holder_candidate_id else promotion.baseline_kind or None
+        reference = {
+            "kind": kind,
+            "sha": candidate.sha if candidate else None,
+            "summary": f"Will compare with the {REFERENCE_LABELS[kind]} {candidate.short_sha}."
+            if candidate
+            else f"No comparison: {channel} holds nothing and there is no baseline.",
+        }
+    reference["label"] = REFERENCE_LABELS.get(reference.get("kind") or "", "reference")
+    return reference
 
 
 def promotion_looks(*, promotion: PromotionRequest) -> dict[str, int]:

@@ -28,13 +28,18 @@ from coevo.projects.selectors import project_user_has_role
 from coevo.reviews import selectors as review_selectors
 from coevo.reviews import services as review_services
 from coevo.reviews.models import PromotionState
-from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.create import promotion_baseline_get, promotion_request_create
 from coevo.reviews.promotions.decide import promotion_comment, promotion_decide
 from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.selectors import channel_history, channel_list_for_project
 from coevo.suites.selectors import suite_get_by_id, suite_list
 from coevo.web.access import project_view
-from coevo.web.presenters import promotion_looks, promotion_sides
+from coevo.web.presenters import (
+    promotion_heldout_tasks,
+    promotion_looks,
+    promotion_reference_summary,
+    promotion_sides,
+)
 from coevo.web.views import rollout_page
 from harness_store.selectors import candidate_get, candidate_list
 
@@ -158,7 +163,7 @@ def promotion_new(request: HttpRequest, project: Project) -> HttpResponse:
     )
 
 
-_FORM_FIELDS = ("candidate", "policy_version", "channel", "suite", "epochs")
+_FORM_FIELDS = ("candidate", "policy_version", "channel", "suite", "epochs", "baseline")
 
 
 def _create_from_form(*, project: Project, values: dict[str, str], user: Any) -> Any:
@@ -195,6 +200,7 @@ def _create_from_form(*, project: Project, values: dict[str, str], user: Any) ->
         requester=user,
         suite=suite,
         epochs=epochs,
+        baseline=promotion_baseline_get(project=project, sha=values["baseline"]),
     )
 
 
@@ -204,11 +210,17 @@ def promotion_detail(request: HttpRequest, project: Project, request_id: UUID) -
     evidence = promotion.evidence or {}
     is_reviewer = _has_role(request, project, Role.REVIEWER)
     is_requester = promotion.requester_id == request.user.pk
+    sides = promotion_sides(evidence=evidence)
     context = {
         "project": project,
         "promotion": promotion,
         "evidence": evidence,
-        "sides": promotion_sides(evidence=evidence),
+        "sides": sides,
+        "reference_side": sides[1][1],
+        "reference": promotion_reference_summary(evidence=evidence, promotion=promotion),
+        # Sealed (DESIGN.md §8): the per-task held-out list reaches the template for
+        # reviewers only.
+        "heldout_tasks": promotion_heldout_tasks(evidence=evidence) if is_reviewer else None,
         "looks": promotion_looks(promotion=promotion),
         "is_stale": review_selectors.promotion_is_stale(request=promotion),
         "is_settled": promotion.state != PromotionState.EVALUATING,
@@ -274,6 +286,7 @@ def promotion_rollout(
     if rollout.evaluation_id not in (
         promotion.candidate_evaluation_id,
         promotion.holder_evaluation_id,
+        promotion.baseline_evaluation_id,
     ):
         # Only the request's own evaluations: this path never unseals other held-out work.
         raise Http404("This rollout is not part of this promotion request's evidence.")

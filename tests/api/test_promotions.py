@@ -194,6 +194,61 @@ def test_a_suite_without_held_out_tasks_cannot_decide_a_promotion(
     assert "no held-out tasks" in response.json()["error"]["message"]
 
 
+def test_it_compares_an_empty_channel_with_a_picked_baseline(
+    project, make_client, researcher, asker, guesser, arith
+):
+    client = make_client(researcher, scopes=REQUEST)
+
+    response = client.post(
+        list_url(project),
+        {"candidate": asker.sha, "channel": "staging", "baseline": guesser.sha[:10]},
+        format="json",
+    )
+
+    assert response.status_code == 202, response.json()
+    request = PromotionRequest.objects.get()
+    assert (request.baseline_candidate, request.baseline_kind) == (guesser, "picked")
+    status = client.get(response.json()["status_url"]).json()
+    assert (status["baseline"], status["baseline_kind"]) == (guesser.sha, "picked")
+
+
+@pytest.mark.parametrize(
+    ("channel", "baseline", "message"),
+    [
+        ("staging", "abcdef1234", "Baseline: No candidate abcdef1234"),
+        ("staging", "asker", "the candidate itself"),
+        ("production", "guesser", "A baseline is only for an empty channel"),
+    ],
+)
+def test_it_refuses_a_baseline_it_cannot_use(
+    project, make_client, researcher, asker, guesser, production, arith, channel, baseline, message
+):
+    sha = {"asker": asker.sha, "guesser": guesser.sha}.get(baseline, baseline)
+    response = make_client(researcher, scopes=REQUEST).post(
+        list_url(project),
+        {"candidate": asker.sha, "channel": channel, "baseline": sha},
+        format="json",
+    )
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["code"] == "invalid_input"
+    assert message in response.json()["error"]["message"]
+    assert not PromotionRequest.objects.exists()
+
+
+def test_a_baseline_of_another_project_is_refused(
+    project, make_client, researcher, asker, arith, tmp_path
+):
+    other = project_get_or_create(slug="other", name="Other")
+    foreign = make_agent_candidate(other, tmp_path, "foreign", GUESSES)
+    response = make_client(researcher, scopes=REQUEST).post(
+        list_url(project),
+        {"candidate": asker.sha, "channel": "staging", "baseline": foreign.sha},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert f"No candidate {foreign.sha}" in response.json()["error"]["message"]
+
+
 # -- read -------------------------------------------------------------------------------------
 
 
@@ -217,7 +272,12 @@ def test_evidence_keeps_held_out_tasks_for_reviewers_personal_tokens(
             assert comparison["flip_counts"]["fixed"] == 2
             assert "h-mul" not in response.content.decode(), who
 
+            assert "heldout_tasks" not in promotion["evidence"], who
+            assert promotion["evidence"]["reference"]["kind"] == "holder"  # not sealed
+
     response = make_client(reviewer, scopes=["read"]).get(detail_url(ready))
+    listed = response.json()["evidence"]["heldout_tasks"]["tasks"]
+    assert [row["task"] for row in listed] == ["h-mul", "h-add", "h-sub"]
     comparison = response.json()["evidence"]["comparison"]
     assert sorted(comparison["flips"]["fixed"]) == ["h-add", "h-mul"]
     assert {row["task"] for row in comparison["flipped_tasks"]} == {"h-add", "h-mul"}

@@ -146,10 +146,33 @@ def test_it_reports_api_errors_with_their_code(
     assert not PromotionRequest.objects.exists()
 
 
+def test_it_picks_a_baseline_for_an_empty_channel(
+    cli_env, repo, project, promotion_suite, in_production, capsys
+):
+    from coevo.reviews.models import PromotionRequest
+
+    asks = run_git(repo, "rev-parse", "HEAD")
+
+    # production holds the guesser: no baseline there, and the error says why.
+    assert main(["promote", "--candidate", asks, "--baseline", in_production]) == 1
+    _, err = capsys.readouterr()
+    assert "A baseline is only for an empty channel" in err
+    assert err.strip().endswith("(invalid_input)")
+
+    code = main(
+        ["promote", "--candidate", asks, "--channel", "staging", "--baseline", in_production[:8]]
+    )
+
+    assert code == 0, capsys.readouterr().err
+    request = PromotionRequest.objects.get()
+    assert request.baseline_candidate.sha == in_production and request.baseline_kind == "picked"
+
+
 def test_the_promote_help_names_its_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["promote", "--help"])
     assert exit_info.value.code == 0
     out, _ = capsys.readouterr()
-    for flag in ("--candidate", "--channel", "--suite", "--policy-version", "--epochs", "--json"):
+    flags = ("--candidate", "--channel", "--suite", "--policy-version", "--epochs", "--baseline")
+    for flag in (*flags, "--json"):
         assert flag in out

@@ -84,7 +84,7 @@ def test_it_compares_the_held_out_results_task_by_task(evidence):
     [row] = comparison["flipped_tasks"]
     assert row["task"] == "h-mul" and row["flip"] == "fixed"
     assert Rollout.objects.get(id=row["candidate_rollout"]).task.key == "h-mul"
-    assert Rollout.objects.get(id=row["holder_rollout"]).task.key == "h-mul"
+    assert Rollout.objects.get(id=row["reference_rollout"]).task.key == "h-mul"
 
 
 def test_it_shows_how_much_of_the_search_gain_did_not_generalize(evidence):

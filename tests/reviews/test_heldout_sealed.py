@@ -190,7 +190,7 @@ def _promotion_rollout_urls(promotion) -> list[str]:
     return [
         reverse("web:promotion_rollout", args=[slug, promotion.id, row[side]])
         for row in promotion.evidence["comparison"]["flipped_tasks"]
-        for side in ("candidate_rollout", "holder_rollout")
+        for side in ("candidate_rollout", "reference_rollout")
     ]
 
 

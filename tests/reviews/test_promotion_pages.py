@@ -283,16 +283,21 @@ def test_held_out_flips_and_their_traces_are_for_reviewers_only(
     for user in (researcher, viewer):
         client = login(user)
         body = html(client.get(page_url(ready)))
-        assert 'id="flips-sealed"' in body and 'id="flips"' not in body
-        assert "h-mul" not in body
+        assert 'id="flips-sealed"' in body and 'id="heldout-tasks"' not in body
+        assert "h-mul" not in body and "h-add" not in body
         assert client.get(trace_url).status_code == 403
 
     client = login(reviewer)
     body = html(client.get(page_url(ready)))
-    flips = re.search(r'<table class="table" id="flips">(.*?)</table>', body, re.S).group(1)
-    assert "h-mul" in flips and trace_url in flips
+    flips = re.search(r'<table class="table" id="heldout-tasks">(.*?)</table>', body, re.S)
+    flips = flips.group(1)
+    # Every held-out task is listed, the flipped one highlighted, each with its traces.
+    assert all(key in flips for key in ("h-mul", "h-add", "h-sub"))
+    assert '<tr class="flipped flip-fixed"><td>h-mul</td>' in flips
+    assert flips.count('class="task-trace"') == 6
+    assert trace_url in flips
     holder_trace = reverse(
-        "web:promotion_rollout", args=[ready.project.slug, ready.id, flip["holder_rollout"]]
+        "web:promotion_rollout", args=[ready.project.slug, ready.id, flip["reference_rollout"]]
     )
     assert holder_trace in flips
     # The reviewer's rollout path unseals the held-out trace (the model saw "6 * 7 =").

@@ -70,7 +70,7 @@ def test_it_promotes_a_candidate_end_to_end_on_a_real_worker(
     assert set(flipped) == set(HELDOUT_KEYS)
     for row in flipped.values():  # links to both traces of every flipped task
         assert Evaluation.objects.get(rollouts__id=row["candidate_rollout"]).candidate == asker
-        assert Evaluation.objects.get(rollouts__id=row["holder_rollout"]).candidate == guesser
+        assert Evaluation.objects.get(rollouts__id=row["reference_rollout"]).candidate == guesser
     assert "ctx.llm.complete" in evidence["diff"]["text"]
     assert [c["sha"] for c in evidence["lineage"]["commits"]] == [asker.sha]
     assert evidence["lineage"]["holder_is_ancestor"] is True

@@ -36,6 +36,12 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--policy-version", metavar="NAME")
     parser.add_argument("--epochs", type=int, metavar="K", help="samples per held-out task")
+    parser.add_argument(
+        "--baseline",
+        metavar="SHA",
+        help="for an empty channel: the candidate to compare against (default: the seed of the"
+        " candidate's campaign)",
+    )
     parser.add_argument("--json", action="store_true", help="print the API object as JSON")
     add_connection_arguments(parser)
     parser.set_defaults(handler=promote)
@@ -48,6 +54,7 @@ def promote(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         suite=args.suite,
         policy_version=args.policy_version,
         epochs=args.epochs,
+        baseline=args.baseline,
     )
     try:
         with Client.from_args(args) as client:

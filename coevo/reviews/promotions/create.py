@@ -1,5 +1,7 @@
 """Creating a promotion request: its checks, the held-out evaluations of the candidate and of
-the channel's holder (reusing a finished or running one of the holder), the counted look."""
+its reference (the channel's holder; for an empty channel, a baseline: the candidate's campaign
+seed or one the requester picked), reusing a finished or running one of the reference, the
+counted look."""
 
 from __future__ import annotations
 
@@ -9,21 +11,27 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
-from coevo.errors import InvalidInput, PermissionDenied
+from coevo.errors import InvalidInput, NotFound, PermissionDenied
 from coevo.evaluations.models import Evaluation, EvaluationState
 from coevo.evaluations.services import evaluation_create
 from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Role
 from coevo.projects.selectors import project_user_has_role
-from coevo.reviews.models import PROMOTION_OPEN_STATES, Channel, PromotionRequest
+from coevo.reviews.models import (
+    PROMOTION_OPEN_STATES,
+    BaselineKind,
+    Channel,
+    PromotionRequest,
+)
 from coevo.reviews.promotions.transitions import audit_event, refresh_later
 from coevo.reviews.selectors import candidate_campaign, heldout_looks
 from coevo.suites.models import Split, Suite, Task
 from harness_store.models import Candidate
+from harness_store.selectors import candidate_get
 
 logger = logging.getLogger(__name__)
 
-# Held-out evaluations of the holder that a request may reuse instead of starting another
+# Held-out evaluations of a reference (holder or baseline) that a request may reuse instead of starting another
 # look: finished ones, and ones still running for another request.
 _REUSABLE_STATES = (EvaluationState.FINISHED, EvaluationState.PENDING, EvaluationState.RUNNING)
 
@@ -37,13 +45,16 @@ def promotion_request_create(
     suite: Suite,
     epochs: int = 1,
     seed: int = 0,
+    baseline: Candidate | None = None,
 ) -> PromotionRequest:
     """Request that ``candidate`` (under ``policy_version``) replace ``channel``'s holder.
 
     Starts the held-out evaluation of the candidate and, unless a finished (or running) one
-    with the same suite, policy version, epochs and seed exists, of the holder; an empty
-    channel has no holder (the evidence then has the candidate only). The rollouts are sent
-    when the transaction commits. Researchers and above only.
+    with the same suite, policy version, epochs and seed exists, of its reference: the holder;
+    for an empty channel, ``baseline`` if given, else the seed of the campaign that proposed
+    the candidate (under ``policy_version``), else none (the evidence then has the candidate
+    only, and says why). The rollouts are sent when the transaction commits. Researchers and
+    above only.
 
     Idempotent: while a request for the same channel, candidate and policy version is open,
     that request is returned and nothing new is evaluated (each held-out run is a counted look).
@@ -74,10 +85,18 @@ def promotion_request_create(
         )
     existing = _open_request(channel=channel, candidate=candidate, policy_version=policy_version)
     if existing is not None:
+        if baseline is not None and existing.baseline_candidate_id != baseline.id:
+            raise InvalidInput(
+                f"Promotion request {existing.id} for this candidate is already open and "
+                "compares against another reference: cancel it first to pick this baseline."
+            )
         return existing
     holder = channel.candidate
     holder_policy = channel.policy_version or policy_version
     campaign = candidate_campaign(candidate=candidate)
+    baseline, baseline_kind = promotion_baseline(
+        channel=channel, candidate=candidate, campaign=campaign, picked=baseline
+    )
     try:
         with transaction.atomic():
             candidate_eval = _heldout_evaluation(
@@ -89,8 +108,8 @@ def promotion_request_create(
                 created_by=requester,
             )
             holder_eval = (
-                holder_evaluation(
-                    holder=holder,
+                reference_evaluation(
+                    reference=holder,
                     suite=suite,
                     policy_version=holder_policy,
                     epochs=epochs,
@@ -98,6 +117,18 @@ def promotion_request_create(
                     created_by=requester,
                 )
                 if holder is not None
+                else None
+            )
+            baseline_eval = (
+                reference_evaluation(
+                    reference=baseline,
+                    suite=suite,
+                    policy_version=policy_version,
+                    epochs=epochs,
+                    seed=seed,
+                    created_by=requester,
+                )
+                if baseline is not None
                 else None
             )
             request = PromotionRequest.objects.create(
@@ -115,6 +146,9 @@ def promotion_request_create(
                 campaign=campaign,
                 candidate_evaluation=candidate_eval,
                 holder_evaluation=holder_eval,
+                baseline_candidate=baseline,
+                baseline_kind=baseline_kind,
+                baseline_evaluation=baseline_eval,
                 # Counted after this request's own evaluations were created: "this is look N".
                 heldout_looks_project=heldout_looks(project=project),
                 heldout_looks_campaign=(
@@ -140,15 +174,65 @@ def promotion_request_create(
             raise
         return existing
     logger.info(
-        "promotion %s requested: %s to %s (holder %s), held-out look %d of project %s",
+        "promotion %s requested: %s to %s (holder %s, baseline %s), held-out look %d of project %s",
         request.id,
         candidate.short_sha,
         channel,
         holder.short_sha if holder else "none",
+        baseline.short_sha if baseline else "none",
         request.heldout_looks_project,
         project.slug,
     )
     return request
+
+
+def promotion_baseline_get(*, project: Any, sha: str | None) -> Candidate | None:
+    """The baseline a requester named by SHA (the API, the CLI, the form); None for none."""
+    if not sha:
+        return None
+    try:
+        return candidate_get(project=project, sha=sha)
+    except NotFound as exc:
+        raise InvalidInput(
+            f"Baseline: {exc} Pick a candidate of this project (its SHA), or leave the "
+            "baseline out to compare with the candidate's campaign seed."
+        ) from None
+
+
+def promotion_baseline(
+    *,
+    channel: Channel,
+    candidate: Candidate,
+    campaign: Any,
+    picked: Candidate | None,
+) -> tuple[Candidate | None, str]:
+    """The baseline a request to ``channel`` compares against, and its kind: none while the
+    channel holds something (the holder is the reference, as always); else ``picked``, else
+    the seed of ``campaign`` (the campaign that proposed the candidate) unless that is the
+    candidate itself; else none ("")."""
+    if channel.candidate_id is not None:
+        if picked is not None:
+            raise InvalidInput(
+                f"Channel {channel.name} holds {channel.candidate.short_sha}: the evidence "
+                "compares against its holder. A baseline is only for an empty channel; leave "
+                "it out."
+            )
+        return None, ""
+    if picked is not None:
+        if picked.project_id != channel.project_id:
+            raise InvalidInput(
+                f"Baseline {picked.short_sha} belongs to another project: pick a candidate of "
+                f"project {channel.project.slug}."
+            )
+        if picked.id == candidate.id:
+            raise InvalidInput(
+                "The baseline is the candidate itself, so nothing would be compared: pick "
+                "another candidate (its parent, or its campaign's seed), or leave it out."
+            )
+        return picked, BaselineKind.PICKED
+    if campaign is not None and campaign.seed_candidate_id != candidate.id:
+        return campaign.seed_candidate, BaselineKind.CAMPAIGN_SEED
+    return None, ""
 
 
 def _open_request(
@@ -183,20 +267,21 @@ def _heldout_evaluation(
     )
 
 
-def holder_evaluation(
+def reference_evaluation(
     *,
-    holder: Candidate,
+    reference: Candidate,
     suite: Suite,
     policy_version: PolicyVersion,
     epochs: int,
     seed: int,
     created_by: AbstractBaseUser | None,
 ) -> Evaluation:
-    """The holder's held-out evaluation: a finished (or still running) one of the same
-    settings if there is one (no new look), else a new one."""
+    """The held-out evaluation of what the candidate is compared with (the holder, or a
+    baseline): a finished (or still running) one of the same settings if there is one (no new
+    look), else a new one."""
     cached = (
         Evaluation.objects.filter(
-            candidate=holder,
+            candidate=reference,
             suite=suite,
             split=Split.HELDOUT,
             policy_version=policy_version,
@@ -212,7 +297,7 @@ def holder_evaluation(
     if cached is not None:
         return cached
     return _heldout_evaluation(
-        candidate=holder,
+        candidate=reference,
         suite=suite,
         policy_version=policy_version,
         epochs=epochs,
@@ -229,6 +314,8 @@ def _snapshot(request: PromotionRequest) -> dict[str, Any]:
         "policy_version": request.policy_version.name,
         "holder": request.holder_candidate.sha if request.holder_candidate else None,
         "holder_generation": request.holder_generation,
+        "baseline": request.baseline_candidate.sha if request.baseline_candidate else None,
+        "baseline_kind": request.baseline_kind,
         "heldout_looks_project": request.heldout_looks_project,
         "heldout_looks_campaign": request.heldout_looks_campaign,
     }

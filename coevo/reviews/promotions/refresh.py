@@ -1,5 +1,6 @@
 """Bringing a request up to date: re-target a stale one at the channel's new holder, assemble the
-evidence once both held-out evaluations are final, and beat's catch-up for missed signals."""
+evidence once its held-out evaluations (the candidate's and its reference's: the holder's or
+the baseline's) are final, and beat's catch-up for missed signals."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from coevo.reviews.models import (
     PromotionRequest,
     PromotionState,
 )
-from coevo.reviews.promotions.create import holder_evaluation
+from coevo.reviews.promotions.create import reference_evaluation
 from coevo.reviews.promotions.evidence import evidence_build
 from coevo.reviews.promotions.transitions import audit_event, refresh_later, transition
 from coevo.reviews.selectors import heldout_looks, promotion_is_stale
@@ -34,8 +35,8 @@ def promotion_evidence_refresh(
 
     - stale (the channel moved since the holder was taken): re-target the new holder and start
       its held-out evaluation (or reuse one), back to evaluating;
-    - evaluating, both held-out evaluations final: assemble the evidence → ready (or failed,
-      when an evaluation did not finish);
+    - evaluating, its held-out evaluations final (the candidate's and the holder's or the
+      baseline's): assemble the evidence → ready (or failed, when one did not finish);
     - ready: re-assemble the evidence (newer search/validation results show up).
     """
     request = PromotionRequest.objects.select_related(
@@ -45,16 +46,22 @@ def promotion_evidence_refresh(
         return request
     if promotion_is_stale(request=request):
         return _retarget(request=request, by=by)
-    evaluations = [request.candidate_evaluation_id, request.holder_evaluation_id]
+    evaluations = [
+        (label, e)
+        for label, e in (
+            ("candidate", request.candidate_evaluation_id),
+            ("holder", request.holder_evaluation_id),
+            ("baseline", request.baseline_evaluation_id),
+        )
+        if e
+    ]
     states = dict(
-        Evaluation.objects.filter(id__in=[e for e in evaluations if e]).values_list("id", "state")
+        Evaluation.objects.filter(id__in=[e for _, e in evaluations]).values_list("id", "state")
     )
-    if not all(states[e] in EVALUATION_FINAL_STATES for e in evaluations if e):
+    if not all(states[e] in EVALUATION_FINAL_STATES for _, e in evaluations):
         return request
     unfinished = [
-        (label, states[e])
-        for label, e in (("candidate", evaluations[0]), ("holder", evaluations[1]))
-        if e and states[e] != EvaluationState.FINISHED
+        (label, states[e]) for label, e in evaluations if states[e] != EvaluationState.FINISHED
     ]
     if unfinished:
         detail = "; ".join(
@@ -121,8 +128,8 @@ def _retarget(*, request: PromotionRequest, by: AbstractBaseUser | None) -> Prom
             request.refresh_from_db()
             return request
         holder_eval = (
-            holder_evaluation(
-                holder=holder,
+            reference_evaluation(
+                reference=holder,
                 suite=request.suite,
                 policy_version=holder_policy,
                 epochs=request.epochs,
@@ -139,6 +146,7 @@ def _retarget(*, request: PromotionRequest, by: AbstractBaseUser | None) -> Prom
         before = {
             "holder": request.holder_candidate.sha if request.holder_candidate else None,
             "holder_generation": request.holder_generation,
+            "baseline": request.baseline_candidate.sha if request.baseline_candidate else None,
             "state": request.state,
         }
         now = timezone.now()
@@ -153,6 +161,11 @@ def _retarget(*, request: PromotionRequest, by: AbstractBaseUser | None) -> Prom
             holder_policy_version=holder_policy if holder is not None else None,
             holder_generation=channel.generation,
             holder_evaluation=holder_eval,
+            # A channel never empties again (a rollback needs a previous holder), so the
+            # new holder is the reference from now on; the baseline stood in for none.
+            baseline_candidate=None,
+            baseline_kind="",
+            baseline_evaluation=None,
             evidence={},
             evidence_at=None,
             heldout_looks_project=heldout_looks(project=request.project),
@@ -171,6 +184,7 @@ def _retarget(*, request: PromotionRequest, by: AbstractBaseUser | None) -> Prom
             after={
                 "holder": holder.sha if holder else None,
                 "holder_generation": channel.generation,
+                "baseline": None,
                 "state": PromotionState.EVALUATING,
                 "approvals_withdrawn": withdrawn,
             },
@@ -190,7 +204,11 @@ def promotions_for_evaluation(*, evaluation_id: Any) -> list[Any]:
     """Ids of the open requests that wait on this evaluation."""
     return list(
         PromotionRequest.objects.filter(state=PromotionState.EVALUATING)
-        .filter(Q(candidate_evaluation_id=evaluation_id) | Q(holder_evaluation_id=evaluation_id))
+        .filter(
+            Q(candidate_evaluation_id=evaluation_id)
+            | Q(holder_evaluation_id=evaluation_id)
+            | Q(baseline_evaluation_id=evaluation_id)
+        )
         .values_list("id", flat=True)
     )
 
@@ -207,6 +225,10 @@ def promotions_refresh_open(*, limit: int = 500) -> int:
         .filter(
             Q(holder_evaluation__isnull=True)
             | Q(holder_evaluation__state__in=EVALUATION_FINAL_STATES)
+        )
+        .filter(
+            Q(baseline_evaluation__isnull=True)
+            | Q(baseline_evaluation__state__in=EVALUATION_FINAL_STATES)
         )
         .order_by("created_at")
         .values_list("id", flat=True)[:limit]
