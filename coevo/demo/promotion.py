@@ -57,13 +57,14 @@ def demo_promotion(*, campaign: Campaign, requester: Any) -> PromotionRequest | 
     except CoevoError as exc:  # e.g. an earlier demo run already promoted this candidate
         say(f"no promotion requested: {exc}")
         return None
-    holder = request.holder_candidate
+    reference = request.holder_candidate or request.baseline_candidate
     say(
-        f"requested {CHANNEL} for {best.short_sha}: playing the sealed held-out games "
+        f"requested {CHANNEL} for {best.short_sha}: playing the sealed held-out games"
         + (
-            f"(against the channel's holder {holder.short_sha})"
-            if holder is not None
-            else "(the channel holds nothing yet)"
+            f" (and {reference.short_sha}'s, "
+            + ("the channel's holder)" if request.holder_candidate else "the campaign's seed)")
+            if reference is not None
+            else ""
         )
     )
     return request
@@ -98,7 +99,9 @@ def wait_for_promotion(request: PromotionRequest, services: Services) -> None:
 
 
 def _reference_evaluations(request: PromotionRequest) -> list[Any]:
-    return [request.holder_evaluation]
+    """The channel's holder's held-out evaluation, or the baseline's when the channel is empty
+    (the campaign's seed: coevo.reviews.promotions.create)."""
+    return [request.holder_evaluation, request.baseline_evaluation]
 
 
 def promotion_summary(request: PromotionRequest, url: str) -> list[str]:
@@ -109,8 +112,10 @@ def promotion_summary(request: PromotionRequest, url: str) -> list[str]:
     if request.state == PromotionState.FAILED or not evidence:
         lines.append(f"Held-out: no evidence ({request.state}: {request.state_detail})")
     else:
+        lines.append(evidence["reference"]["summary"])
         candidate = evidence["candidate"]["scores"]["heldout"]
-        line = f"Held-out: candidate {pct(candidate['mean'])} on {candidate['n_tasks']} games"
+        games = candidate["n_tasks"]
+        line = f"Held-out: candidate {pct(candidate['mean'])} on {games} game{'s' * (games != 1)}"
         comparison = evidence.get("comparison")
         if comparison:
             interval = comparison.get("interval")
@@ -127,7 +132,7 @@ def promotion_summary(request: PromotionRequest, url: str) -> list[str]:
             lines.append(
                 f"Search gain {generalization['search_gain']:+.1%}, held-out gain "
                 f"{generalization['heldout_gain']:+.1%}: gap {generalization['gap']:+.1%} "
-                "(what the search set promised and held-out did not confirm)"
+                "(the part of the search-set gain that held-out did not confirm; HDA)"
             )
     lines.append(f"Promotion to {request.channel.name}: {request.state} · {url}")
     return lines

@@ -102,15 +102,15 @@ def test_the_demo_evolves_the_naive_seed_and_its_reviewer_approves_the_promotion
         assert "examples/textworld-naive" in out
         campaign = re.search(
             r"^Campaign summary: seed score (\S+) search, (\S+) validation · best validation "
-            r"(\S+) \(([0-9a-f]{7})\)",
+            r"(\S+) \(([0-9a-f]{12})\)",
             out,
             re.MULTILINE,
         )
         assert campaign, f"the campaign found nothing better than the naive seed:\n{out}"
         seed_validation, best_validation = campaign.group(2), campaign.group(3)
         assert float(best_validation.rstrip("%")) > float(seed_validation.rstrip("%")), out
-        assert re.search(r"^Best candidate [0-9a-f]{7}: .*order = ", out, re.MULTILINE), out
-        assert re.search(r"^Held-out: candidate \S+ on 1 games vs reference \S+: paired "
+        assert re.search(r"^Best candidate [0-9a-f]{12}: .*order = ", out, re.MULTILINE), out
+        assert re.search(r"^Held-out: candidate \S+ on 1 game vs reference \S+: paired "
                          r"difference", out, re.MULTILINE), out  # fmt: skip
         review = re.search(
             r"^Review: (http://127\.0\.0\.1:\d+/p/demo/promotions/[0-9a-f-]{36}/)  "
