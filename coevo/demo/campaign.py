@@ -77,10 +77,13 @@ def demo_campaign(
     return campaign_start(campaign=campaign)
 
 
-def demo_textworld_suite(*, project: Project, games: int, max_steps: int) -> Suite:
-    """A small TextWorld suite for the demo (also used by tests/integration/test_campaign_gemma.py):
-    ``games`` games of each split (search, validation, held-out) of the full suite, easy and
-    medium cooking games in turn.
+def demo_textworld_suite(
+    *, project: Project, games: int, max_steps: int, heldout_games: int | None = None
+) -> Suite:
+    """A small TextWorld suite for the demo (also used by tests/integration/test_campaign_gemma.py
+    and benchmarks/evolution.py): ``games`` games of the search and validation splits of the
+    full suite and ``heldout_games`` (default ``games``) of its held-out split, easy and medium
+    cooking games in turn.
 
     The campaign evaluates whole splits, and the full suite's 36 search games would take Gemma
     on two cores most of an hour per proposal. The held-out games are what the demo's promotion
@@ -89,19 +92,24 @@ def demo_textworld_suite(*, project: Project, games: int, max_steps: int) -> Sui
     """
     full, _ = suite_import_textworld(project=project, max_steps=max_steps)
     chosen = []
-    for split in (Split.SEARCH, Split.VALIDATION, Split.HELDOUT):
+    heldout = games if heldout_games is None else heldout_games
+    for split, wanted in (
+        (Split.SEARCH, games),
+        (Split.VALIDATION, games),
+        (Split.HELDOUT, heldout),
+    ):
         in_split = list(full.tasks.filter(split=split).order_by("position"))
         levels = [[task for task in in_split if task.key.startswith(lv)] for lv in SLICE_LEVELS]
-        picked = [task for pair in zip(*levels, strict=False) for task in pair][:games]
-        if len(picked) < games:
+        picked = [task for pair in zip(*levels, strict=False) for task in pair][:wanted]
+        if len(picked) < wanted:
             raise CoevoError(
                 f"The TextWorld suite has only {len(picked)} {split} games of the demo's "
-                f"levels; use --campaign-tasks {len(picked)} or fewer."
+                f"levels; ask for {len(picked)} or fewer."
             )
         chosen += picked
     keys = ",".join(task.key for task in chosen)
     content_hash = hashlib.sha256(f"{full.content_hash}\x00{keys}".encode()).hexdigest()
-    name = f"textworld-demo-{games}x{max_steps}"
+    name = f"textworld-demo-{games}x{max_steps}" + (f"-h{heldout}" if heldout != games else "")
     with transaction.atomic():
         suite, created = Suite.objects.get_or_create(
             project=project,
@@ -117,7 +125,7 @@ def demo_textworld_suite(*, project: Project, games: int, max_steps: int) -> Sui
                 "source": full,
                 "description": (
                     f"The demo's slice of {full.name}: {games} search, {games} validation and "
-                    f"{games} held-out games ({', '.join(task.key for task in chosen)}). "
+                    f"{heldout} held-out games ({', '.join(task.key for task in chosen)}). "
                     f"{full.description}"
                 ),
             },
