@@ -249,6 +249,7 @@ class CampaignStartForm(forms.Form):
         min_value=1,
         max_value=MAX_BATCH_SIZE,
         initial=1,
+        required=False,
         label="proposals per round",
         help_text="1 evaluates one proposal at a time; more are drafted together and raced on "
         f"the search split, the clearly worse eliminated early (at most {MAX_BATCH_SIZE})",
@@ -390,7 +391,7 @@ def campaign_new(request: HttpRequest, project: Project) -> HttpResponse:
                         proposer_wall_s=data["max_proposer_wall_s"],
                     ),
                     max_proposals=data["max_proposals"],
-                    batch_size=data["batch_size"],
+                    batch_size=data["batch_size"] or 1,
                     patience=data["patience"],
                     target_score=data["target_score"],
                     epochs=data["epochs"],
