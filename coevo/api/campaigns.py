@@ -36,6 +36,7 @@ from coevo.campaigns.selectors import (
     campaign_progress,
 )
 from coevo.campaigns.services import (
+    MAX_BATCH_SIZE,
     campaign_create,
     campaign_pause,
     campaign_resume,
@@ -143,6 +144,15 @@ class CampaignStartIn(serializers.Serializer):
         many=True, required=False, help_text='Default [{"kind": "config"}]; proposers take turns.'
     )
     max_proposals = serializers.IntegerField(min_value=1, max_value=10_000, default=10)
+    batch_size = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_BATCH_SIZE,
+        default=1,
+        help_text=(
+            "Proposals drafted per round; with more than 1 they are raced on the search split "
+            "and those clearly worse than the best are eliminated early."
+        ),
+    )
     max_candidates = serializers.IntegerField(min_value=1, max_value=10_000, required=False)
     patience = serializers.IntegerField(min_value=1, max_value=10_000, required=False)
     target_score = serializers.FloatField(required=False)
@@ -295,6 +305,12 @@ class CampaignDetailOut(CampaignOut):
     validation_split = serializers.CharField()
     strategy = serializers.ListField(child=serializers.DictField())
     stop_rules = StopRulesOut(source="*")
+    batch_size = serializers.IntegerField(help_text="Proposals drafted (and raced) per round.")
+    rollouts_saved_by_racing = MethodField(
+        serializers.IntegerField(
+            help_text="Search rollouts not run (nor charged) because a race eliminated them."
+        )
+    )
     epochs = serializers.IntegerField()
     seed = serializers.IntegerField()
     proposals = MethodField(ProposalCountsOut())
@@ -316,6 +332,9 @@ class CampaignDetailOut(CampaignOut):
 
     def get_proposals(self, campaign: Campaign) -> dict[str, Any]:
         return ProposalCountsOut(self.context["progress"]).data
+
+    def get_rollouts_saved_by_racing(self, campaign: Campaign) -> int:
+        return self.context["progress"].rollouts_saved
 
     def get_best(self, campaign: Campaign) -> dict[str, Any] | None:
         best = self.context["best"]
@@ -342,6 +361,15 @@ class StageOut(serializers.Serializer):
 
     def get_reason(self, stage: dict[str, Any]) -> str:
         return str(stage.get("reason", ""))
+
+
+# Of Proposal.elimination (coevo.campaigns.racing).
+class EliminationOut(serializers.Serializer):
+    kind = serializers.CharField(
+        help_text="evidence: clearly worse (anytime-valid); out_of_reach: cannot catch up."
+    )
+    p_value = FiniteFloatField(help_text="Anytime-valid, corrected for the rivals.")
+    reason = serializers.CharField()
 
 
 # Context: detail, whether the large fields (DETAIL_FIELDS) go out.
@@ -383,6 +411,23 @@ class ProposalOut(OutSerializer):
         source="training_run_id", allow_null=True, help_text="A policy step's run."
     )
     improved = serializers.BooleanField(help_text="It raised the best validation score.")
+    batch = serializers.IntegerField(
+        allow_null=True,
+        help_text="The round it was drafted in (its first sequence); null outside rounds.",
+    )
+    eliminated_by = serializers.IntegerField(
+        source="eliminated_by.sequence",
+        allow_null=True,
+        help_text="The sequence of the proposal whose race eliminated it; null if none did.",
+    )
+    eliminated_after_tasks = serializers.IntegerField(
+        allow_null=True, help_text="Search tasks every racer had finished when it was eliminated."
+    )
+    eliminated_at = serializers.DateTimeField(allow_null=True)
+    elimination = MethodField(EliminationOut(allow_null=True))
+    rollouts_saved = serializers.IntegerField(
+        help_text="Its search rollouts not run because it was eliminated."
+    )
     prompt = serializers.CharField(required=False, help_text="Only with ?detail=1.")
     response = serializers.CharField(required=False, help_text="Only with ?detail=1.")
     patch = serializers.CharField(required=False, help_text="Only with ?detail=1.")
@@ -402,6 +447,9 @@ class ProposalOut(OutSerializer):
 
     def get_parents(self, proposal: Proposal) -> list[str]:
         return [str(sha) for sha in (proposal.parent_shas or [])]
+
+    def get_elimination(self, proposal: Proposal) -> dict[str, Any] | None:
+        return EliminationOut(proposal.elimination).data if proposal.elimination else None
 
     def get_stages(self, proposal: Proposal) -> list[dict[str, Any]]:
         stages = [stage for stage in (proposal.stages or []) if isinstance(stage, dict)]
@@ -515,6 +563,7 @@ class CampaignListView(CampaignViewMixin):
                 proposer_wall_s=budget.get("proposer_wall_s"),
             ),
             max_proposals=values["max_proposals"],
+            batch_size=values["batch_size"],
             max_candidates=values.get("max_candidates"),
             patience=values.get("patience"),
             target_score=values.get("target_score"),

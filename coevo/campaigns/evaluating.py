@@ -35,19 +35,40 @@ logger = logging.getLogger(__name__)
 
 
 def search_start(campaign: Campaign, proposal: Proposal) -> bool:
-    plan = EvaluationPlan.from_dict(campaign.plan)
-    reference = _reference(campaign)
-    if reference is None and plan.early_stop:
-        plan = dataclasses.replace(plan, early_stop=False)
+    plan, reference = _search_plan(campaign)
     evaluation = _create_evaluation(
         campaign, proposal, split=campaign.search_split, plan=plan, reference=reference
     )
     if evaluation is None:
         return False
+    _search_started(proposal, evaluation)
+    return False
+
+
+def search_evaluation_create(*, campaign: Campaign, proposal: Proposal, paced: bool) -> Evaluation:
+    """The proposal's search evaluation as search_start makes it (paired against the same
+    reference, early-stopped the same way), for a race that paces it; raises what
+    evaluation_create raises (BudgetExceeded: nothing reserved) for the race to decide."""
+    plan, reference = _search_plan(campaign)
+    evaluation = _evaluation_of(
+        campaign, proposal, split=campaign.search_split, plan=plan, reference=reference, paced=paced
+    )
+    _search_started(proposal, evaluation)
+    return evaluation
+
+
+def _search_plan(campaign: Campaign) -> tuple[EvaluationPlan, Evaluation | None]:
+    plan = EvaluationPlan.from_dict(campaign.plan)
+    reference = _reference(campaign)
+    if reference is None and plan.early_stop:
+        plan = dataclasses.replace(plan, early_stop=False)
+    return plan, reference
+
+
+def _search_started(proposal: Proposal, evaluation: Evaluation) -> None:
     Proposal.objects.filter(id=proposal.id).update(
         search_evaluation=evaluation, state=ProposalState.EVALUATING, updated_at=timezone.now()
     )
-    return False
 
 
 def _start_validation(campaign: Campaign, proposal: Proposal) -> bool:
@@ -91,18 +112,7 @@ def _create_evaluation(
     reference: Evaluation | None,
 ) -> Evaluation | None:
     try:
-        return evaluation_create(
-            candidate=proposal.candidate,
-            suite=campaign.suite,
-            split=split,
-            policy_version=proposal.policy_version or campaign.active_policy_version,
-            epochs=campaign.epochs,
-            seed=campaign.seed,
-            plan=plan,
-            reference=reference,
-            parent_budget=campaign.budget,
-            created_by=campaign.created_by,
-        )
+        return _evaluation_of(campaign, proposal, split=split, plan=plan, reference=reference)
     except BudgetExceeded as exc:
         proposal_end(campaign, proposal, ProposalState.FAILED, f"not evaluated: {exc}")
         campaign_finish(campaign, CampaignState.FINISHED, f"budget spent: {exc}")
@@ -111,6 +121,30 @@ def _create_evaluation(
         proposal_end(campaign, proposal, ProposalState.FAILED, f"not evaluated: {exc}")
         campaign_finish(campaign, CampaignState.FAILED, f"proposal {proposal.sequence}: {exc}")
         return None
+
+
+def _evaluation_of(
+    campaign: Campaign,
+    proposal: Proposal,
+    *,
+    split: str,
+    plan: EvaluationPlan,
+    reference: Evaluation | None,
+    paced: bool = False,
+) -> Evaluation:
+    return evaluation_create(
+        candidate=proposal.candidate,
+        suite=campaign.suite,
+        split=split,
+        policy_version=proposal.policy_version or campaign.active_policy_version,
+        epochs=campaign.epochs,
+        seed=campaign.seed,
+        plan=plan,
+        reference=reference,
+        parent_budget=campaign.budget,
+        created_by=campaign.created_by,
+        paced=paced,
+    )
 
 
 def proposal_follow(campaign: Campaign, proposal: Proposal) -> bool:
@@ -134,7 +168,7 @@ def proposal_follow(campaign: Campaign, proposal: Proposal) -> bool:
 
 
 def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> bool:
-    score, tokens = _score(search)
+    score, tokens = evaluation_score(search)
     stages = list(proposal.stages)
     smoke = search.stages.filter(kind=StageKind.SMOKE).first()
     if proposal.kind != ProposerKind.SEED:
@@ -202,7 +236,7 @@ def _validation_done(campaign: Campaign, proposal: Proposal, validation: Evaluat
             f"validation evaluation {validation.state}: {validation.state_detail}",
         )
         return True
-    score, tokens = _score(validation)
+    score, tokens = evaluation_score(validation)
     Proposal.objects.filter(id=proposal.id).update(
         validation_score=score, tokens_per_task=tokens, updated_at=timezone.now()
     )
@@ -269,7 +303,7 @@ def count_no_improvement(campaign: Campaign) -> None:
     campaign.save(update_fields=["proposals_since_improvement", "updated_at"])
 
 
-def _score(evaluation: Evaluation) -> tuple[float | None, float | None]:
+def evaluation_score(evaluation: Evaluation) -> tuple[float | None, float | None]:
     """Mean per-task score and policy tokens per task (None when nothing was scored)."""
     scores = evaluation_task_scores(evaluation_id=evaluation.id)
     if not scores:

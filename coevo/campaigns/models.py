@@ -3,7 +3,8 @@
 A campaign evaluates one proposal at a time: its SEARCH evaluation (staged, early-stopped
 against the parent), then, unless it stopped as clearly worse, its VALIDATION evaluation. The
 best candidate is chosen on the validation score (AutoSaddler: selection on validation, never on
-the split the proposer searched).
+the split the proposer searched). With ``batch_size`` N > 1 a round drafts N proposals and
+races their search evaluations (coevo.campaigns.racing) before the survivors are validated.
 """
 
 import uuid
@@ -63,6 +64,9 @@ class Campaign(TimeStampedModel):
     # The ledger account every evaluation of the campaign reserves on (as parent_budget).
     budget = models.OneToOneField(Budget, on_delete=models.PROTECT, related_name="campaign")
     max_proposals = models.PositiveIntegerField(default=10)
+    # Proposals drafted per round: 1 evaluates one at a time; more are raced on the search
+    # split (coevo.campaigns.racing), the ones clearly worse than the best eliminated early.
+    batch_size = models.PositiveSmallIntegerField(default=1)
     max_candidates = models.PositiveIntegerField(null=True, blank=True)
     # coevo.evaluations.plans.EvaluationPlan.as_dict() for the search evaluations.
     plan = models.JSONField(default=dict, blank=True)
@@ -93,6 +97,9 @@ class Campaign(TimeStampedModel):
     # campaign's row lock: the sequence it drafts and since when (coevo.campaigns.runner).
     drafting_sequence = models.PositiveIntegerField(null=True, blank=True)
     drafting_at = models.DateTimeField(null=True, blank=True)
+    # A round of batch_size > 1 drafts its slow proposals in parallel, one task each: the same
+    # tickets, {"<sequence>": "<drafting_at, ISO 8601>"}, read and written under the row lock.
+    drafting_batch = models.JSONField(default=dict, blank=True)
     # The policy the best candidate scored best_validation_score under.
     best_policy_version = models.ForeignKey(
         PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
@@ -111,6 +118,10 @@ class Campaign(TimeStampedModel):
             ),
             models.CheckConstraint(
                 condition=models.Q(epochs__gte=1), name="campaign_epochs_positive"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(batch_size__gte=1, batch_size__lte=16),
+                name="campaign_batch_size_range",
             ),
             models.CheckConstraint(
                 condition=models.Q(patience__isnull=True) | models.Q(patience__gte=1),
@@ -225,6 +236,19 @@ class Proposal(TimeStampedModel):
     )
     # It raised the campaign's best validation score (the patience and switch rules count these).
     improved = models.BooleanField(default=False)
+    # The round it was drafted in (the sequence of the round's first proposal) when the
+    # campaign drafts batch_size > 1 per round; None for proposals evaluated one at a time.
+    batch = models.PositiveIntegerField(null=True, blank=True)
+    # Eliminated by the round's race (coevo.campaigns.racing): by which proposal, after how
+    # many search tasks, when, the statistic ({"kind", "p_value", "reason", "means"}), and
+    # the search rollouts that were then not run (the campaign's "rollouts saved by racing").
+    eliminated_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    eliminated_after_tasks = models.PositiveIntegerField(null=True, blank=True)
+    eliminated_at = models.DateTimeField(null=True, blank=True)
+    elimination = models.JSONField(default=dict, blank=True)
+    rollouts_saved = models.PositiveIntegerField(default=0)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -233,10 +257,12 @@ class Proposal(TimeStampedModel):
             models.UniqueConstraint(
                 fields=["campaign", "sequence"], name="proposal_unique_sequence"
             ),
-            # The runner evaluates one proposal at a time: a second open one is a race it lost.
+            # The runner evaluates one proposal at a time outside rounds: a second open one is a
+            # race it lost. A round's proposals are open together; the runner opens a round only
+            # when nothing is open, under the campaign's row lock.
             models.UniqueConstraint(
                 fields=["campaign"],
-                condition=models.Q(state__in=["proposed", "evaluating"]),
+                condition=models.Q(state__in=["proposed", "evaluating"], batch__isnull=True),
                 name="proposal_one_open_per_campaign",
             ),
             models.UniqueConstraint(

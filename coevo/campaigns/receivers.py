@@ -11,7 +11,7 @@ from django.dispatch import receiver
 from coevo.campaigns.models import PROPOSAL_OPEN_STATES, Proposal
 from coevo.campaigns.policy_steps import campaigns_with_open_step
 from coevo.campaigns.services import campaign_advance_enqueue
-from coevo.evaluations.signals import evaluation_finished
+from coevo.evaluations.signals import evaluation_finished, evaluation_progressed
 from coevo.exports.signals import export_finished
 from coevo.training.signals import training_finished
 
@@ -24,6 +24,19 @@ def advance_campaign_on_evaluation_finished(sender: Any, evaluation_id: Any, **k
         .values_list("campaign_id", flat=True)
     )
     for campaign_id in campaign_ids:
+        campaign_advance_enqueue(campaign_id=campaign_id, on_commit=True)
+
+
+@receiver(evaluation_progressed, dispatch_uid="coevo.campaigns.advance_on_evaluation_progressed")
+def advance_campaign_on_evaluation_progressed(
+    sender: Any, evaluation_id: Any, **kwargs: Any
+) -> None:
+    """A raced search evaluation moved: its round's race eliminates and sends the next tasks."""
+    for campaign_id in set(
+        Proposal.objects.filter(
+            state__in=PROPOSAL_OPEN_STATES, search_evaluation_id=evaluation_id
+        ).values_list("campaign_id", flat=True)
+    ):
         campaign_advance_enqueue(campaign_id=campaign_id, on_commit=True)
 
 

@@ -14,6 +14,12 @@ campaign still runs and still wants that draft. Every written draft's proposer t
 time are charged to the campaign's budget as proposer units (a discarded one too: the model was
 paid). Alternating campaigns' policy steps are in
 ``coevo.campaigns.policy_steps``.
+
+With ``batch_size`` N > 1, a round drafts N proposals from the same history: fast proposers'
+in the locked step, one after the other; slow ones in parallel, one ``campaign_draft`` task
+each, with a ticket each in ``drafting_batch`` (the same tickets: redeemed by ``_draft``, stale
+after ``DRAFT_STALE_S`` and then redrafted). Once every draft of the round is recorded, its valid
+proposals are raced on the search split (``coevo.campaigns.racing``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -40,7 +47,9 @@ from coevo.campaigns.models import (
 from coevo.campaigns.proposers import Draft, Outcome, proposer_for
 from coevo.campaigns.proposers.base import stage
 from coevo.campaigns.proposers.merge import NO_PAIR_REASON
+from coevo.campaigns.racing import round_follow
 from coevo.campaigns.selectors import proposals_under_active_policy
+from coevo.campaigns.services import campaign_draft_enqueue
 from coevo.campaigns.stop_rules import budget_spent, campaign_finish, stop_rule
 from coevo.errors import CoevoError
 from coevo.evaluations.ledger import Amount, budget_settle
@@ -62,6 +71,8 @@ class _DraftTicket:
 
     sequence: int
     drafting_at: Any
+    # The round (its first sequence) of a batch draft, whose ticket is in drafting_batch.
+    batch: int | None = None
 
 
 def campaign_advance(*, campaign_id: Any) -> None:
@@ -71,6 +82,29 @@ def campaign_advance(*, campaign_id: Any) -> None:
             result = _draft(campaign_id, result)
         if not result:
             return
+
+
+def campaign_draft(*, campaign_id: Any, sequence: int, drafting_at: str) -> None:
+    """Write one draft of a round (a ``campaign_draft`` task, one per slow draft, in parallel),
+    then advance: the round's last draft to come back starts its race. A redelivered or stale
+    task finds its ticket gone or replaced and only charges what it wrote."""
+    campaign = Campaign.objects.filter(id=campaign_id).first()
+    if campaign is None:
+        return
+    ticket = (campaign.drafting_batch or {}).get(str(sequence))
+    if not ticket or ticket["at"] != drafting_at or campaign.state != CampaignState.RUNNING:
+        logger.info("campaign %s: draft %d no longer wanted", campaign_id, sequence)
+        return
+    result = _draft(
+        campaign_id,
+        _DraftTicket(
+            sequence=sequence,
+            drafting_at=datetime.fromisoformat(drafting_at),
+            batch=ticket["batch"],
+        ),
+    )
+    if result:
+        campaign_advance(campaign_id=campaign_id)
 
 
 def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
@@ -90,10 +124,7 @@ def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
             .select_related("seed_candidate", "budget")
             .get(id=campaign_id)
         )
-        current = (
-            campaign.drafting_sequence == ticket.sequence
-            and campaign.drafting_at == ticket.drafting_at
-        )
+        current = _ticket_current(campaign, ticket)
         if campaign.state != CampaignState.RUNNING or not current:
             logger.info(
                 "campaign %s: draft of proposal %d discarded (campaign %s%s)",
@@ -102,19 +133,52 @@ def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
                 campaign.state,
                 "" if current else ", redrafted elsewhere",
             )
-            if current:
+            if current and ticket.batch is not None and campaign.state == CampaignState.PAUSED:
+                # Paused mid-round: the slot is drafted again once the campaign resumes.
+                _batch_ticket_set(campaign, ticket.sequence, at=None, batch=ticket.batch)
+            elif current:
                 _drafting_clear(campaign_id, ticket)
             # The proposer model was paid all the same.
             _charge(campaign, draft, f"proposal {ticket.sequence} ({draft.kind}), discarded")
             return False
         _drafting_clear(campaign_id, ticket)
-        return _use_draft(campaign, proposer, ticket.sequence, draft)
+        campaign.refresh_from_db(fields=["drafting_batch", "state_detail"])
+        return _use_draft(campaign, proposer, ticket.sequence, draft, batch=ticket.batch)
+
+
+def _ticket_current(campaign: Campaign, ticket: _DraftTicket) -> bool:
+    """Still the draft the campaign wants (not redrafted since, not recorded)."""
+    if ticket.batch is None:
+        return (
+            campaign.drafting_sequence == ticket.sequence
+            and campaign.drafting_at == ticket.drafting_at
+        )
+    held = (campaign.drafting_batch or {}).get(str(ticket.sequence))
+    return bool(held) and held["at"] == ticket.drafting_at.isoformat()
 
 
 def _drafting_clear(campaign_id: Any, ticket: _DraftTicket) -> None:
-    Campaign.objects.filter(
-        id=campaign_id, drafting_sequence=ticket.sequence, drafting_at=ticket.drafting_at
-    ).update(drafting_sequence=None, drafting_at=None, state_detail="")
+    if ticket.batch is None:
+        Campaign.objects.filter(
+            id=campaign_id, drafting_sequence=ticket.sequence, drafting_at=ticket.drafting_at
+        ).update(drafting_sequence=None, drafting_at=None, state_detail="")
+        return
+    with transaction.atomic():
+        campaign = Campaign.objects.select_for_update().get(id=campaign_id)
+        if _ticket_current(campaign, ticket):
+            tickets = dict(campaign.drafting_batch)
+            del tickets[str(ticket.sequence)]
+            Campaign.objects.filter(id=campaign_id).update(
+                drafting_batch=tickets,
+                state_detail="" if not tickets else campaign.state_detail,
+            )
+
+
+def _batch_ticket_set(campaign: Campaign, sequence: int, *, at: Any, batch: int) -> None:
+    tickets = dict(campaign.drafting_batch or {})
+    tickets[str(sequence)] = {"at": None if at is None else at.isoformat(), "batch": batch}
+    campaign.drafting_batch = tickets
+    Campaign.objects.filter(id=campaign.id).update(drafting_batch=tickets)
 
 
 def _drafting(campaign: Campaign) -> bool:
@@ -122,6 +186,23 @@ def _drafting(campaign: Campaign) -> bool:
     if campaign.drafting_at is None:
         return False
     return (timezone.now() - campaign.drafting_at).total_seconds() < DRAFT_STALE_S
+
+
+def _batch_drafts_wait(campaign: Campaign) -> bool:
+    """A round's slow drafts are out: send again those whose task was lost (stale) or that a
+    pause threw away; the round waits for them all before its race."""
+    now = timezone.now()
+    for key, held in sorted((campaign.drafting_batch or {}).items()):
+        at = held["at"] and datetime.fromisoformat(held["at"])
+        if at and (now - at).total_seconds() < DRAFT_STALE_S:
+            continue
+        sequence = int(key)
+        _batch_ticket_set(campaign, sequence, at=now, batch=held["batch"])
+        campaign_draft_enqueue(
+            campaign_id=campaign.id, sequence=sequence, drafting_at=now.isoformat()
+        )
+        logger.info("campaign %s: draft %d sent again", campaign.id, sequence)
+    return False
 
 
 def _step(campaign_id: Any) -> bool | _DraftTicket:
@@ -136,11 +217,17 @@ def _step(campaign_id: Any) -> bool | _DraftTicket:
         )
         if campaign is None or campaign.state != CampaignState.RUNNING:
             return False
-        proposal = Proposal.objects.filter(
-            campaign=campaign, state__in=PROPOSAL_OPEN_STATES
-        ).first()
-        if proposal is not None:
-            return proposal_follow(campaign, proposal)
+        if campaign.drafting_batch:
+            return _batch_drafts_wait(campaign)
+        open_ = list(
+            Proposal.objects.filter(campaign=campaign, state__in=PROPOSAL_OPEN_STATES).order_by(
+                "sequence"
+            )
+        )
+        if open_ and open_[0].batch is not None:
+            return round_follow(campaign, open_)
+        if open_:
+            return proposal_follow(campaign, open_[0])
         if _drafting(campaign):
             return False  # its drafter records the proposal, or it goes stale
         queued = _next_queued(campaign)
@@ -175,6 +262,8 @@ def _propose(campaign: Campaign) -> bool | _DraftTicket:
 
         if next_phase(campaign).name == "policy":
             return policy_step_start(campaign, sequence)
+    if campaign.batch_size > 1:
+        return _propose_round(campaign, sequence)
     proposer = proposer_for(campaign=campaign, sequence=sequence)
     if proposer.drafts_slowly:
         now = timezone.now()
@@ -186,6 +275,42 @@ def _propose(campaign: Campaign) -> bool | _DraftTicket:
         return _DraftTicket(sequence=sequence, drafting_at=now)
     draft = _write(campaign, proposer)
     return _use_draft(campaign, proposer, sequence, draft)
+
+
+def _propose_round(campaign: Campaign, first: int) -> bool:
+    """Draft a round: up to batch_size proposals from the same history (no more than the
+    max_proposals left). Fast proposers write theirs now, one after another, each recorded
+    before the next is drawn (Optuna asks once per draft); slow ones get a ticket and a
+    ``campaign_draft`` task each, run in parallel on the workers."""
+    made = (
+        Proposal.objects.filter(campaign=campaign)
+        .exclude(kind__in=[ProposerKind.SEED, ProposerKind.MANUAL, ProposerKind.POLICY])
+        .count()
+    )
+    size = max(1, min(campaign.batch_size, campaign.max_proposals - made))
+    now = timezone.now()
+    recorded = 0
+    for sequence in range(first, first + size):
+        proposer = proposer_for(campaign=campaign, sequence=sequence)
+        if proposer.drafts_slowly:
+            _batch_ticket_set(campaign, sequence, at=now, batch=first)
+            campaign_draft_enqueue(
+                campaign_id=campaign.id, sequence=sequence, drafting_at=now.isoformat()
+            )
+            continue
+        draft = _write(campaign, proposer)
+        if _merge_waits(campaign, draft):
+            continue  # this slot waits, as a single merge does; the round goes on without it
+        _use_draft(campaign, proposer, sequence, draft, batch=first)
+        recorded += 1
+    if campaign.drafting_batch:
+        Campaign.objects.filter(id=campaign.id).update(
+            state_detail=(
+                f"round {first}: the proposer model is writing {len(campaign.drafting_batch)} "
+                "proposal(s)"
+            )
+        )
+    return bool(recorded or campaign.drafting_batch)
 
 
 def _write(campaign: Campaign, proposer: Any) -> Draft:
@@ -212,18 +337,23 @@ def _charge(campaign: Campaign, draft: Draft, note: str) -> None:
     )
 
 
-def _use_draft(campaign: Campaign, proposer: Any, sequence: int, draft: Draft) -> bool:
-    """Validate and record a draft, then start its evaluation (under the campaign's lock)."""
-    if _merge_waits(campaign, draft):
+def _use_draft(
+    campaign: Campaign, proposer: Any, sequence: int, draft: Draft, *, batch: int | None = None
+) -> bool:
+    """Validate and record a draft, then start its evaluation (under the campaign's lock); a
+    round's draft waits for the round's race instead."""
+    if batch is None and _merge_waits(campaign, draft):
         # Not charged: no model was asked, and a merge that waits is drafted again at each
         # advance (an entry per beat tick would drown the ledger).
         return False
-    if campaign.state_detail:
+    if campaign.state_detail and not campaign.drafting_batch:
         Campaign.objects.filter(id=campaign.id).update(state_detail="")
-    proposal = _record(campaign, sequence, draft)
+    proposal = _record(campaign, sequence, draft, batch=batch)
     if proposal.state == ProposalState.INVALID:
         proposer.tell(trial_number=draft.trial_number, outcome=Outcome.FAIL, value=None)
         count_no_improvement(campaign)
+        return True
+    if batch is not None:
         return True
     return search_start(campaign, proposal)
 
@@ -285,7 +415,7 @@ def _search_history(campaign: Campaign) -> list[dict[str, Any]]:
     ]
 
 
-def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
+def _record(campaign: Campaign, sequence: int, draft: Draft, *, batch: int | None) -> Proposal:
     """Validate the draft stage by stage, derive its candidate, and write the proposal."""
     stages = list(draft.stages)
     candidate = None
@@ -344,6 +474,7 @@ def _record(campaign: Campaign, sequence: int, draft: Draft) -> Proposal:
         state_detail=detail,
         candidate=candidate,
         policy_version=campaign.active_policy_version,
+        batch=batch,
         finished_at=timezone.now() if failed else None,
     )
 
@@ -356,4 +487,4 @@ def _imports_stage(candidate: Any) -> dict[str, Any]:
     return stage("imports", check.ok, check.reason)
 
 
-__all__ = ["DRAFT_STALE_S", "campaign_advance"]
+__all__ = ["DRAFT_STALE_S", "campaign_advance", "campaign_draft"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Q, QuerySet, Sum
 
 from coevo.campaigns.models import (
     PROPOSAL_FINAL_STATES,
@@ -43,8 +43,15 @@ def campaign_get(*, project: Project, campaign_id: Any) -> Campaign:
 def proposal_list(*, campaign: Campaign) -> QuerySet[Proposal]:
     return (
         Proposal.objects.filter(campaign=campaign)
-        .select_related("candidate")
-        .defer("shown", "prompt", "response")
+        .select_related("candidate", "eliminated_by")
+        .defer(
+            "shown",
+            "prompt",
+            "response",
+            "eliminated_by__shown",
+            "eliminated_by__prompt",
+            "eliminated_by__response",
+        )
         .order_by("sequence")
     )
 
@@ -63,6 +70,8 @@ class CampaignProgress:
     proposals: int  # excluding the seed
     by_state: dict[str, int]
     budget: Budget
+    # Search rollouts the rounds' races did not run (coevo.campaigns.racing).
+    rollouts_saved: int = 0
 
     def spend(self) -> list[dict[str, Any]]:
         """Per ledger unit: the policy's (rollouts, tokens, wall time) and the proposers'."""
@@ -106,7 +115,42 @@ def campaign_progress(*, campaign: Campaign) -> CampaignProgress:
         .values_list("state", "n")
     )
     budget = Budget.objects.get(id=campaign.budget_id)
-    return CampaignProgress(proposals=sum(counts.values()), by_state=counts, budget=budget)
+    return CampaignProgress(
+        proposals=sum(counts.values()),
+        by_state=counts,
+        budget=budget,
+        rollouts_saved=campaign_rollouts_saved(campaign=campaign),
+    )
+
+
+def campaign_rollouts_saved(*, campaign: Campaign) -> int:
+    """Search rollouts not run because a race eliminated their proposal (its unsent ones):
+    what racing saved the campaign."""
+    saved = Proposal.objects.filter(campaign=campaign).aggregate(n=Sum("rollouts_saved"))["n"]
+    return saved or 0
+
+
+@dataclass(frozen=True)
+class CampaignRound:
+    batch: int  # the sequence of its first proposal
+    proposals: list[Proposal]
+
+    @property
+    def eliminated(self) -> list[Proposal]:
+        return [p for p in self.proposals if p.eliminated_at is not None]
+
+    @property
+    def rollouts_saved(self) -> int:
+        return sum(p.rollouts_saved for p in self.proposals)
+
+
+def campaign_rounds(*, campaign: Campaign) -> list[CampaignRound]:
+    """The rounds of a campaign drafting batch_size > 1, newest first, each with its proposals
+    and who its race eliminated (by whom, after how many tasks, when)."""
+    rounds: dict[int, list[Proposal]] = {}
+    for proposal in proposal_list(campaign=campaign).filter(batch__isnull=False):
+        rounds.setdefault(proposal.batch, []).append(proposal)
+    return [CampaignRound(batch=b, proposals=rounds[b]) for b in sorted(rounds, reverse=True)]
 
 
 def campaign_pareto_front(*, campaign: Campaign) -> list[Proposal]:

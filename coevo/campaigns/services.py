@@ -46,8 +46,13 @@ from harness_store.selectors import candidate_manifest
 
 logger = logging.getLogger(__name__)
 
-# The Celery task name (coevo.campaigns.tasks registers it; services send it by name).
+# The Celery task names (coevo.campaigns.tasks registers them; services send them by name).
 CAMPAIGN_ADVANCE_TASK = "coevo.campaigns.tasks.campaign_advance"
+CAMPAIGN_DRAFT_TASK = "coevo.campaigns.tasks.campaign_draft"
+
+# Proposals drafted per round at most: each round's race runs this many search evaluations at
+# once, and each reserves its worst case on the campaign's budget.
+MAX_BATCH_SIZE = 16
 
 DEFAULT_PLAN = EvaluationPlan(smoke_tasks=1, minibatch_tasks=0, early_stop=True)
 
@@ -70,6 +75,7 @@ def campaign_create(
     validation_split: str = Split.VALIDATION,
     budget_limits: BudgetLimits | None = None,
     max_proposals: int = 10,
+    batch_size: int = 1,
     max_candidates: int | None = None,
     plan: EvaluationPlan | None = None,
     patience: int | None = None,
@@ -101,6 +107,12 @@ def campaign_create(
             raise InvalidInput(f"Suite {suite.name} has no tasks in the {split} split.")
     if max_proposals < 1:
         raise InvalidInput("max_proposals must be at least 1.")
+    if not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise InvalidInput(
+            f"batch_size must be between 1 and {MAX_BATCH_SIZE} proposals per round (1 "
+            "evaluates one proposal at a time; more are raced on the search split); got "
+            f"{batch_size}."
+        )
     if max_candidates is not None and max_candidates < 1:
         raise InvalidInput("max_candidates must be at least 1.")
     if patience is not None and patience < 1:
@@ -133,6 +145,7 @@ def campaign_create(
             strategy=cleaned,
             budget=budget,
             max_proposals=max_proposals,
+            batch_size=batch_size,
             max_candidates=max_candidates,
             plan=plan.as_dict(),
             patience=patience,
@@ -357,6 +370,21 @@ def campaign_advance_enqueue(*, campaign_id: Any, on_commit: bool = False) -> No
         queue="default",
         what=f"campaign {campaign_id}",
         on_commit=on_commit,
+    )
+
+
+def campaign_draft_enqueue(*, campaign_id: Any, sequence: int, drafting_at: str) -> None:
+    """Send one round draft's ``campaign_draft`` task once the caller's transaction commits
+    (its ticket is committed with it); a lost one goes stale and the runner sends it again."""
+    task_enqueue(
+        CAMPAIGN_DRAFT_TASK,
+        str(campaign_id),
+        str(sequence),
+        drafting_at,
+        queue="default",
+        what=f"campaign {campaign_id}, draft {sequence}",
+        later="the runner sends it again once its ticket is stale",
+        on_commit=True,
     )
 
 

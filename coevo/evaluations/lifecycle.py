@@ -33,7 +33,7 @@ from coevo.evaluations.models import (
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.selectors import evaluation_task_scores
 from coevo.evaluations.services import evaluation_enqueue
-from coevo.evaluations.signals import evaluation_finished
+from coevo.evaluations.signals import evaluation_finished, evaluation_progressed
 from coevo.evaluations.stats.sequential import sequential_paired_decision
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ def evaluation_advance(*, evaluation_id: Any) -> None:
             EvaluationState.RUNNING,
         ):
             return
+        if evaluation.paced:
+            _send_progressed(evaluation.id)
         stage = EvaluationStage.objects.filter(
             evaluation=evaluation, index=evaluation.stage
         ).first()
@@ -226,14 +228,25 @@ def evaluation_resume(*, evaluation: Evaluation) -> int:
 
 def _enqueue_open_stage(evaluation_id: Any) -> None:
     evaluation = Evaluation.objects.filter(id=evaluation_id).first()
-    if evaluation is not None and evaluation.state == EvaluationState.RUNNING:
-        evaluation_enqueue(evaluation_id=evaluation_id, stage=evaluation.stage)
+    if evaluation is None or evaluation.state != EvaluationState.RUNNING:
+        return
+    if evaluation.paced:
+        # Messages delivered while it was paused were dropped (the claim refused them): mark
+        # its pending rollouts unsent, and its pacer sends those it wants now.
+        Rollout.objects.filter(evaluation=evaluation, state=RolloutState.PENDING).update(
+            enqueued_at=None
+        )
+        _send_progressed(evaluation_id)
+        return
+    evaluation_enqueue(evaluation_id=evaluation_id, stage=evaluation.stage)
 
 
 def _start_stage(evaluation: Evaluation, stage: EvaluationStage) -> None:
     stage.state = StageState.RUNNING
     stage.started_at = timezone.now()
     stage.save(update_fields=["state", "started_at"])
+    if evaluation.paced:
+        return  # its pacer sends the stage's rollouts, a few tasks at a time
     index = stage.index
     transaction.on_commit(lambda: evaluation_enqueue(evaluation_id=evaluation.id, stage=index))
 
@@ -304,6 +317,25 @@ def _send_finished(evaluation_id: Any, state: str) -> None:
             if isinstance(result, Exception):
                 logger.error(
                     "evaluation %s: evaluation_finished receiver %r failed: %s",
+                    evaluation_id,
+                    receiver,
+                    result,
+                )
+
+    transaction.on_commit(send)
+
+
+def _send_progressed(evaluation_id: Any) -> None:
+    """Tell a paced evaluation's pacer that it moved, once the step commits (send_robust, as
+    _send_finished; the pacer's own periodic job catches up on a lost one)."""
+
+    def send() -> None:
+        for receiver, result in evaluation_progressed.send_robust(
+            sender=Evaluation, evaluation_id=evaluation_id
+        ):
+            if isinstance(result, Exception):
+                logger.error(
+                    "evaluation %s: evaluation_progressed receiver %r failed: %s",
                     evaluation_id,
                     receiver,
                     result,

@@ -69,6 +69,10 @@ class Evaluation(TimeStampedModel):
         help_text="The evaluation this one is compared with, task by task, for early stopping.",
     )
     use_cache = models.BooleanField(default=True)
+    # Its rollouts are sent a few tasks at a time by whoever paces it (a campaign's race,
+    # coevo.campaigns.racing), not a stage at once: the engine starts its stages but sends
+    # nothing, and announces each step with evaluation_progressed.
+    paced = models.BooleanField(default=False)
     state = models.CharField(
         max_length=16, choices=EvaluationState.choices, default=EvaluationState.PENDING
     )

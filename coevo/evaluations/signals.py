@@ -11,3 +11,7 @@ from django.dispatch import Signal
 
 # Sent with sender=Evaluation, evaluation_id=<UUID>, state=<EvaluationState value>.
 evaluation_finished = Signal()
+
+# Sent with sender=Evaluation, evaluation_id=<UUID> after each step of a paced evaluation (a
+# rollout of it ended, a stage moved on), once the step commits: its pacer sends what comes next.
+evaluation_progressed = Signal()

@@ -31,9 +31,11 @@ from coevo.campaigns.selectors import (
     campaign_list,
     campaign_pareto_front,
     campaign_progress,
+    campaign_rounds,
     proposal_list,
 )
 from coevo.campaigns.services import (
+    MAX_BATCH_SIZE,
     campaign_create,
     campaign_pause,
     campaign_resume,
@@ -136,6 +138,7 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
         "front": front,
         "plots": plots,
         "rows": proposal_rows(proposals=proposals),
+        "rounds": campaign_rounds(campaign=campaign) if campaign.batch_size > 1 else [],
         "patterns_template": _patterns_template(),
         "can_run": can_run_campaigns(project=project, user=request.user),
         # What the runner does next (derived from the ended proposals, as the runner does).
@@ -242,6 +245,15 @@ class CampaignStartForm(forms.Form):
         "endpoint and model above",
     )
     max_proposals = forms.IntegerField(min_value=1, max_value=10_000, initial=10)
+    batch_size = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_BATCH_SIZE,
+        initial=1,
+        required=False,
+        label="proposals per round",
+        help_text="1 evaluates one proposal at a time; more are drafted together and raced on "
+        f"the search split, the clearly worse eliminated early (at most {MAX_BATCH_SIZE})",
+    )
     patience = forms.IntegerField(
         min_value=1, required=False, help_text="stop after this many proposals without a new best"
     )
@@ -379,6 +391,7 @@ def campaign_new(request: HttpRequest, project: Project) -> HttpResponse:
                         proposer_wall_s=data["max_proposer_wall_s"],
                     ),
                     max_proposals=data["max_proposals"],
+                    batch_size=data["batch_size"] or 1,
                     patience=data["patience"],
                     target_score=data["target_score"],
                     epochs=data["epochs"],

@@ -205,6 +205,8 @@ def _outcome(p: Proposal, failed: dict[str, Any] | None) -> tuple[str, str]:
         return "queued for evaluation", "neutral"
     if not p.is_final:
         return "in progress", "neutral"
+    if p.eliminated_at is not None:
+        return f"eliminated by #{p.eliminated_by.sequence if p.eliminated_by else '?'}", "neutral"
     if p.validation_score is None:
         return "stopped on search (worse than its parent)", "neutral"
     if p.kind == ProposerKind.SEED:

@@ -9,7 +9,14 @@ from rest_framework.test import APIClient
 from coevo.campaigns.models import Campaign, CampaignState, Proposal
 from harness_store.derive import candidate_derive
 from tests.api.conftest import assert_error
-from tests.campaigns.support import AGENT, marked_suite, proposer_endpoint, styled_seed
+from tests.campaigns.support import (
+    AGENT,
+    drive_round,
+    marked_suite,
+    proposer_endpoint,
+    raced_campaign,
+    styled_seed,
+)
 from tests.campaigns.test_pages import make_campaign_data
 
 BASE = "/api/v1/projects/demo/campaigns/"
@@ -329,3 +336,39 @@ def test_it_submits_a_manual_candidate(make_client, researcher, data, project):
     assert_error(client.post(url, {"sha": manual.sha}, format="json"), 409, "invalid_state")
     assert_error(client.post(url, {"sha": "0" * 40}, format="json"), 404, "not_found")
     assert_error(client.post(url, {"sha": "xyz"}, format="json"), 400, "invalid_input")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_shows_a_races_eliminations_and_the_rollouts_it_saved(
+    make_client, viewer, project, tmp_path, policy_version
+):
+    campaign = drive_round(raced_campaign(project, tmp_path, policy_version))
+    meh = Proposal.objects.get(campaign=campaign, params__style="meh")
+    client = make_client(viewer, ["read"])
+
+    detail = client.get(f"{BASE}{campaign.id}/").json()
+    proposals = client.get(f"{BASE}{campaign.id}/proposals/").json()["results"]
+
+    assert detail["batch_size"] == 3
+    assert detail["rollouts_saved_by_racing"] == meh.rollouts_saved > 0
+    by_sequence = {p["sequence"]: p for p in proposals}
+    out = by_sequence[meh.sequence]
+    assert out["batch"] == 1
+    assert out["eliminated_by"] == meh.eliminated_by.sequence
+    assert out["eliminated_after_tasks"] == meh.eliminated_after_tasks
+    assert out["eliminated_at"] is not None
+    assert out["elimination"]["kind"] in ("evidence", "out_of_reach")
+    assert 0 <= out["elimination"]["p_value"] <= 1 and out["elimination"]["reason"]
+    assert out["rollouts_saved"] == meh.rollouts_saved
+    seed = by_sequence[0]
+    assert seed["batch"] is None and seed["eliminated_by"] is None and seed["elimination"] is None
+
+
+@pytest.mark.parametrize("size", [0, 17, "three"])
+def test_it_refuses_a_batch_size_out_of_range(make_client, researcher, start_body, size):
+    response = make_client(researcher, ["campaigns:run"]).post(
+        BASE, {**start_body, "batch_size": size}, format="json"
+    )
+
+    error = assert_error(response, 400, "invalid_input")
+    assert "batch_size" in str(error)

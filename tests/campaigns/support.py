@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.db.models import Q
+
 from coevo.campaigns.models import Campaign, Proposal, ProposalState
 from coevo.campaigns.runner import campaign_advance
+from coevo.campaigns.services import campaign_create, campaign_start
 from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState
 from coevo.evaluations.services import rollout_claim, rollout_finish
 from coevo.policies.client import normalize_base_url
@@ -111,3 +114,113 @@ def proposer_endpoint(url: str, *, name: str = "proposer") -> PolicyEndpoint:
     return PolicyEndpoint.objects.create(
         name=name, base_url=normalize_base_url(url), kind=EndpointKind.OPENAI_COMPATIBLE
     )
+
+
+# The raced-round harness: four styles; the seed's ("bad") and three more a random proposer
+# draws without replacement, so a round of three drafts holds each of them once.
+RACED_MANIFEST = MANIFEST.replace(
+    'choices = ["bad", "good"]', 'choices = ["bad", "good", "okay", "meh"]'
+)
+
+
+def raced_seed(project, tmp_path: Path):
+    directory = tmp_path / "raced"
+    directory.mkdir()
+    (directory / "harness.toml").write_text(RACED_MANIFEST)
+    (directory / "agent.py").write_text(AGENT)
+    candidate, _ = candidate_import_directory(
+        project=project, directory=directory, message="raced seed", author_name="Owner"
+    )
+    return candidate
+
+
+def raced_suite(project, *, search: int = 16):
+    """Search tasks t00..; the scripted rules in ``raced_rules`` decide who passes which."""
+    rows = [
+        {"id": f"t{i:02d}", "input": f"<t{i:02d}>", "expected": "yes", "split": "search"}
+        for i in range(search)
+    ]
+    rows += [
+        {"id": f"v{i}", "input": f"{MARKER} <v{i}>", "expected": "yes", "split": "validation"}
+        for i in range(2)
+    ]
+    rows += [
+        {"id": f"h{i}", "input": f"{MARKER} <h{i}>", "expected": "yes", "split": "heldout"}
+        for i in range(2)
+    ]
+    return make_jsonl_suite(project, rows, name="raced")
+
+
+def raced_passes(style: str, task_key: str) -> bool:
+    """good and okay pass everything, meh nothing; the seed (bad) every other search task and
+    no validation task, so that no racer is clearly better or worse than the reference before
+    the race tells them apart."""
+    if style in ("good", "okay"):
+        return True
+    if style == "meh" or not task_key.startswith("t"):
+        return False
+    return int(task_key[1:]) % 2 == 0
+
+
+def raced_rules(search: int = 16) -> list[tuple[str, str]]:
+    rules = [("style=good", "yes"), ("style=okay", "yes"), ("style=meh", "no")]
+    for i in range(search):
+        rules.append((f"style=bad <t{i:02d}>", "yes" if i % 2 == 0 else "no"))
+    rules += [(f"style=bad {MARKER} <v{i}>", "no") for i in range(2)]
+    return rules
+
+
+def drive_round(campaign: Campaign, max_steps: int = 200) -> Campaign:
+    """Advance a raced campaign, finishing by hand the rollouts it sent, one task at a time
+    (the oldest sent first, as a worker would), with ``raced_passes``."""
+    for _ in range(max_steps):
+        campaign_advance(campaign_id=campaign.id)
+        campaign.refresh_from_db()
+        if campaign.is_final:
+            return campaign
+        sent = Rollout.objects.filter(
+            evaluation__in=Evaluation.objects.filter(
+                id__in=Proposal.objects.filter(campaign=campaign).values("search_evaluation")
+            )
+            | Evaluation.objects.filter(
+                id__in=Proposal.objects.filter(campaign=campaign).values("validation_evaluation")
+            ),
+            state=RolloutState.PENDING,
+            enqueued_at__isnull=False,
+        ).order_by("enqueued_at")
+        rollout = sent.first()
+        if rollout is None:
+            continue
+        claimed = rollout_claim(rollout_id=rollout.id, worker="test")
+        if claimed is None:
+            continue
+        passed = raced_passes(_style_of(claimed.evaluation_id), claimed.task.key)
+        outcome = Outcome.PASSED if passed else Outcome.TASK_FAILURE
+        rollout_finish(
+            rollout=claimed, outcome=outcome, score=float(passed), detail=outcome, prompt_tokens=5
+        )
+    raise AssertionError(f"campaign still {campaign.state} after {max_steps} steps")
+
+
+def _style_of(evaluation_id) -> str:
+    proposal = Proposal.objects.filter(
+        Q(search_evaluation_id=evaluation_id) | Q(validation_evaluation_id=evaluation_id)
+    ).first()
+    return (proposal.params or {}).get("style", "bad")
+
+
+def raced_campaign(project, tmp_path: Path, policy_version, **options) -> Campaign:
+    """A started campaign of rounds of three random proposals over ``style`` (good, okay and
+    meh, in the order the campaign's seed draws them), three proposals in all."""
+    campaign = campaign_create(
+        project=project,
+        name="raced",
+        seed_candidate=raced_seed(project, tmp_path),
+        policy_version=policy_version,
+        suite=raced_suite(project),
+        strategy=[{"kind": "random", "options": {"knobs": ["style"]}}],
+        max_proposals=options.pop("max_proposals", 3),
+        batch_size=options.pop("batch_size", 3),
+        **options,
+    )
+    return campaign_start(campaign=campaign)

@@ -439,3 +439,35 @@ def test_it_shows_form_errors_inline(client, researcher, project, tmp_path, poli
     ).content.decode()
     assert 'id="form-errors"' in refused and "no tasks in the validation split" in refused
     assert not Campaign.objects.exists()
+
+
+def test_it_starts_a_raced_campaign_from_the_form(
+    client, researcher, project, tmp_path, policy_version
+):
+    seed = styled_seed(project, tmp_path)
+    suite = marked_suite(project)
+    client.force_login(researcher)
+
+    response = client.post(
+        "/p/demo/campaigns/new/", form_data(seed, suite, policy_version, batch_size="4")
+    )
+
+    campaign = Campaign.objects.get()
+    assert response.status_code == 302 and campaign.batch_size == 4
+    page = client.get(f"/p/demo/campaigns/{campaign.id}/").content.decode()
+    assert "4 proposals per round" in page and "Rollouts saved by racing" in page
+
+
+def test_the_form_refuses_a_batch_size_out_of_range(
+    client, researcher, project, tmp_path, policy_version
+):
+    seed = styled_seed(project, tmp_path)
+    suite = marked_suite(project)
+    client.force_login(researcher)
+
+    response = client.post(
+        "/p/demo/campaigns/new/", form_data(seed, suite, policy_version, batch_size="17")
+    )
+
+    assert response.status_code == 400 and not Campaign.objects.exists()
+    assert "less than or equal to 16" in response.content.decode()

@@ -61,6 +61,7 @@ def evaluation_create(
     use_cache: bool = True,
     created_by: AbstractBaseUser | None = None,
     purpose: str = "evaluation",
+    paced: bool = False,
 ) -> Evaluation:
     """Create the evaluation, its stages and rollouts, reserve its budget, and start it once the
     transaction commits. Refused (nothing created) when the budget cannot cover the worst case.
@@ -68,6 +69,9 @@ def evaluation_create(
     The held-out split is sealed (DESIGN.md §8): only a promotion request runs it, and says so
     with ``purpose="promotion"`` (coevo.reviews.promotions), so every held-out look is one the
     request counts and shows to its reviewers.
+
+    A ``paced`` evaluation's rollouts are sent by its pacer (``evaluation_enqueue`` with
+    ``rollout_ids``), not a stage at once.
     """
     plan = plan or EvaluationPlan()
     if split == Split.HELDOUT and purpose != HELDOUT_PURPOSE:
@@ -134,6 +138,7 @@ def evaluation_create(
             reference=reference,
             use_cache=use_cache,
             created_by=created_by,
+            paced=paced,
         )
         EvaluationStage.objects.bulk_create(
             EvaluationStage(evaluation=evaluation, index=i, kind=stage.kind, tasks=len(stage.tasks))
@@ -237,10 +242,14 @@ def _reuse_cached(evaluation: Evaluation, rollouts: list[Rollout]) -> int:
 
 
 def evaluation_enqueue(
-    *, evaluation_id: Any, stage: int | None = None, only_unsent: bool = False
+    *,
+    evaluation_id: Any,
+    stage: int | None = None,
+    only_unsent: bool = False,
+    rollout_ids: list[Any] | None = None,
 ) -> int:
-    """Send pending rollouts (of one stage, or all; or only those not sent yet) to the
-    ``rollouts`` queue.
+    """Send pending rollouts (of one stage, or all; or only those not sent yet; or only
+    ``rollout_ids``, in that order) to the ``rollouts`` queue.
 
     A broker that is down does not lose work: the rollout stays pending without ``enqueued_at``
     and the watchdog sends it again.
@@ -251,8 +260,12 @@ def evaluation_enqueue(
         pending = pending.filter(stage=stage)
     if only_unsent:
         pending = pending.filter(enqueued_at__isnull=True)
+    ids = list(pending.values_list("id", flat=True))
+    if rollout_ids is not None:
+        wanted = set(ids)
+        ids = [rollout_id for rollout_id in rollout_ids if rollout_id in wanted]
     sent = 0
-    for rollout_id in pending.values_list("id", flat=True):
+    for rollout_id in ids:
         if not _send(rollout_id):
             break
         sent += 1

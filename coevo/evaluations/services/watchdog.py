@@ -76,15 +76,22 @@ def rollout_resend_lost(*, unsent_after_s: int) -> int:
     running_stages = EvaluationStage.objects.filter(
         evaluation__state=EvaluationState.RUNNING,
         evaluation__stage=F("index"),
-    ).values_list("evaluation_id", "index")
+    ).values_list("evaluation_id", "index", "evaluation__paced")
     resent = 0
-    for evaluation_id, index in running_stages:
+    for evaluation_id, index, paced in running_stages:
         waiting = Rollout.objects.filter(
             evaluation_id=evaluation_id, stage=index, state=RolloutState.PENDING
         ).filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=cutoff))
-        if waiting.exists():
-            Rollout.objects.filter(id__in=waiting.values("id")).update(enqueued_at=None)
-            resent += evaluation_enqueue(evaluation_id=evaluation_id, stage=index, only_unsent=True)
+        if paced:
+            # A paced rollout never sent waits for its pacer (a race sends a few tasks at a
+            # time); only one that was sent and may have been lost is sent again.
+            waiting = waiting.filter(enqueued_at__isnull=False)
+        ids = list(waiting.values_list("id", flat=True))
+        if ids:
+            Rollout.objects.filter(id__in=ids).update(enqueued_at=None)
+            resent += evaluation_enqueue(
+                evaluation_id=evaluation_id, stage=index, only_unsent=True, rollout_ids=ids
+            )
     # Rollouts sent back to pending by the stale check above wait for this, too.
     if resent:
         logger.warning("watchdog: %d pending rollouts sent again", resent)

@@ -1,4 +1,5 @@
-"""``manage.py campaign_start --project SLUG --seed SHA --suite NAME [--proposals N] [--epochs K]``"""
+"""``manage.py campaign_start --project SLUG --seed SHA --suite NAME [--proposals N] [--epochs K]
+[--batch-size N]``"""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ class Command(BaseCommand):
         parser.add_argument("--suite", required=True, help="suite name (latest version)")
         parser.add_argument("--name", default="")
         parser.add_argument("--proposals", type=int, default=10)
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=1,
+            help="proposals drafted per round and raced on the search split (1 to 16)",
+        )
         parser.add_argument("--epochs", type=int, default=1)
         parser.add_argument("--patience", type=int, default=None)
         parser.add_argument("--target", type=float, default=None)
@@ -57,6 +64,7 @@ class Command(BaseCommand):
                 policy_version=policy_version_get_default(),
                 suite=suite,
                 max_proposals=options["proposals"],
+                batch_size=options["batch_size"],
                 epochs=options["epochs"],
                 patience=options["patience"],
                 target_score=options["target"],
