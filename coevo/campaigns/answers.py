@@ -13,19 +13,25 @@ Each edit is a search/replace block of coevo.campaigns.edits (an empty ``search`
 file), so the same rules apply them. Servers enforce it differently: llama.cpp's server and
 llama-cpp-python take a GBNF ``grammar`` on both completions and chat; vLLM (and OpenAI's API,
 on chat) take ``response_format`` with a JSON schema. ``answer_request_fields`` gives the one
-each takes. The path is an enum of the parent's editable files where every component is a file
-(a small model cannot misspell it), free text where a component is a directory (new files).
+each takes. The path is one of the parent's editable files (a small model cannot misspell it)
+or, for a new file, a path under a component directory.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from coevo.campaigns.edits import MAX_HYPOTHESIS_CHARS, EditRejected, ParsedAnswer, SearchReplace
 from coevo.policies.client import ServerFlavor
 
-ANSWER_FORMATS = ("auto", "json", "text")
+# json-lines: JSON whose every search is one whole line the file has exactly once, chosen from
+# the file's own lines by the grammar or schema, so every finished answer applies.
+ANSWER_FORMATS = ("auto", "json", "json-lines", "text")
+JSON_FORMATS = ("json", "json-lines")
+MAX_LINE_CHOICES = 400  # lines offered per file
+MAX_LINE_CHARS = 300
 MAX_EDITS = 8
 # A JSON answer longer than this is refused unread (max_tokens bounds it already: 32768 tokens
 # are at most ~130,000 characters of code).
@@ -33,9 +39,16 @@ MAX_ANSWER_CHARS = 400_000
 GRAMMAR_SERVERS = (ServerFlavor.LLAMA_CPP, ServerFlavor.LLAMA_CPP_PYTHON)
 
 
-def answer_schema(*, paths: list[str], free_paths: bool) -> dict[str, Any]:
-    """The JSON schema of an answer whose edits name ``paths`` (or, ``free_paths``, any)."""
-    path: dict[str, Any] = {"type": "string"} if free_paths or not paths else {"enum": paths}
+def answer_schema(*, paths: list[str], directories: list[str]) -> dict[str, Any]:
+    """The JSON schema of an answer whose edits name one of ``paths`` or a new file under one
+    of ``directories`` (component directories, ending in /)."""
+    choices: list[dict[str, Any]] = [{"enum": paths}] if paths else []
+    if directories:
+        prefixes = "|".join(re.escape(d) for d in directories)
+        choices.append({"type": "string", "pattern": f'^({prefixes})[^"\\\\]+$'})
+    path: dict[str, Any] = (
+        choices[0] if len(choices) == 1 else {"anyOf": choices} if choices else {"type": "string"}
+    )
     return {
         "type": "object",
         "properties": {
@@ -61,15 +74,67 @@ def answer_schema(*, paths: list[str], free_paths: bool) -> dict[str, Any]:
     }
 
 
-def answer_grammar(*, paths: list[str], free_paths: bool) -> str:
+def unique_lines(text: str) -> list[str]:
+    """The lines of ``text`` (each with its line break) that a search may quote: not blank,
+    and occurring exactly once in the file as a substring."""
+    found = []
+    for line in text.split("\n")[:-1]:  # the last piece has no line break
+        quoted = line + "\n"
+        if line.strip() and len(line) <= MAX_LINE_CHARS and text.count(quoted) == 1:
+            found.append(quoted)
+        if len(found) >= MAX_LINE_CHOICES:
+            break
+    return found
+
+
+def answer_lines_schema(*, lines: dict[str, list[str]]) -> dict[str, Any]:
+    """The json-lines schema: each edit names a file and one of its ``lines``."""
+    schema = answer_schema(paths=sorted(lines), directories=[])
+    schema["properties"]["edits"]["items"] = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "path": {"const": path},
+                    "search": {"enum": choices},
+                    "replace": {"type": "string"},
+                },
+                "required": ["path", "search", "replace"],
+                "additionalProperties": False,
+            }
+            for path, choices in sorted(lines.items())
+        ]
+    }
+    return schema
+
+
+def answer_lines_grammar(*, lines: dict[str, list[str]]) -> str:
+    """The json-lines grammar: an edit of each file, its search one of that file's lines."""
+    base = answer_grammar(paths=sorted(lines), directories=[]).splitlines()
+    rules = [rule for rule in base if not rule.startswith(("edit ::=", "path ::="))]
+    files = sorted(lines)
+    rules.append("edit ::= " + " | ".join(f"edit{i}" for i in range(len(files))))
+    for i, path in enumerate(files):
+        rules.append(
+            f'edit{i} ::= "{{" ws "\\"path\\":" ws {_gbnf_literal(json.dumps(path))} "," ws '
+            f'"\\"search\\":" ws line{i} "," ws "\\"replace\\":" ws text ws "}}"'
+        )
+        rules.append(
+            f"line{i} ::= " + " | ".join(_gbnf_literal(json.dumps(line)) for line in lines[path])
+        )
+    return "\n".join(rules)
+
+
+def answer_grammar(*, paths: list[str], directories: list[str]) -> str:
     """The same object as GBNF (llama.cpp's grammar format), keys in a fixed order.
 
     Whitespace between tokens is bounded: an unbounded ``ws`` lets a small model emit
     newlines until max_tokens, a known failure of JSON grammars."""
-    if free_paths or not paths:
-        path_rule = "text1"
-    else:
-        path_rule = " | ".join(_gbnf_literal(json.dumps(p)) for p in paths)
+    choices = [_gbnf_literal(json.dumps(p)) for p in paths]
+    if directories:
+        prefixes = " | ".join(_gbnf_literal(d) for d in directories)
+        choices.append(f'"\\"" ({prefixes}) char+ "\\""')
+    path_rule = " | ".join(choices) or "text1"
     return "\n".join(
         [
             'root ::= "{" ws "\\"hypothesis\\":" ws text1 "," ws "\\"edits\\":" ws "[" ws edit '
@@ -90,13 +155,23 @@ def _gbnf_literal(text: str) -> str:
 
 
 def answer_request_fields(
-    *, flavor: str | None, paths: list[str], free_paths: bool
+    *,
+    flavor: str | None,
+    paths: list[str],
+    directories: list[str],
+    lines: dict[str, list[str]] | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """The request fields that make the server of ``flavor`` enforce the JSON answer, and
-    what enforces it (``grammar`` or ``response_format``)."""
+    """The request fields that make the server of ``flavor`` enforce the JSON answer (with
+    ``lines``: the json-lines answer), and what enforces it (``grammar`` or
+    ``response_format``)."""
     if flavor in GRAMMAR_SERVERS:
-        return {"grammar": answer_grammar(paths=paths, free_paths=free_paths)}, "grammar"
-    schema = answer_schema(paths=paths, free_paths=free_paths)
+        if lines is not None:
+            return {"grammar": answer_lines_grammar(lines=lines)}, "grammar"
+        return {"grammar": answer_grammar(paths=paths, directories=directories)}, "grammar"
+    if lines is not None:
+        schema = answer_lines_schema(lines=lines)
+    else:
+        schema = answer_schema(paths=paths, directories=directories)
     return {
         "response_format": {
             "type": "json_schema",

@@ -72,6 +72,16 @@ Each search text must occur exactly once in its file, whitespace included (write
 as \\n); an empty search creates a new file inside a component directory. Edit only the files
 and directories listed as components; """
 
+JSON_LINES_ANSWER = """Answer with one JSON object and nothing else:
+
+{"hypothesis": "<one line: what you change and why it should help>",
+ "edits": [{"path": "<a file listed under EDITABLE FILES>",
+            "search": "<one whole line copied from that file>",
+            "replace": "<the new line or lines that take its place>"}]}
+
+Each edit replaces one line of the file (write line breaks as \\n). Edit only the files
+listed as components; """
+
 # The last line of the prompt, by answer format: where the model starts writing.
 ANSWER_CUES = {
     "text": "Now write your answer (HYPOTHESIS line, then the edits).",
@@ -95,7 +105,7 @@ exits with status 0. It has no other network."""
 
 
 def _instructions(manifest: Manifest, answer_format: str) -> str:
-    answer = JSON_ANSWER if answer_format == "json" else TEXT_ANSWER
+    answer = {"json": JSON_ANSWER, "json-lines": JSON_LINES_ANSWER}.get(answer_format, TEXT_ANSWER)
     return (
         INTRODUCTION + answer + (PROGRAM_CONTRACT if manifest.is_program else ENTRYPOINT_CONTRACT)
     )
@@ -153,7 +163,8 @@ def workspace_build(
         p.id: _search_scores(campaign, p) for p in proposals if p.search_evaluation_id is not None
     }
     patterns = _failure_patterns(campaign)
-    cue = ANSWER_CUES["json" if answer_format == "json" else "text"]
+    answer_format = answer_format if answer_format in ("json", "json-lines") else "text"
+    cue = ANSWER_CUES["text" if answer_format == "text" else "json"]
 
     head = "\n\n".join(
         [
@@ -241,7 +252,7 @@ def workspace_build(
         "budget_chars": budget_chars,
         "minimum_chars": minimum,
         "chars": len(text),
-        "answer_format": "json" if answer_format == "json" else "text",
+        "answer_format": answer_format,
         # What was left out to fit the budget, in TRIM_ORDER: failed traces not shown, chars of
         # the failure patterns cut, earlier proposals (by sequence) not shown.
         "trimmed": {

@@ -13,6 +13,7 @@ import pytest
 from coevo.campaigns.models import Proposal, ProposalState, ProposerKind
 from coevo.campaigns.proposers import strategy_validate
 from coevo.campaigns.proposers.llm_patch import LlmPatchProposer
+from coevo.campaigns.selectors import proposer_validity
 from coevo.campaigns.services import campaign_create
 from coevo.errors import InvalidInput
 from tests.campaigns.support import marked_suite, proposer_endpoint, styled_seed
@@ -120,10 +121,14 @@ def test_it_sends_llama_cpp_a_grammar_and_reads_its_context_from_props(proposer,
 
     assert draft.params["context"]["window_tokens"] == 2000
     assert draft.params["server"] == "llama.cpp" and draft.params["enforced_by"] == "grammar"
+    # auto on llama.cpp: json-lines, each search one of the file's own unique lines.
+    assert draft.params["answer_format"] == "json-lines"
     [request] = proposer.requests
     assert request["path"] == "/v1/chat/completions" and "response_format" not in request
-    assert request["grammar"].startswith("root ::=")
-    assert 'path ::= "\\"agent.py\\"" | "\\"harness.toml\\""' in request["grammar"]
+    grammar = request["grammar"]
+    assert grammar.startswith("root ::=") and "edit ::= edit0 | edit1" in grammar
+    assert json.dumps(STYLE_LINE).replace("\\", "\\\\").replace('"', '\\"') in grammar
+    assert "one whole line copied from that file" in draft.prompt
     assert not draft.failed, draft.stages
 
 
@@ -247,9 +252,46 @@ def test_it_validates_the_context_and_answer_options(project, tmp_path):
     for options, message in (
         ({"context_tokens": 100}, "context_tokens must be between 256"),
         ({"context_tokens": 4096.5}, "context_tokens must be an integer"),
-        ({"answer_format": "yaml"}, "answer_format must be one of auto, json, text"),
+        ({"answer_format": "yaml"}, "answer_format must be one of auto, json, json-lines, text"),
     ):
         with pytest.raises(InvalidInput, match=message):
             strategy_validate(
                 strategy=[{"kind": "llm-patch", "options": options}], manifest=manifest
             )
+
+
+def test_the_valid_share_is_counted_per_proposer_model(project, tmp_path, policy_version):
+    seed = styled_seed(project, tmp_path)
+    campaign = campaign_create(
+        project=project,
+        name="shares",
+        seed_candidate=seed,
+        policy_version=policy_version,
+        suite=marked_suite(project),
+        strategy=[{"kind": "llm-patch"}],
+    )
+    rows = [
+        ("small", ProposalState.INVALID, [("applies", False)]),
+        ("small", ProposalState.INVALID, [("applies", True), ("manifest", False)]),
+        ("small", ProposalState.EVALUATED, [("applies", True), ("smoke", True)]),
+        ("big", ProposalState.FAILED, [("applies", True), ("smoke", True)]),
+        ("big", ProposalState.PROPOSED, []),  # not judged yet: not counted
+    ]
+    for sequence, (model, state, stages) in enumerate(rows, start=1):
+        Proposal.objects.create(
+            campaign=campaign,
+            sequence=sequence,
+            kind=ProposerKind.LLM_PATCH,
+            state=state,
+            stages=[{"stage": name, "ok": ok, "reason": ""} for name, ok in stages],
+            params={"model": model},
+            proposer_tokens=100,
+            candidate=seed
+            if state in (ProposalState.EVALUATED, ProposalState.EVALUATING)
+            else None,
+        )
+    big, small = proposer_validity(campaigns=[campaign])
+    assert (small.model, small.judged, small.valid, small.proposer_tokens) == ("small", 3, 1, 300)
+    assert small.rejected_at == {"applies": 1, "manifest": 1}
+    assert small.valid_share == pytest.approx(1 / 3)
+    assert (big.model, big.judged, big.valid_share, big.rejected_at) == ("big", 1, 1.0, None)

@@ -32,7 +32,14 @@ from typing import Any
 
 from django.conf import settings
 
-from coevo.campaigns.answers import ANSWER_FORMATS, answer_parse_json, answer_request_fields
+from coevo.campaigns.answers import (
+    ANSWER_FORMATS,
+    GRAMMAR_SERVERS,
+    JSON_FORMATS,
+    answer_parse_json,
+    answer_request_fields,
+    unique_lines,
+)
 from coevo.campaigns.edits import EditRejected, answer_parse, edits_apply, path_check
 from coevo.campaigns.models import Campaign, ProposerKind
 from coevo.campaigns.proposers.base import Draft, stage
@@ -103,9 +110,10 @@ def llm_patch_options_validate(
     limit is 300 s; outside the campaign's row lock, so nothing else waits on it),
     ``context_tokens`` (256..10000000; the proposer model's context window where its server
     does not report one; the smaller counts where both are known; default: the
-    COEVO_PROPOSER_CONTEXT_TOKENS setting), ``answer_format`` (auto|json|text, default auto:
-    JSON, enforced by a grammar or a JSON schema, where the server is vLLM, llama.cpp or
-    llama-cpp-python by its replies or its endpoint's kind; else the free-text format).
+    COEVO_PROPOSER_CONTEXT_TOKENS setting), ``answer_format`` (auto|json|json-lines|text,
+    default auto: json-lines on llama.cpp and llama-cpp-python, json on vLLM, by the server's
+    replies or its endpoint's kind, enforced by a grammar or a JSON schema; else the free-text
+    format).
     """
     unknown = sorted(set(options) - set(keys))
     if unknown:
@@ -303,7 +311,7 @@ class LlmPatchProposer:
             "finish_reason": completion.finish_reason,
         }
         try:
-            if answer_format == "json":
+            if answer_format in JSON_FORMATS:
                 answer = answer_parse_json(completion.text)
             else:
                 answer = answer_parse(completion.text)
@@ -386,20 +394,32 @@ class LlmPatchProposer:
     def _answer_format(
         self, info: ServerInfo, manifest: Manifest, parent: Candidate
     ) -> tuple[str, dict[str, Any], str | None]:
-        """The answer format (json|text), the request fields that enforce a JSON answer, and
-        what enforces it: the server's own flavor first, its endpoint's kind second."""
+        """The answer format (json|json-lines|text), the request fields that enforce a JSON
+        answer, and what enforces it: the server's own flavor first, its endpoint's kind
+        second. auto: json-lines on llama.cpp (the CPU server small models run on: every
+        finished answer applies), json on vLLM, text where the server is unknown."""
         wanted = self.options.get("answer_format", "auto")
         flavor = info.flavor or self._kind_flavor()
         if wanted == "text" or (wanted == "auto" and flavor is None):
             return "text", {}, None
-        editable = sorted(
-            entry.path
-            for entry in candidate_files(candidate=parent)
-            if _editable(entry.path, manifest)
+        if wanted == "auto":
+            wanted = "json-lines" if flavor in GRAMMAR_SERVERS else "json"
+        texts = {}
+        for entry in candidate_files(candidate=parent):
+            if not _editable(entry.path, manifest):
+                continue
+            with contextlib.suppress(HarnessStoreError, NotFound, UnicodeDecodeError):
+                texts[entry.path] = candidate_read_file(candidate=parent, path=entry.path).decode()
+        lines = None
+        if wanted == "json-lines":
+            lines = {path: found for path, text in texts.items() if (found := unique_lines(text))}
+            if not lines:
+                wanted, lines = "json", None  # no line is unique anywhere: quote freely
+        directories = [c for c in manifest.components if c.endswith("/")]
+        fields, enforced_by = answer_request_fields(
+            flavor=flavor, paths=sorted(texts), directories=directories, lines=lines
         )
-        free = any(component.endswith("/") for component in manifest.components)
-        fields, enforced_by = answer_request_fields(flavor=flavor, paths=editable, free_paths=free)
-        return "json", fields, enforced_by
+        return wanted, fields, enforced_by
 
     def _kind_flavor(self) -> str | None:
         if "endpoint" in self.options or "base_url" in self.options:
