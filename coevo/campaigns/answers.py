@@ -180,6 +180,30 @@ def answer_request_fields(
     }, "response_format"
 
 
+def answer_format_choose(
+    *, wanted: str, flavor: str | None, texts: dict[str, str], components: list[str]
+) -> tuple[str, dict[str, Any], str | None]:
+    """The answer format (json|json-lines|text) for ``wanted`` (an ANSWER_FORMATS value) on a
+    server of ``flavor`` (None: unknown), the request fields that enforce a JSON answer, and
+    what enforces them. ``texts``: the parent's editable text files. auto: json-lines on
+    llama.cpp (the CPU servers small models run on: every finished answer applies), json on
+    vLLM, text where the server is unknown."""
+    if wanted == "text" or (wanted == "auto" and flavor is None):
+        return "text", {}, None
+    if wanted == "auto":
+        wanted = "json-lines" if flavor in GRAMMAR_SERVERS else "json"
+    lines = None
+    if wanted == "json-lines":
+        lines = {path: found for path, text in texts.items() if (found := unique_lines(text))}
+        if not lines:
+            wanted, lines = "json", None  # no line is unique anywhere: quote freely
+    directories = [c for c in components if c.endswith("/")]
+    fields, enforced_by = answer_request_fields(
+        flavor=flavor, paths=sorted(texts), directories=directories, lines=lines
+    )
+    return wanted, fields, enforced_by
+
+
 def answer_parse_json(text: str) -> ParsedAnswer:
     """The hypothesis and edits of a JSON answer; raises EditRejected saying what is wrong.
 

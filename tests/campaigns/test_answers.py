@@ -9,6 +9,7 @@ import pytest
 from coevo.campaigns.answers import (
     MAX_ANSWER_CHARS,
     MAX_EDITS,
+    answer_format_choose,
     answer_grammar,
     answer_lines_grammar,
     answer_lines_schema,
@@ -71,3 +72,20 @@ def test_json_lines_offers_only_lines_a_search_can_quote_exactly_once():
     [choice] = schema["properties"]["edits"]["items"]["anyOf"]
     assert choice["properties"]["path"] == {"const": "b.py"}
     assert choice["properties"]["search"] == {"enum": ["y\n"]}
+
+
+def test_auto_picks_by_server_and_json_lines_falls_back_when_no_line_is_unique():
+    texts = {"agent.py": "a\nb\n"}
+    assert answer_format_choose(wanted="auto", flavor=None, texts={}, components=[])[0] == "text"
+    chosen, fields, by = answer_format_choose(
+        wanted="auto", flavor="llama-cpp-python", texts=texts, components=["agent.py"]
+    )
+    assert (chosen, by) == ("json-lines", "grammar") and "line0 ::=" in fields["grammar"]
+    assert answer_format_choose(wanted="auto", flavor="vllm", texts=texts, components=[])[0] == (
+        "json"
+    )
+    repeated = {"agent.py": "x\nx\n"}
+    chosen, fields, _ = answer_format_choose(
+        wanted="json-lines", flavor="llama.cpp", texts=repeated, components=[]
+    )
+    assert chosen == "json" and "line0" not in fields["grammar"]

@@ -34,11 +34,9 @@ from django.conf import settings
 
 from coevo.campaigns.answers import (
     ANSWER_FORMATS,
-    GRAMMAR_SERVERS,
     JSON_FORMATS,
+    answer_format_choose,
     answer_parse_json,
-    answer_request_fields,
-    unique_lines,
 )
 from coevo.campaigns.edits import EditRejected, answer_parse, edits_apply, path_check
 from coevo.campaigns.models import Campaign, ProposerKind
@@ -394,32 +392,20 @@ class LlmPatchProposer:
     def _answer_format(
         self, info: ServerInfo, manifest: Manifest, parent: Candidate
     ) -> tuple[str, dict[str, Any], str | None]:
-        """The answer format (json|json-lines|text), the request fields that enforce a JSON
-        answer, and what enforces it: the server's own flavor first, its endpoint's kind
-        second. auto: json-lines on llama.cpp (the CPU server small models run on: every
-        finished answer applies), json on vLLM, text where the server is unknown."""
-        wanted = self.options.get("answer_format", "auto")
         flavor = info.flavor or self._kind_flavor()
-        if wanted == "text" or (wanted == "auto" and flavor is None):
-            return "text", {}, None
-        if wanted == "auto":
-            wanted = "json-lines" if flavor in GRAMMAR_SERVERS else "json"
+        wanted = self.options.get("answer_format", "auto")
         texts = {}
-        for entry in candidate_files(candidate=parent):
-            if not _editable(entry.path, manifest):
-                continue
-            with contextlib.suppress(HarnessStoreError, NotFound, UnicodeDecodeError):
-                texts[entry.path] = candidate_read_file(candidate=parent, path=entry.path).decode()
-        lines = None
-        if wanted == "json-lines":
-            lines = {path: found for path, text in texts.items() if (found := unique_lines(text))}
-            if not lines:
-                wanted, lines = "json", None  # no line is unique anywhere: quote freely
-        directories = [c for c in manifest.components if c.endswith("/")]
-        fields, enforced_by = answer_request_fields(
-            flavor=flavor, paths=sorted(texts), directories=directories, lines=lines
+        if wanted != "text" and (wanted != "auto" or flavor is not None):
+            for entry in candidate_files(candidate=parent):
+                if not _editable(entry.path, manifest):
+                    continue
+                with contextlib.suppress(HarnessStoreError, NotFound, UnicodeDecodeError):
+                    texts[entry.path] = candidate_read_file(
+                        candidate=parent, path=entry.path
+                    ).decode()
+        return answer_format_choose(
+            wanted=wanted, flavor=flavor, texts=texts, components=list(manifest.components)
         )
-        return wanted, fields, enforced_by
 
     def _kind_flavor(self) -> str | None:
         if "endpoint" in self.options or "base_url" in self.options:
