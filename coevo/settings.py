@@ -217,6 +217,11 @@ COEVO_POLICY_KIND = env_choice(
 COEVO_POLICY_BASE_MODEL = env_str("COEVO_POLICY_BASE_MODEL", "") or COEVO_POLICY_MODEL
 COEVO_POLICY_TIMEOUT_S = env_int("COEVO_POLICY_TIMEOUT_S", 300, minimum=1)
 COEVO_POLICY_RETRIES = env_int("COEVO_POLICY_RETRIES", 4, minimum=0)
+# The context window (tokens) an llm-patch proposer's prompt is fitted to when its server does
+# not report one (llama-cpp-python does not; vLLM and llama.cpp's server do) and the campaign
+# gives no context_tokens option. 4096 is the embedded server's n_ctx; a smaller guess only
+# shortens the workspace, a larger one gets prompts refused. 0: unknown (workspace_chars alone).
+COEVO_PROPOSER_CONTEXT_TOKENS = env_int("COEVO_PROPOSER_CONTEXT_TOKENS", 4096, minimum=0)
 COEVO_ALLOW_UNSANDBOXED = env_bool("COEVO_ALLOW_UNSANDBOXED", False)
 # A program harness's address-space limit (RLIMIT_AS: virtual memory, not resident). Node's
 # WebAssembly, the JVM and Go reserve far more than they touch: 4 GiB (the run(task, ctx)

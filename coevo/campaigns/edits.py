@@ -83,7 +83,7 @@ class FileDiff:
 @dataclass(frozen=True)
 class ParsedAnswer:
     hypothesis: str
-    format: str  # "search-replace" | "unified-diff"
+    format: str  # "search-replace" | "unified-diff" | "json" (coevo.campaigns.answers)
     blocks: list[SearchReplace] = field(default_factory=list)
     diffs: list[FileDiff] = field(default_factory=list)
 

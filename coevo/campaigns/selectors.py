@@ -236,3 +236,48 @@ def campaign_best_proposal(*, campaign: Campaign) -> Proposal | None:
         .order_by("-validation_score")
         .first()
     )
+
+
+@dataclass
+class ProposerValidity:
+    """How many of a proposer model's proposals passed every validation stage (reached
+    evaluation), and where the others were rejected (their first failing stage)."""
+
+    model: str
+    kind: str
+    judged: int = 0  # past the validation stages: valid or invalid
+    valid: int = 0
+    rejected_at: dict[str, int] | None = None
+    proposer_tokens: int = 0
+
+    @property
+    def valid_share(self) -> float | None:
+        return self.valid / self.judged if self.judged else None
+
+
+def proposer_validity(*, campaigns: QuerySet[Campaign] | list[Campaign]) -> list[ProposerValidity]:
+    """Per proposer model (llm-patch and agentic: ``params["model"]``; other kinds by kind),
+    the share of valid proposals over ``campaigns``: what the evolution benchmark reports
+    beside the scores. Proposals still waiting for their stages are not counted."""
+    rows: dict[tuple[str, str], ProposerValidity] = {}
+    proposals = (
+        Proposal.objects.filter(campaign__in=campaigns)
+        .exclude(kind__in=[ProposerKind.SEED, ProposerKind.MANUAL])
+        .exclude(state__in=[ProposalState.QUEUED, ProposalState.PROPOSED])
+        .only("kind", "state", "stages", "params", "proposer_tokens")
+    )
+    for proposal in proposals:
+        model = str((proposal.params or {}).get("model") or "-")
+        row = rows.setdefault(
+            (proposal.kind, model), ProposerValidity(model=model, kind=proposal.kind)
+        )
+        row.judged += 1
+        row.proposer_tokens += proposal.proposer_tokens
+        if proposal.state != ProposalState.INVALID:
+            row.valid += 1
+            continue
+        failed = next((s for s in proposal.stages or [] if not s.get("ok")), None)
+        stage = str(failed["stage"]) if failed else "unknown"
+        row.rejected_at = row.rejected_at or {}
+        row.rejected_at[stage] = row.rejected_at.get(stage, 0) + 1
+    return sorted(rows.values(), key=lambda row: (row.kind, row.model))

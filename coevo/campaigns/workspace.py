@@ -40,12 +40,14 @@ MIN_TRACE_CHARS = 600
 MAX_TRACE_STEPS = 200
 STEP_TEXT_CHARS = 800
 
-INSTRUCTIONS = """You improve an LLM-agent harness: the code and prompts that drive a small
+INTRODUCTION = """You improve an LLM-agent harness: the code and prompts that drive a small
 language model (the policy) to solve tasks. Read the harness files, the earlier attempts and
 the traces of failed tasks below, form ONE hypothesis about what makes tasks fail, and change
 the harness to fix it.
 
-Answer in this exact format and nothing else:
+"""
+
+TEXT_ANSWER = """Answer in this exact format and nothing else:
 
 HYPOTHESIS: <one line: what you change and why it should help>
 <<<<<<< SEARCH <path of a file listed under EDITABLE FILES>
@@ -59,6 +61,39 @@ file, whitespace included; an empty SEARCH creates a new file inside a component
 (A unified diff with '--- a/PATH' and '+++ b/PATH' headers is accepted instead.) Edit only
 the files and directories listed as components; """
 
+JSON_ANSWER = """Answer with one JSON object and nothing else:
+
+{"hypothesis": "<one line: what you change and why it should help>",
+ "edits": [{"path": "<a file listed under EDITABLE FILES>",
+            "search": "<lines copied exactly from the file>",
+            "replace": "<the new lines>"}]}
+
+Each search text must occur exactly once in its file, whitespace included (write line breaks
+as \\n); an empty search creates a new file inside a component directory. Edit only the files
+and directories listed as components; """
+
+JSON_LINES_ANSWER = """Answer with one JSON object and nothing else:
+
+{"hypothesis": "<one line: what you change and why it should help>",
+ "edits": [{"path": "<a file listed under EDITABLE FILES>",
+            "search": "<one whole line copied from that file>",
+            "replace": "<the new line or lines that take its place>"}]}
+
+Each edit replaces one line of the file (write line breaks as \\n). Edit only the files
+listed as components; """
+
+# The last line of the prompt, by answer format: where the model starts writing.
+ANSWER_CUES = {
+    "text": "Now write your answer (HYPOTHESIS line, then the edits).",
+    "json": "Now write your answer as one JSON object.",
+}
+# The order the workspace gives material up in when it must shrink, least useful first: the
+# traces of older proposals' failed tasks, then the parent's, then the failure patterns, then
+# the oldest earlier proposals. The instructions, the manifest and the parent's editable files
+# are never cut: without them no edit can apply.
+TRIM_ORDER = ("traces", "failure_patterns", "proposals")
+
+
 # The contract the edited harness must keep, by kind (docs/harnesses.md).
 ENTRYPOINT_CONTRACT = "keep `def run(task, ctx)` working."
 PROGRAM_CONTRACT = """keep the program's contract working: it is started
@@ -69,8 +104,11 @@ $OPENAI_API_KEY), and writes its answer as one JSON value to $COEVO_ANSWER_FILE 
 exits with status 0. It has no other network."""
 
 
-def _instructions(manifest: Manifest) -> str:
-    return INSTRUCTIONS + (PROGRAM_CONTRACT if manifest.is_program else ENTRYPOINT_CONTRACT)
+def _instructions(manifest: Manifest, answer_format: str) -> str:
+    answer = {"json": JSON_ANSWER, "json-lines": JSON_LINES_ANSWER}.get(answer_format, TEXT_ANSWER)
+    return (
+        INTRODUCTION + answer + (PROGRAM_CONTRACT if manifest.is_program else ENTRYPOINT_CONTRACT)
+    )
 
 
 def _manifest_summary(manifest: Manifest) -> str:
@@ -105,8 +143,15 @@ def workspace_build(
     parent: Candidate,
     manifest: Manifest,
     budget_chars: int = DEFAULT_BUDGET_CHARS,
+    answer_format: str = "text",
 ) -> Workspace:
-    """The workspace for a proposal derived from ``parent`` (whose manifest is ``manifest``)."""
+    """The workspace for a proposal derived from ``parent`` (whose manifest is ``manifest``),
+    asking for the answer in ``answer_format`` (text: HYPOTHESIS line and SEARCH/REPLACE
+    blocks; json: coevo.campaigns.answers' object).
+
+    It is cut to ``budget_chars`` in TRIM_ORDER; ``shown["trimmed"]`` says what was left out,
+    and ``shown["minimum_chars"]`` what cannot be (the instructions, the manifest, the files):
+    a budget below it gives a workspace longer than the budget, which the caller refuses."""
     files = _component_files(parent, manifest)
     proposals = list(
         Proposal.objects.filter(campaign=campaign)
@@ -118,47 +163,72 @@ def workspace_build(
         p.id: _search_scores(campaign, p) for p in proposals if p.search_evaluation_id is not None
     }
     patterns = _failure_patterns(campaign)
+    answer_format = answer_format if answer_format in ("json", "json-lines") else "text"
+    cue = ANSWER_CUES["text" if answer_format == "text" else "json"]
 
-    head = [
-        _instructions(manifest),
-        _section("MANIFEST", _manifest_summary(manifest)),
-        _section(
-            f"EDITABLE FILES of the parent candidate {parent.short_sha}",
-            "\n\n".join(
-                f"### {path}\n```\n{_cut(text, MAX_FILE_CHARS)}\n```"
-                for path, text in files.items()
-            )
-            or "(none)",
-        ),
-    ]
-    history = _section("EARLIER PROPOSALS (search split)", _render_history(proposals, task_scores))
-    pattern_text = (
-        _section(
-            "FAILURE PATTERNS",
-            "\n".join(_render_pattern(p) for p in patterns),
-        )
-        if patterns
-        else ""
+    head = "\n\n".join(
+        [
+            _instructions(manifest, answer_format),
+            _section("MANIFEST", _manifest_summary(manifest)),
+            _section(
+                f"EDITABLE FILES of the parent candidate {parent.short_sha}",
+                "\n\n".join(
+                    f"### {path}\n```\n{_cut(text, MAX_FILE_CHARS)}\n```"
+                    for path, text in files.items()
+                )
+                or "(none)",
+            ),
+        ]
     )
-    fixed = "\n\n".join(part for part in [*head, history, pattern_text] if part)
-    if len(fixed) > budget_chars:
-        # The history goes first; the instructions and the files to edit must stay whole.
-        history = _section(
-            "EARLIER PROPOSALS (search split)", _cut(history, max(0, budget_chars // 4))
-        )
-        fixed = "\n\n".join(part for part in [*head, history, pattern_text] if part)
-    room = budget_chars - len(fixed) - 200
-    trace_text, trace_ids, trace_tasks = _render_traces(campaign, parent, proposals, room)
+    minimum = len(head) + 2 + len(cue)
+    room = budget_chars - minimum
+    entries = [(p, _render_proposal(p, task_scores.get(p.id) or {})) for p in proposals]
+    pattern_body = "\n".join(_render_pattern(p) for p in patterns)
+    whole = sum(len(text) + 2 for _, text in entries) + len(pattern_body) + 80
+    # Everything but the traces fits: they get the rest. Otherwise shares keep room for the
+    # traces Meta-Harness found most useful: a third for the history, a sixth for patterns.
+    history_room = room if whole <= room else room // 3
+    pattern_room = room if whole <= room else room // 6
+    kept: list[tuple[Proposal, str]] = []
+    used = 0
+    for proposal, text in reversed(entries):  # the newest first
+        if used + len(text) + 2 > history_room - 40:
+            if not kept and history_room > 400:
+                kept.append((proposal, _cut(text, history_room - 80)))  # the newest, cut
+            break
+        kept.append((proposal, text))
+        used += len(text) + 2
+    kept.reverse()
+    shown_proposals = [p for p, _ in kept]
+    dropped = [p.sequence for p in proposals if p not in shown_proposals]
+    history = _section(
+        "EARLIER PROPOSALS (search split)",
+        "\n\n".join(text for _, text in kept)
+        or ("(none yet)" if not proposals else "(left out to fit the context)"),
+    )
+    pattern_text = ""
+    patterns_cut = 0
+    if pattern_body and pattern_room > 200:
+        pattern_text = _section("FAILURE PATTERNS", _cut(pattern_body, pattern_room - 30))
+        patterns_cut = max(0, len(pattern_body) - (pattern_room - 30))
+    elif pattern_body:
+        patterns_cut = len(pattern_body)
+    fixed = "\n\n".join(part for part in [head, history, pattern_text] if part)
+    trace_room = budget_chars - len(fixed) - len(cue) - 200
+    trace_text, trace_ids, trace_tasks, traces_left_out = _render_traces(
+        campaign, parent, proposals, trace_room
+    )
     text = "\n\n".join(
         part
         for part in [
             fixed,
             _section("TRACES OF FAILED SEARCH TASKS", trace_text) if trace_text else "",
-            "Now write your answer (HYPOTHESIS line, then the edits).",
+            cue,
         ]
         if part
     )
-    shown_tasks = sorted({key for scores in task_scores.values() for key in scores} | trace_tasks)
+    shown_scores = [task_scores.get(p.id) or {} for p in shown_proposals]
+    shown_tasks = sorted({key for scores in shown_scores for key in scores} | trace_tasks)
     shown = {
         "proposer": ProposerKind.LLM_PATCH.value,
         "parent": parent.sha,
@@ -169,16 +239,27 @@ def workspace_build(
                 "sequence": p.sequence,
                 "search_score": p.search_score,
             }
-            for p in proposals
+            for p in shown_proposals
             if p.candidate_id is not None
         ],
-        "proposals": [p.sequence for p in proposals],
+        "proposals": [p.sequence for p in shown_proposals],
         "task_keys": shown_tasks,
         "trace_ids": trace_ids,
-        "failure_patterns": [str(p.get("id") or p.get("name")) for p in patterns],
+        "failure_patterns": [str(p.get("id") or p.get("name")) for p in patterns]
+        if pattern_text
+        else [],
         "split": campaign.search_split,
         "budget_chars": budget_chars,
+        "minimum_chars": minimum,
         "chars": len(text),
+        "answer_format": answer_format,
+        # What was left out to fit the budget, in TRIM_ORDER: failed traces not shown, chars of
+        # the failure patterns cut, earlier proposals (by sequence) not shown.
+        "trimmed": {
+            "traces": traces_left_out,
+            "failure_patterns_chars": patterns_cut,
+            "proposals": dropped,
+        },
     }
     return Workspace(text=text, shown=shown, files=files)
 
@@ -228,30 +309,24 @@ def _search_scores(campaign: Campaign, proposal: Proposal) -> dict[str, float]:
     }
 
 
-def _render_history(proposals: list[Proposal], task_scores: dict[Any, dict[str, float]]) -> str:
-    if not proposals:
-        return "(none yet)"
-    parts = []
-    for p in proposals:
-        sha = p.candidate.short_sha if p.candidate_id else "-"
-        score = "-" if p.search_score is None else f"{p.search_score:.3f}"
-        line = f"#{p.sequence} {p.kind} candidate {sha} state {p.state} search score {score}"
-        hypothesis = (p.params or {}).get("hypothesis")
-        if hypothesis:
-            line += f"\n  hypothesis: {hypothesis}"
-        elif p.candidate_id and p.kind != ProposerKind.SEED:
-            line += f"\n  message: {p.candidate.message.splitlines()[0][:200]}"
-        if p.state == ProposalState.INVALID:
-            line += f"\n  {p.state_detail[:400]}"
-        scores = task_scores.get(p.id) or {}
-        if scores:
-            line += "\n  per-task search scores: " + ", ".join(
-                f"{key}={value:.2f}" for key, value in sorted(scores.items())
-            )
-        if p.patch:
-            line += f"\n  patch:\n{_cut(p.patch, MAX_PATCH_CHARS)}"
-        parts.append(line)
-    return "\n\n".join(parts)
+def _render_proposal(p: Proposal, scores: dict[str, float]) -> str:
+    sha = p.candidate.short_sha if p.candidate_id else "-"
+    score = "-" if p.search_score is None else f"{p.search_score:.3f}"
+    line = f"#{p.sequence} {p.kind} candidate {sha} state {p.state} search score {score}"
+    hypothesis = (p.params or {}).get("hypothesis")
+    if hypothesis:
+        line += f"\n  hypothesis: {hypothesis}"
+    elif p.candidate_id and p.kind != ProposerKind.SEED:
+        line += f"\n  message: {p.candidate.message.splitlines()[0][:200]}"
+    if p.state == ProposalState.INVALID:
+        line += f"\n  {p.state_detail[:400]}"
+    if scores:
+        line += "\n  per-task search scores: " + ", ".join(
+            f"{key}={value:.2f}" for key, value in sorted(scores.items())
+        )
+    if p.patch:
+        line += f"\n  patch:\n{_cut(p.patch, MAX_PATCH_CHARS)}"
+    return line
 
 
 def _render_pattern(pattern: dict[str, Any]) -> str:
@@ -318,12 +393,14 @@ def _failed_search_rollouts(
 
 def _render_traces(
     campaign: Campaign, parent: Candidate, proposals: list[Proposal], room: int
-) -> tuple[str, list[str], set[str]]:
-    if room < MIN_TRACE_CHARS:
-        return "", [], set()
+) -> tuple[str, list[str], set[str], int]:
+    """The traces that fit ``room`` (the parent's first, so older proposals' go first), their
+    ids and tasks, and how many failed traces were left out."""
     rollouts = _failed_search_rollouts(campaign, parent, proposals)
     if not rollouts:
-        return "", [], set()
+        return "", [], set(), 0
+    if room < MIN_TRACE_CHARS:
+        return "", [], set(), len(rollouts)
     count = max(1, min(len(rollouts), room // MIN_TRACE_CHARS))
     share = room // count
     parts, ids, tasks = [], [], set()
@@ -337,7 +414,7 @@ def _render_traces(
         parts.append(_cut(f"{header}\ntask inputs: {inputs}\n{body}", share))
         ids.append(str(rollout.id))
         tasks.add(rollout.task.key)
-    return "\n\n".join(parts), ids, tasks
+    return "\n\n".join(parts), ids, tasks, len(rollouts) - count
 
 
 def _render_trace(rollout: Rollout) -> str:

@@ -6,6 +6,13 @@ Transient failures (connection errors, timeouts, 408/429/5xx) are retried with e
 backoff; after the last try they raise PolicyUnavailable, which the worker records as an
 ``infra_error`` — never as a score. ``Sampling`` and ``Completion`` are the runtime's
 (workers/policy.py): a rollout is handed a client and sees only that protocol.
+
+``server_info`` and ``token_count`` ask a server what it is, how long its context is and how
+many tokens a text takes, where it says (vLLM: ``max_model_len`` in ``/v1/models`` and
+``POST /tokenize``; llama.cpp's server: ``/props`` and ``POST /tokenize``; llama-cpp-python:
+``POST /extras/tokenize/count``, no context length). They are probes: one try each, a short
+timeout, and ``None`` for anything a server does not answer, so a caller falls back to an
+estimate instead of failing.
 """
 
 from __future__ import annotations
@@ -27,6 +34,26 @@ from workers.policy import Completion, Sampling
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
+PROBE_TIMEOUT_S = 5.0
+# Counting a prompt's tokens reads the whole prompt (at most a proposer's workspace, 1 MB).
+TOKENIZE_TIMEOUT_S = 20.0
+
+
+class ServerFlavor:
+    """What software answers at an endpoint, as far as its replies show."""
+
+    VLLM = "vllm"
+    LLAMA_CPP = "llama.cpp"  # llama.cpp's own server (llama-server)
+    LLAMA_CPP_PYTHON = "llama-cpp-python"  # llama_cpp.server (the embedded policy)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """``flavor``: a ServerFlavor or None (unknown); ``context_tokens``: the context window the
+    server reports for the client's model, or None where it does not say."""
+
+    flavor: str | None = None
+    context_tokens: int | None = None
 
 
 class PolicyClient:
@@ -68,6 +95,83 @@ class PolicyClient:
         """``GET /v1/models``'s entries (vLLM lists loaded LoRA adapters with a ``parent``)."""
         body = self._request("GET", "/models")
         return [m for m in body.get("data", []) if isinstance(m, dict)]
+
+    def server_info(self) -> ServerInfo:
+        """What the server says about itself and this client's model (see the module's doc)."""
+        models = self._probe("GET", "/models")
+        entries = [m for m in (models or {}).get("data") or [] if isinstance(m, dict)]
+        entry = next((m for m in entries if m.get("id") == self.model), None)
+        entry = entry or (entries[0] if entries else {})
+        if _positive(entry.get("max_model_len")):
+            return ServerInfo(ServerFlavor.VLLM, entry["max_model_len"])
+        if entry.get("owned_by") == "vllm":
+            return ServerInfo(ServerFlavor.VLLM)
+        if entry.get("owned_by") == "llamacpp":
+            props = self._probe("GET", f"{self._root}/props") or {}
+            settings = props.get("default_generation_settings")
+            n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+            return ServerInfo(ServerFlavor.LLAMA_CPP, n_ctx if _positive(n_ctx) else None)
+        # llama-cpp-python lists its models as owned by "me": its tokenizer route tells it apart.
+        counted = self._probe(
+            "POST", f"{self._root}/extras/tokenize/count", json={"input": "", "model": self.model}
+        )
+        if counted is not None and isinstance(counted.get("count"), int):
+            return ServerInfo(ServerFlavor.LLAMA_CPP_PYTHON)
+        return ServerInfo()
+
+    def token_count(self, text: str, *, flavor: str | None) -> int | None:
+        """How many tokens ``text`` is as a prompt, by the server's own tokenizer (None where
+        the server of that ``flavor`` has none or did not answer)."""
+        if flavor == ServerFlavor.VLLM:
+            body = self._probe(
+                "POST",
+                f"{self._root}/tokenize",
+                json={"model": self.model, "prompt": text},
+                timeout_s=TOKENIZE_TIMEOUT_S,
+            )
+            count = (body or {}).get("count")
+        elif flavor == ServerFlavor.LLAMA_CPP:
+            body = self._probe(
+                "POST",
+                f"{self._root}/tokenize",
+                json={"content": text, "add_special": True},
+                timeout_s=TOKENIZE_TIMEOUT_S,
+            )
+            tokens = (body or {}).get("tokens")
+            count = len(tokens) if isinstance(tokens, list) else None
+        elif flavor == ServerFlavor.LLAMA_CPP_PYTHON:
+            body = self._probe(
+                "POST",
+                f"{self._root}/extras/tokenize/count",
+                json={"input": text, "model": self.model},
+                timeout_s=TOKENIZE_TIMEOUT_S,
+            )
+            count = (body or {}).get("count")
+        else:
+            return None
+        return count if isinstance(count, int) and count >= 0 else None
+
+    @property
+    def _root(self) -> str:
+        # The servers' own routes (/tokenize, /props, /extras/...) sit beside /v1, not under it.
+        return self.base_url.removesuffix("/v1")
+
+    def _probe(
+        self, method: str, path: str, *, timeout_s: float = PROBE_TIMEOUT_S, **kwargs: Any
+    ) -> dict[str, Any] | None:
+        """One try, no retry: the JSON object answered, or None (any error, status or body)."""
+        try:
+            response = self._http.request(method, path, timeout=timeout_s, **kwargs)
+        except httpx.HTTPError as exc:
+            logger.info("policy probe %s %s: %s", method, path, exc)
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
 
     def lora_load(self, *, name: str, path: str) -> str:
         """vLLM's ``POST /v1/load_lora_adapter`` (needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and
@@ -179,6 +283,10 @@ def normalize_base_url(url: str) -> str:
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
     choices = body.get("choices") or []
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
@@ -258,6 +366,13 @@ class RoutedPolicyClient:
 
     def models(self) -> list[str]:
         return self._call(lambda client: client.models())
+
+    # Probes ask the preferred route only, and never fail over: they raise nothing.
+    def server_info(self) -> ServerInfo:
+        return self.routes[0].client.server_info() if self.routes else ServerInfo()
+
+    def token_count(self, text: str, *, flavor: str | None) -> int | None:
+        return self.routes[0].client.token_count(text, flavor=flavor) if self.routes else None
 
     def complete(self, prompt: str, sampling: Sampling) -> Completion:
         return self._call(lambda client: client.complete(prompt, sampling))

@@ -75,6 +75,8 @@ EXPECTED = [
 def proposer_server():
     policy = QueuedProposer(ANSWERS)
     policy.model = "proposer-model"
+    # Its tokenizer route is asked to count each workspace: one more way out for sealed data.
+    policy.flavor = "llama-cpp-python"
     with ScriptedOpenAIServer(policy) as server:
         policy.url = server.url
         proposer_endpoint(server.url)
@@ -104,7 +106,11 @@ def test_it_validates_each_patch_and_evaluates_only_the_good_one(
         strategy=[
             {
                 "kind": "llm-patch",
-                "options": {"endpoint": "proposer", "model": "proposer-model"},
+                "options": {
+                    "endpoint": "proposer",
+                    "model": "proposer-model",
+                    "answer_format": "text",
+                },
             }
         ],
         max_proposals=len(ANSWERS),
@@ -168,6 +174,9 @@ def test_it_validates_each_patch_and_evaluates_only_the_good_one(
         assert MARKER not in json.dumps([p.prompt, p.shown])
     for request in proposer_server.requests:
         assert MARKER not in json.dumps(request)
+    assert proposer_server.probes  # the workspaces were counted by the server's tokenizer
+    for probe in proposer_server.probes:
+        assert MARKER not in json.dumps(probe)
 
 
 def _manifest(seed):
@@ -340,7 +349,9 @@ def test_it_shows_members_no_part_of_a_refusing_reply(start):
         draft = LlmPatchProposer(campaign, campaign.strategy[0]["options"]).propose(history=[])
     finally:
         refusing.close()
-    assert len(refusing.requests) == 1
+    # One model request (the probes of what the server is and how long its context is are
+    # the registered endpoint's too).
+    assert refusing.requests.count("/v1/completions") == 1
     [refused] = draft.stages
     assert not refused["ok"] and "HTTP 400" in refused["reason"]
     assert "workspace_chars" in refused["reason"]  # what the status usually means, and the fix

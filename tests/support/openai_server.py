@@ -6,6 +6,14 @@ offers tools answer with tool calls instead: ``(contains, [(name, arguments dict
 answer HTTP 503, to exercise retries; ``latency_s`` delays every completion (a stand-in for a
 model's generation time). ``stop()`` and ``start()`` take the server down and bring it back on
 the same port, to exercise outages.
+
+``flavor`` makes it answer as that server's own routes do (a word is a token, as in its
+usage counts): ``vllm`` lists ``max_model_len`` (``context_tokens``) in /v1/models and counts
+at POST /tokenize; ``llama.cpp`` lists its models as owned by llamacpp, reports ``n_ctx`` at
+/props and tokenizes at POST /tokenize; ``llama-cpp-python`` counts at POST
+/extras/tokenize/count and reports no context. Those requests go to ``probes``, not
+``requests``; ``context_tokens`` makes a completion longer than the context answer HTTP 400
+with llama.cpp's ``context_length_exceeded``.
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ class ScriptedPolicy:
     fail_next: int = 0
     latency_s: float = 0.0
     model: str = "scripted"
+    flavor: str | None = None
+    context_tokens: int | None = None
+    probes: list[dict[str, Any]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reply_for(self, text: str) -> str:
@@ -64,14 +75,43 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
+        policy = self.policy
         if self.path.rstrip("/") == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": self.policy.model}]})
+            entry: dict[str, Any] = {"id": policy.model, "object": "model"}
+            if policy.flavor == "vllm":
+                entry.update(owned_by="vllm", max_model_len=policy.context_tokens)
+            elif policy.flavor == "llama.cpp":
+                entry["owned_by"] = "llamacpp"
+            self._json(200, {"object": "list", "data": [entry]})
+        elif self.path == "/props" and policy.flavor == "llama.cpp":
+            policy.probes.append({"path": self.path})
+            self._json(200, {"default_generation_settings": {"n_ctx": policy.context_tokens}})
         else:
             self._json(404, {"error": "not found"})
+
+    def _tokenize(self, body: dict[str, Any]) -> bool:
+        """Answers the flavor's tokenizer route; False: not one."""
+        flavor, path = self.policy.flavor, self.path
+        if flavor == "vllm" and path == "/tokenize":
+            count = len(str(body.get("prompt", "")).split())
+            self._json(200, {"count": count, "max_model_len": self.policy.context_tokens,
+                             "tokens": list(range(count))})  # fmt: skip
+        elif flavor == "llama.cpp" and path == "/tokenize":
+            self._json(200, {"tokens": list(range(len(str(body.get("content", "")).split())))})
+        elif flavor == "llama-cpp-python" and path == "/extras/tokenize/count":
+            self._json(200, {"count": len(str(body.get("input", "")).split())})
+        else:
+            return False
+        self.policy.probes.append({"path": path, **body})
+        return True
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
+        if not self.path.startswith("/v1/"):
+            if not self._tokenize(body):
+                self._json(404, {"error": "not found"})
+            return
         with self.policy._lock:
             self.policy.requests.append({"path": self.path, **body})
             if self.policy.fail_next > 0:
@@ -80,6 +120,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         if self.policy.latency_s:
             time.sleep(self.policy.latency_s)
+        context = self.policy.context_tokens
+        asked = len(str(body.get("prompt") or body.get("messages") or "").split())
+        if context and asked + int(body.get("max_tokens") or 0) > context:
+            self._json(400, {"error": {"code": "context_length_exceeded", "message": (
+                f"This model's maximum context length is {context} tokens, however you "
+                f"requested {asked + int(body.get('max_tokens') or 0)} tokens")}})  # fmt: skip
+            return
         if self.path == "/v1/completions":
             text = self.policy.reply_for_request(body.get("prompt", ""), body.get("model"))
             choice = {"index": 0, "text": text, "finish_reason": "stop"}

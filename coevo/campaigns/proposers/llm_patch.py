@@ -12,6 +12,10 @@ What it was shown, the prompt, the raw answer and its token usage are recorded o
 proposal; its tokens and the model call's wall time are proposer spend, charged to the
 campaign's budget as proposer units (never as policy tokens) by the runner.
 
+The workspace is fitted to the proposer model's context window (fitting.py), and the answer
+is asked for as JSON the server enforces where it can (coevo.campaigns.answers:
+``answer_format`` auto picks it by what the server is), else in the free-text format.
+
 Validation: ``applies`` is decided here (coevo.campaigns.edits); the runner then records the
 manifest, imports, duplicate and smoke stages.
 """
@@ -28,23 +32,36 @@ from typing import Any
 
 from django.conf import settings
 
+from coevo.campaigns.answers import (
+    ANSWER_FORMATS,
+    JSON_FORMATS,
+    answer_format_choose,
+    answer_parse_json,
+)
 from coevo.campaigns.edits import EditRejected, answer_parse, edits_apply, path_check
 from coevo.campaigns.models import Campaign, ProposerKind
 from coevo.campaigns.proposers.base import Draft, stage
+from coevo.campaigns.proposers.fitting import (
+    PromptTooLarge,
+    context_window_resolve,
+    workspace_fit,
+)
 from coevo.campaigns.selectors import campaign_task_front
-from coevo.campaigns.workspace import DEFAULT_BUDGET_CHARS, workspace_build
+from coevo.campaigns.workspace import DEFAULT_BUDGET_CHARS, Workspace, workspace_build
 from coevo.errors import HarnessStoreError, InvalidInput, NotFound, PolicyRequestRejected
 from coevo.policies.client import (
     PolicyClient,
     RoutedPolicyClient,
     Sampling,
+    ServerFlavor,
+    ServerInfo,
     normalize_base_url,
 )
-from coevo.policies.models import PolicyEndpoint
+from coevo.policies.models import EndpointKind, PolicyEndpoint
 from coevo.policies.services import policy_client_for
 from harness_store.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from harness_store.models import Candidate
-from harness_store.selectors import candidate_read_file
+from harness_store.selectors import candidate_files, candidate_read_file
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +77,14 @@ OPTION_KEYS = (
     "workspace_chars",
     "parent",
     "timeout_s",
+    "context_tokens",
+    "answer_format",
 )
+# What an endpoint's registered kind says its server is, where its replies do not tell.
+_KIND_FLAVORS = {
+    EndpointKind.VLLM: ServerFlavor.VLLM,
+    EndpointKind.LLAMACPP: ServerFlavor.LLAMA_CPP,
+}
 
 
 def llm_patch_options_validate(
@@ -81,7 +105,13 @@ def llm_patch_options_validate(
     ``workspace_chars`` (2000..1000000, default 24000), ``parent`` (best: the best candidate on
     validation; front: a candidate of the per-task search front, rotating), ``timeout_s``
     (default 240: the proposal is written inside the campaign_advance task, whose soft time
-    limit is 300 s; outside the campaign's row lock, so nothing else waits on it).
+    limit is 300 s; outside the campaign's row lock, so nothing else waits on it),
+    ``context_tokens`` (256..10000000; the proposer model's context window where its server
+    does not report one; the smaller counts where both are known; default: the
+    COEVO_PROPOSER_CONTEXT_TOKENS setting), ``answer_format`` (auto|json|json-lines|text,
+    default auto: json-lines on llama.cpp and llama-cpp-python, json on vLLM, by the server's
+    replies or its endpoint's kind, enforced by a grammar or a JSON schema; else the free-text
+    format).
     """
     unknown = sorted(set(options) - set(keys))
     if unknown:
@@ -125,6 +155,16 @@ def llm_patch_options_validate(
         options, "workspace_chars", DEFAULT_BUDGET_CHARS, 2000, 1_000_000, integer=True
     )
     cleaned["timeout_s"] = number(options, "timeout_s", 240, 1, 3600, integer=True)
+    if "context_tokens" in options:
+        cleaned["context_tokens"] = number(
+            options, "context_tokens", 0, 256, 10_000_000, integer=True
+        )
+    answer_format = options.get("answer_format", "auto")
+    if answer_format not in ANSWER_FORMATS:
+        raise InvalidInput(
+            f"{label} proposer: answer_format must be one of {', '.join(ANSWER_FORMATS)}."
+        )
+    cleaned["answer_format"] = answer_format
     return {key: value for key, value in cleaned.items() if key in keys}
 
 
@@ -186,57 +226,81 @@ class LlmPatchProposer:
         parent = self._parent()
         manifest_text = candidate_read_file(candidate=parent, path=MANIFEST_NAME).decode()
         manifest = parse_manifest(tomllib.loads(manifest_text))
-        workspace = workspace_build(
-            campaign=self.campaign,
-            parent=parent,
-            manifest=manifest,
-            budget_chars=self.options.get("workspace_chars", DEFAULT_BUDGET_CHARS),
-        )
-        draft = Draft(
-            kind=ProposerKind.LLM_PATCH,
-            parents=[parent],
-            changes={},
-            message="llm-patch: (no hypothesis)",
-            shown=workspace.shown,
-            prompt=workspace.text,
-            proposer_wall_ms=0,  # until the model is asked: no request, no proposer time
-        )
-        sampling = Sampling(
-            max_tokens=self.options.get("max_tokens", 1024),
-            temperature=self.options.get("temperature", 0.7),
-            seed=self.campaign.seed + len(workspace.shown["proposals"]),
-        )
-        draft.params = {
+        budget_chars = self.options.get("workspace_chars", DEFAULT_BUDGET_CHARS)
+        max_tokens = self.options.get("max_tokens", 1024)
+        api = self.options.get("api", "completions")
+
+        def build(chars: int, answer_format: str = "text") -> Workspace:
+            return workspace_build(
+                campaign=self.campaign,
+                parent=parent,
+                manifest=manifest,
+                budget_chars=chars,
+                answer_format=answer_format,
+            )
+
+        params: dict[str, Any] = {
             "model": self.options.get("model", self.campaign.policy_version.served_name),
             "endpoint": "(the policy endpoint)",
-            "api": self.options.get("api", "completions"),
-            "sampling": sampling.as_params(),
+            "api": api,
             "parent_rule": self.options.get("parent", "best"),
         }
         try:
-            client, draft.params["endpoint"] = self._client()
+            client, params["endpoint"] = self._client()
         except InvalidInput as exc:
             # Checked before any request: a campaign whose endpoint was removed, or one stored
             # with a base_url that no registered endpoint has, sends nothing.
+            draft, _ = self._draft(parent, build(budget_chars), params, max_tokens)
             draft.stages.append(stage("applies", False, f"{exc} No request was sent."))
             return draft
-        started = time.monotonic()
-        try:
-            completion = self._ask(client, workspace.text, sampling)
-        except PolicyRequestRejected as exc:
-            # A 4xx is a persistent answer (say, the workspace exceeds the proposer's context):
-            # recorded as a rejected proposal. PolicyUnavailable (the server is down) propagates:
-            # an infrastructure failure must not count as a proposal; the next advance retries.
-            # Every member reads the stage, so it says what the status means, never what the
-            # server wrote back; the reply goes to the worker's log.
-            logger.warning(
-                "campaign %s: the proposer model refused the request: %s", self.campaign.id, exc
+        with client:
+            info = client.server_info()
+            answer_format, fields, enforced_by = self._answer_format(info, manifest, parent)
+            window = context_window_resolve(
+                server_tokens=info.context_tokens,
+                option_tokens=self.options.get("context_tokens"),
+                setting_tokens=settings.COEVO_PROPOSER_CONTEXT_TOKENS,
             )
-            draft.stages.append(stage("applies", False, _refusal_summary(exc.status)))
-            return draft
-        finally:
-            # The model call alone: building the workspace is the runner's cost, not the model's.
-            draft.proposer_wall_ms = round(1000 * (time.monotonic() - started))
+            flavor = info.flavor or self._kind_flavor()
+            params.update(
+                server=info.flavor,
+                answer_format=answer_format,
+                enforced_by=enforced_by,
+            )
+            try:
+                workspace, params["context"] = workspace_fit(
+                    build=lambda chars: build(chars, answer_format),
+                    budget_chars=budget_chars,
+                    window=window,
+                    max_tokens=max_tokens,
+                    count=lambda text: client.token_count(text, flavor=flavor),
+                )
+            except PromptTooLarge as exc:
+                params["context"] = exc.record
+                draft, _ = self._draft(parent, exc.workspace, params, max_tokens)
+                draft.stages.append(stage("applies", False, str(exc)))
+                return draft
+            draft, sampling = self._draft(parent, workspace, params, max_tokens)
+            started = time.monotonic()
+            try:
+                completion = self._ask(client, workspace.text, sampling, fields)
+            except PolicyRequestRejected as exc:
+                # A 4xx is a persistent answer (say, the workspace exceeds the proposer's
+                # context): recorded as a rejected proposal. PolicyUnavailable (the server is
+                # down) propagates: an infrastructure failure must not count as a proposal; the
+                # next advance retries. Every member reads the stage, so it says what the
+                # status means, never what the server wrote back; the reply goes to the
+                # worker's log.
+                logger.warning(
+                    "campaign %s: the proposer model refused the request: %s",
+                    self.campaign.id,
+                    exc,
+                )
+                draft.stages.append(stage("applies", False, _refusal_summary(exc.status)))
+                return draft
+            finally:
+                # The model call alone: building the workspace is the runner's cost.
+                draft.proposer_wall_ms = round(1000 * (time.monotonic() - started))
         draft.response = completion.text
         draft.proposer_tokens = completion.prompt_tokens + completion.completion_tokens
         draft.params["usage"] = {
@@ -245,7 +309,10 @@ class LlmPatchProposer:
             "finish_reason": completion.finish_reason,
         }
         try:
-            answer = answer_parse(completion.text)
+            if answer_format in JSON_FORMATS:
+                answer = answer_parse_json(completion.text)
+            else:
+                answer = answer_parse(completion.text)
             draft.params["hypothesis"] = answer.hypothesis
             draft.params["format"] = answer.format
             draft.message = f"llm-patch: {answer.hypothesis}"
@@ -259,7 +326,13 @@ class LlmPatchProposer:
                         files[path] = candidate_read_file(candidate=parent, path=path).decode()
             changes = edits_apply(answer=answer, files=files, components=manifest.components)
         except EditRejected as exc:
-            draft.stages.append(stage("applies", False, str(exc)))
+            reason = str(exc)
+            if completion.finish_reason == "length":
+                reason += (
+                    f" The answer stopped at max_tokens ({max_tokens}) before it ended: raise "
+                    "max_tokens."
+                )
+            draft.stages.append(stage("applies", False, reason))
             return draft
         draft.changes = changes
         draft.patch = _unified(files, changes)
@@ -272,6 +345,31 @@ class LlmPatchProposer:
         )
         return draft
 
+    def _draft(
+        self, parent: Candidate, workspace: Workspace, params: dict[str, Any], max_tokens: int
+    ) -> tuple[Draft, Sampling]:
+        shown = workspace.shown
+        sampling = Sampling(
+            max_tokens=max_tokens,
+            temperature=self.options.get("temperature", 0.7),
+            # Counted over every proposal the workspace considered, shown or trimmed, so
+            # successive proposals of one campaign draw different samples.
+            seed=self.campaign.seed
+            + len(shown["proposals"])
+            + len(shown.get("trimmed", {}).get("proposals", [])),
+        )
+        draft = Draft(
+            kind=ProposerKind.LLM_PATCH,
+            parents=[parent],
+            changes={},
+            message="llm-patch: (no hypothesis)",
+            shown=shown,
+            prompt=workspace.text,
+            proposer_wall_ms=0,  # until the model is asked: no request, no proposer time
+            params={**params, "sampling": sampling.as_params()},
+        )
+        return draft, sampling
+
     def tell(self, *, trial_number: int | None, outcome: str, value: float | None) -> None:
         # Stateless: the next workspace reads every outcome from the campaign's records.
         return None
@@ -279,11 +377,45 @@ class LlmPatchProposer:
     def _client(self) -> tuple[PolicyClient | RoutedPolicyClient, str]:
         return proposer_client(campaign=self.campaign, options=self.options)
 
-    def _ask(self, client: PolicyClient | RoutedPolicyClient, text: str, sampling: Sampling) -> Any:
-        with client:
-            if self.options.get("api", "completions") == "chat":
-                return client.chat([{"role": "user", "content": text}], sampling)
-            return client.complete(text, sampling)
+    def _ask(
+        self,
+        client: PolicyClient | RoutedPolicyClient,
+        text: str,
+        sampling: Sampling,
+        fields: dict[str, Any],
+    ) -> Any:
+        if self.options.get("api", "completions") == "chat":
+            body = {"messages": [{"role": "user", "content": text}]}
+            return client.forward("chat", {**body, **sampling.as_params(), **fields})
+        return client.forward("completions", {"prompt": text, **sampling.as_params(), **fields})
+
+    def _answer_format(
+        self, info: ServerInfo, manifest: Manifest, parent: Candidate
+    ) -> tuple[str, dict[str, Any], str | None]:
+        flavor = info.flavor or self._kind_flavor()
+        wanted = self.options.get("answer_format", "auto")
+        texts = {}
+        if wanted != "text" and (wanted != "auto" or flavor is not None):
+            for entry in candidate_files(candidate=parent):
+                if not _editable(entry.path, manifest):
+                    continue
+                with contextlib.suppress(HarnessStoreError, NotFound, UnicodeDecodeError):
+                    texts[entry.path] = candidate_read_file(
+                        candidate=parent, path=entry.path
+                    ).decode()
+        return answer_format_choose(
+            wanted=wanted, flavor=flavor, texts=texts, components=list(manifest.components)
+        )
+
+    def _kind_flavor(self) -> str | None:
+        if "endpoint" in self.options or "base_url" in self.options:
+            try:
+                kind = llm_patch_endpoint(options=self.options).kind
+            except InvalidInput:
+                return None
+        else:
+            kind = self.campaign.policy_version.endpoint.kind
+        return _KIND_FLAVORS.get(kind)
 
     def _parent(self) -> Candidate:
         return proposer_parent(
@@ -332,13 +464,25 @@ def proposer_parent(*, campaign: Campaign, options: dict[str, Any], kind: str) -
 
 # What a proposer model's refusal usually means, by status: said to members instead of the reply.
 _REFUSALS = {
-    400: "often a prompt longer than the model's context: lower workspace_chars or max_tokens",
+    400: (
+        "often a prompt longer than the model's context (set context_tokens to the model's "
+        "context, or lower workspace_chars or max_tokens) or a grammar or response_format the "
+        "server does not take (set answer_format to text)"
+    ),
     401: "the endpoint wants credentials coevo does not send",
     403: "the endpoint wants credentials coevo does not send",
     404: "often a model name the endpoint does not serve: check the model option",
     413: "the prompt is too large for the endpoint: lower workspace_chars",
     422: "often a prompt longer than the model's context: lower workspace_chars or max_tokens",
 }
+
+
+def _editable(path: str, manifest: Manifest) -> bool:
+    try:
+        path_check(path, manifest.components)
+    except EditRejected:
+        return False
+    return True
 
 
 def _refusal_summary(status: int | None) -> str:
