@@ -13,7 +13,7 @@ from coevo.campaigns.models import CampaignState, ProposalState, ProposerKind
 from coevo.campaigns.selectors import proposer_validity
 from coevo.campaigns.services import campaign_advance_enqueue, campaign_create, campaign_start
 from coevo.config import BASE_DIR
-from coevo.demo import demo_textworld_suite
+from coevo.demo.campaign import demo_textworld_suite
 from coevo.evaluations.models import Evaluation
 from coevo.policies.embedded import DEFAULT_MODEL_ALIAS
 from harness_store.services import candidate_import_directory
