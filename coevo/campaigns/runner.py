@@ -101,7 +101,7 @@ def campaign_draft(*, campaign_id: Any, sequence: int, drafting_at: str) -> None
             logger.info(
                 "campaign %s: draft %d not written (%s)", campaign_id, sequence, campaign.state
             )
-            _ticket_unwanted(campaign, ticket)
+            _ticket_return(campaign, ticket)
             return
     result = _draft(campaign_id, ticket)
     if result:
@@ -117,7 +117,7 @@ def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
     try:
         draft = _write(campaign, proposer)
     except BaseException:
-        _drafting_clear(campaign_id, ticket)  # the next advance may try again at once
+        _draft_failed(campaign_id, ticket)  # the next advance may try again at once
         raise
     with transaction.atomic():
         campaign = (
@@ -135,7 +135,7 @@ def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
                 "" if current else ", redrafted elsewhere",
             )
             if current:
-                _ticket_unwanted(campaign, ticket)
+                _ticket_return(campaign, ticket)
             # The proposer model was paid all the same.
             _charge(campaign, draft, f"proposal {ticket.sequence} ({draft.kind}), discarded")
             return False
@@ -155,15 +155,26 @@ def _ticket_current(campaign: Campaign, ticket: _DraftTicket) -> bool:
     return bool(held) and held["at"] == ticket.drafting_at.isoformat()
 
 
-def _ticket_unwanted(campaign: Campaign, ticket: _DraftTicket) -> None:
-    """A current ticket whose draft is not to be recorded now (under the lock): paused
-    mid-round, its slot is drafted again once the campaign resumes (a ticket left as it was
-    would look fresh to the resume's advance, and hold the round until it is stale); stopped or
-    finished, no draft is wanted any more."""
-    if ticket.batch is not None and campaign.state == CampaignState.PAUSED:
+def _ticket_return(campaign: Campaign, ticket: _DraftTicket) -> None:
+    """A current ticket handed back, its draft not recorded (under the lock). While the
+    campaign may still want it (running, paused), a round's slot is drafted again by the next
+    advance (the resume's, when paused): a ticket left as it was would look fresh and hold the
+    round until it is stale, and a removed one would drop the slot (the round raced short of
+    it, a gap in its sequences). Stopped or finished, no draft is wanted any more. A single
+    draft's ticket is removed: the next advance drafts it again."""
+    wanted = campaign.state in (CampaignState.RUNNING, CampaignState.PAUSED)
+    if ticket.batch is not None and wanted:
         _batch_ticket_set(campaign, ticket.sequence, at=None, batch=ticket.batch)
     else:
         _drafting_clear(campaign.id, ticket)
+
+
+def _draft_failed(campaign_id: Any, ticket: _DraftTicket) -> None:
+    """A draft that raised (the proposer model down, its call timed out)."""
+    with transaction.atomic():
+        campaign = Campaign.objects.select_for_update().get(id=campaign_id)
+        if _ticket_current(campaign, ticket):
+            _ticket_return(campaign, ticket)
 
 
 def _drafting_clear(campaign_id: Any, ticket: _DraftTicket) -> None:

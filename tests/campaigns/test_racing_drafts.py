@@ -2,8 +2,8 @@
 ``campaign_draft`` task with a ticket in ``drafting_batch``. They are written in parallel, each
 recorded once and charged once; a ticket whose worker died is redrafted once it is stale, and
 the late answer of the stale draft is discarded (but charged: the model was paid); drafts that
-come back while the campaign is paused are drafted again on resume; a stop discards what is
-still out. Drafts here run by hand from the broker's queue (no worker), unless a test says
+come back while the campaign is paused are drafted again on resume, as is one whose proposer
+call failed at the next advance; a stop discards what is still out. Drafts here run by hand from the broker's queue (no worker), unless a test says
 otherwise; the proposer model answers from a scripted server."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from coevo.campaigns.services import (
     campaign_start,
     campaign_stop,
 )
+from coevo.errors import PolicyUnavailable
 from coevo.evaluations.models import Budget, Evaluation, LedgerEntry, Rollout
 from harness_store.services import candidate_import_directory
 from tests.campaigns.support import (
@@ -365,6 +366,35 @@ def test_a_stop_mid_drafting_discards_the_pending_drafts_and_starts_no_rollout(
     ]
     assert_ledger_consistent(campaign)
     assert queued_drafts() == []
+
+
+def test_a_draft_whose_proposer_call_failed_is_sent_again_by_the_next_advance(
+    project, tmp_path, policy_version, proposer
+):
+    proposer.answers = [GOOD, OKAY, MEH]
+    campaign = round_campaign(project, tmp_path, policy_version)
+    one, two, three = until_drafting(campaign)
+    run_draft(one)
+    proposer.fail_next = 100  # 503s: unavailable after the client's retries
+
+    with pytest.raises(PolicyUnavailable):
+        run_draft(two)
+
+    proposer.fail_next = 0
+    assert Campaign.objects.get(id=campaign.id).drafting_batch["2"]["at"] is None
+    run_draft(three)  # the round's last draft out advances: draft 2 is sent again
+    [again] = queued_drafts()
+    assert again[1] == 2
+    assert not Proposal.objects.filter(campaign=campaign, search_evaluation__isnull=False).exclude(
+        kind=ProposerKind.SEED
+    )  # the round waits for it
+    run_draft(again)
+    round_ = round_of(campaign)
+    assert [round_[n].response for n in (1, 2, 3)] == [GOOD, MEH, OKAY]
+    assert_ledger_consistent(campaign)
+    campaign = drive_round(campaign)
+    assert campaign.state == CampaignState.FINISHED, campaign.stop_reason
+    assert round_of(campaign)[2].eliminated_at is not None
 
 
 # An agentic proposer program with no dependencies: asks the model for a style and writes it
