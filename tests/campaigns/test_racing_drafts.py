@@ -179,7 +179,7 @@ def test_a_round_of_llm_patch_drafts_is_written_in_parallel_and_raced_on_a_real_
     scripted_policy.rules.extend(raced_rules(SEARCH_TASKS))
     scripted_policy.default = "no"
     proposer.answers = [GOOD, MEH, INVALID]
-    proposer.latency_s = 2.0  # a model call long enough that parallel drafts overlap
+    proposer.latency_s = 3.0  # a model call long enough that parallel drafts overlap
     campaign = round_campaign(project, tmp_path, policy_version)
 
     deadline = time.monotonic() + 300
