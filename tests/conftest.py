@@ -141,12 +141,23 @@ def empty_queue():
 @pytest.fixture
 def celery_worker_thread(transactional_db, settings):
     """A real worker (in a thread of this process) consuming the real broker's queues."""
+    yield from _worker(settings, pool="solo", concurrency=1)
+
+
+@pytest.fixture
+def celery_worker_threads(transactional_db, settings):
+    """A real worker running four tasks at once, each in a thread of its own: work the design
+    spreads over several workers (a round's drafts) runs in parallel, as it would there."""
+    yield from _worker(settings, pool="threads", concurrency=4)
+
+
+def _worker(settings, *, pool: str, concurrency: int):
     assert not settings.CELERY_BROKER_URL.startswith("filesystem"), "tests need CELERY_BROKER_URL"
     app.control.purge()
     with start_worker(
         app,
-        pool="solo",
-        concurrency=1,
+        pool=pool,
+        concurrency=concurrency,
         perform_ping_check=False,
         queues=["rollouts", "default", "training"],
         loglevel="WARNING",

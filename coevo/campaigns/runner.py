@@ -88,21 +88,22 @@ def campaign_draft(*, campaign_id: Any, sequence: int, drafting_at: str) -> None
     """Write one draft of a round (a ``campaign_draft`` task, one per slow draft, in parallel),
     then advance: the round's last draft to come back starts its race. A redelivered or stale
     task finds its ticket gone or replaced and only charges what it wrote."""
-    campaign = Campaign.objects.filter(id=campaign_id).first()
-    if campaign is None:
-        return
-    ticket = (campaign.drafting_batch or {}).get(str(sequence))
-    if not ticket or ticket["at"] != drafting_at or campaign.state != CampaignState.RUNNING:
-        logger.info("campaign %s: draft %d no longer wanted", campaign_id, sequence)
-        return
-    result = _draft(
-        campaign_id,
-        _DraftTicket(
-            sequence=sequence,
-            drafting_at=datetime.fromisoformat(drafting_at),
-            batch=ticket["batch"],
-        ),
-    )
+    with transaction.atomic():
+        campaign = Campaign.objects.select_for_update().filter(id=campaign_id).first()
+        held = campaign and (campaign.drafting_batch or {}).get(str(sequence))
+        if not held or held["at"] != drafting_at:
+            logger.info("campaign %s: draft %d no longer wanted", campaign_id, sequence)
+            return
+        ticket = _DraftTicket(
+            sequence=sequence, drafting_at=datetime.fromisoformat(drafting_at), batch=held["batch"]
+        )
+        if campaign.state != CampaignState.RUNNING:
+            logger.info(
+                "campaign %s: draft %d not written (%s)", campaign_id, sequence, campaign.state
+            )
+            _ticket_return(campaign, ticket)
+            return
+    result = _draft(campaign_id, ticket)
     if result:
         campaign_advance(campaign_id=campaign_id)
 
@@ -116,7 +117,7 @@ def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
     try:
         draft = _write(campaign, proposer)
     except BaseException:
-        _drafting_clear(campaign_id, ticket)  # the next advance may try again at once
+        _draft_failed(campaign_id, ticket)  # the next advance may try again at once
         raise
     with transaction.atomic():
         campaign = (
@@ -133,11 +134,8 @@ def _draft(campaign_id: Any, ticket: _DraftTicket) -> bool:
                 campaign.state,
                 "" if current else ", redrafted elsewhere",
             )
-            if current and ticket.batch is not None and campaign.state == CampaignState.PAUSED:
-                # Paused mid-round: the slot is drafted again once the campaign resumes.
-                _batch_ticket_set(campaign, ticket.sequence, at=None, batch=ticket.batch)
-            elif current:
-                _drafting_clear(campaign_id, ticket)
+            if current:
+                _ticket_return(campaign, ticket)
             # The proposer model was paid all the same.
             _charge(campaign, draft, f"proposal {ticket.sequence} ({draft.kind}), discarded")
             return False
@@ -155,6 +153,28 @@ def _ticket_current(campaign: Campaign, ticket: _DraftTicket) -> bool:
         )
     held = (campaign.drafting_batch or {}).get(str(ticket.sequence))
     return bool(held) and held["at"] == ticket.drafting_at.isoformat()
+
+
+def _ticket_return(campaign: Campaign, ticket: _DraftTicket) -> None:
+    """A current ticket handed back, its draft not recorded (under the lock). While the
+    campaign may still want it (running, paused), a round's slot is drafted again by the next
+    advance (the resume's, when paused): a ticket left as it was would look fresh and hold the
+    round until it is stale, and a removed one would drop the slot (the round raced short of
+    it, a gap in its sequences). Stopped or finished, no draft is wanted any more. A single
+    draft's ticket is removed: the next advance drafts it again."""
+    wanted = campaign.state in (CampaignState.RUNNING, CampaignState.PAUSED)
+    if ticket.batch is not None and wanted:
+        _batch_ticket_set(campaign, ticket.sequence, at=None, batch=ticket.batch)
+    else:
+        _drafting_clear(campaign.id, ticket)
+
+
+def _draft_failed(campaign_id: Any, ticket: _DraftTicket) -> None:
+    """A draft that raised (the proposer model down, its call timed out)."""
+    with transaction.atomic():
+        campaign = Campaign.objects.select_for_update().get(id=campaign_id)
+        if _ticket_current(campaign, ticket):
+            _ticket_return(campaign, ticket)
 
 
 def _drafting_clear(campaign_id: Any, ticket: _DraftTicket) -> None:

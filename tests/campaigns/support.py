@@ -3,13 +3,17 @@ string planted in its validation and held-out tasks."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 from django.db.models import Q
+from kombu import Queue
 
 from coevo.campaigns.models import Campaign, Proposal, ProposalState
 from coevo.campaigns.runner import campaign_advance
-from coevo.campaigns.services import campaign_create, campaign_start
+from coevo.campaigns.services import CAMPAIGN_DRAFT_TASK, campaign_create, campaign_start
+from coevo.celery import app
 from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState
 from coevo.evaluations.services import rollout_claim, rollout_finish
 from coevo.policies.client import normalize_base_url
@@ -170,13 +174,16 @@ def raced_rules(search: int = 16) -> list[tuple[str, str]]:
     return rules
 
 
-def drive_round(campaign: Campaign, max_steps: int = 200) -> Campaign:
+def drive_round(
+    campaign: Campaign, max_steps: int = 200, *, until: Callable[[Campaign], bool] | None = None
+) -> Campaign:
     """Advance a raced campaign, finishing by hand the rollouts it sent, one task at a time
-    (the oldest sent first, as a worker would), with ``raced_passes``."""
+    (the oldest sent first, as a worker would), with ``raced_passes``; until it is final, or
+    ``until(campaign)`` holds."""
     for _ in range(max_steps):
         campaign_advance(campaign_id=campaign.id)
         campaign.refresh_from_db()
-        if campaign.is_final:
+        if campaign.is_final or (until is not None and until(campaign)):
             return campaign
         sent = Rollout.objects.filter(
             evaluation__in=Evaluation.objects.filter(
@@ -202,11 +209,40 @@ def drive_round(campaign: Campaign, max_steps: int = 200) -> Campaign:
     raise AssertionError(f"campaign still {campaign.state} after {max_steps} steps")
 
 
+# A patch's added line that fixes the style (an llm-patch or agentic proposal of
+# ``patched_style``): '+    prompt = "style=good " + task["input"]'.
+_PATCHED_STYLE = re.compile(r'^\+.*"style=(\w+) "', re.MULTILINE)
+
+
+def patched_style(style: str) -> str:
+    """The agent.py line of a harness that always uses ``style`` (what a patch writes)."""
+    return f'    prompt = "style={style} " + task["input"]\n'
+
+
 def _style_of(evaluation_id) -> str:
+    """The style a proposal's harness answers with: its knob (random), else its patch's."""
     proposal = Proposal.objects.filter(
         Q(search_evaluation_id=evaluation_id) | Q(validation_evaluation_id=evaluation_id)
     ).first()
-    return (proposal.params or {}).get("style", "bad")
+    if "style" in (proposal.params or {}):
+        return proposal.params["style"]
+    patched = _PATCHED_STYLE.search(proposal.patch or "")
+    return patched.group(1) if patched else "bad"
+
+
+def queued_drafts() -> list[tuple[str, int, str]]:
+    """Take the ``campaign_draft`` messages waiting in the broker's default queue (no worker
+    consumes it): (campaign id, sequence, drafting_at) each, for the test to run by hand or
+    drop (a worker that died). Other messages there (advances) are dropped: the test
+    advances by hand."""
+    drafts = []
+    with app.connection_for_read() as conn:
+        queue = Queue("default", channel=conn.default_channel)
+        while (message := queue.get(no_ack=True)) is not None:
+            if message.headers.get("task") == CAMPAIGN_DRAFT_TASK:
+                campaign_id, sequence, drafting_at = message.decode()[0]
+                drafts.append((campaign_id, int(sequence), drafting_at))
+    return drafts
 
 
 def raced_campaign(project, tmp_path: Path, policy_version, **options) -> Campaign:
