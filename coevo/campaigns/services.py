@@ -223,6 +223,13 @@ def campaign_stop(*, campaign: Campaign, reason: str = "stopped by a user") -> C
             stop_reason=reason,
             finished_at=timezone.now(),
             updated_at=timezone.now(),
+            # No draft is wanted any more. A draft still being written finds its ticket gone
+            # and is discarded (and charged); a draft task that never reaches a worker would
+            # otherwise leave its ticket here for good.
+            drafting_batch={},
+            drafting_sequence=None,
+            drafting_at=None,
+            state_detail="",
         )
         if not moved:
             raise InvalidState(f"Campaign {campaign.name} is {campaign.state}: nothing to stop.")

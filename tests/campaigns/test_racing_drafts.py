@@ -368,6 +368,21 @@ def test_a_stop_mid_drafting_discards_the_pending_drafts_and_starts_no_rollout(
     assert queued_drafts() == []
 
 
+def test_a_stop_clears_the_tickets_of_drafts_no_worker_took(
+    project, tmp_path, policy_version, proposer
+):
+    proposer.answers = [GOOD, MEH, OKAY]
+    campaign = round_campaign(project, tmp_path, policy_version)
+    until_drafting(campaign)  # three draft tasks queued; their messages are never delivered
+
+    campaign_stop(campaign=campaign, reason="enough")
+
+    campaign.refresh_from_db()
+    assert campaign.drafting_batch == {}
+    assert campaign.state_detail == ""
+    assert proposer.requests == []
+
+
 def test_a_draft_whose_proposer_call_failed_is_sent_again_by_the_next_advance(
     project, tmp_path, policy_version, proposer
 ):
