@@ -13,6 +13,7 @@ Imported once Django is set up (``coevo.demo.run``).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sys
 import time
 from typing import Any
@@ -100,11 +101,16 @@ def demo_textworld_suite(
     ):
         in_split = list(full.tasks.filter(split=split).order_by("position"))
         levels = [[task for task in in_split if task.key.startswith(lv)] for lv in SLICE_LEVELS]
-        picked = [task for pair in zip(*levels, strict=False) for task in pair][:wanted]
+        # The demo's levels in turn while both last, then the rest of them, then the split's
+        # other levels in suite order: the full suite has 1 easy and 2 medium held-out games,
+        # and a benchmark that asks for more held-out games (heldout_games) gets the others.
+        paired = [t for pair in itertools.zip_longest(*levels) for t in pair if t is not None]
+        ordered = paired + [task for task in in_split if task not in paired]
+        picked = ordered[:wanted]
         if len(picked) < wanted:
             raise CoevoError(
-                f"The TextWorld suite has only {len(picked)} {split} games of the demo's "
-                f"levels; ask for {len(picked)} or fewer."
+                f"The TextWorld suite has only {len(picked)} {split} games; ask for "
+                f"{len(picked)} or fewer."
             )
         chosen += picked
     keys = ",".join(task.key for task in chosen)
