@@ -114,6 +114,13 @@ def demo_textworld_suite(
             )
         chosen += picked
     keys = ",".join(task.key for task in chosen)
+    # Held-out games are sealed (DESIGN.md §8): the description, shown wherever the suite is,
+    # names the games a proposer may know of and only counts the held-out ones.
+    open_keys = ", ".join(task.key for task in chosen if task.split != Split.HELDOUT)
+    description = (
+        f"The demo's slice of {full.name}: {games} search and {games} validation games "
+        f"({open_keys}) and {heldout} sealed held-out games. {full.description}"
+    )
     content_hash = hashlib.sha256(f"{full.content_hash}\x00{keys}".encode()).hexdigest()
     name = f"textworld-demo-{games}x{max_steps}" + (f"-h{heldout}" if heldout != games else "")
     with transaction.atomic():
@@ -129,13 +136,13 @@ def demo_textworld_suite(
                 # A slice of the full suite: a promotion judged on the full suite finds the
                 # campaign's search and validation scores on this one (suite_family).
                 "source": full,
-                "description": (
-                    f"The demo's slice of {full.name}: {games} search, {games} validation and "
-                    f"{heldout} held-out games ({', '.join(task.key for task in chosen)}). "
-                    f"{full.description}"
-                ),
+                "description": description,
             },
         )
+        if suite.description != description:
+            # A slice made when the description still named its held-out games.
+            Suite.objects.filter(id=suite.id).update(description=description)
+            suite.description = description
         if suite.source_id is None:
             # A slice made before slices named their source.
             Suite.objects.filter(id=suite.id).update(source=full)

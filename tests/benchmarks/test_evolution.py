@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks import evolution
-from coevo.demo.campaign import demo_textworld_suite
-from coevo.suites.models import Split
 from tests.support.net import free_port
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 
@@ -167,18 +165,6 @@ def test_it_bounds_its_inputs(flag, value, capsys):
     with pytest.raises(SystemExit):
         evolution.main([flag, value])
     assert f"{flag} must be between" in capsys.readouterr().err
-
-
-@pytest.mark.django_db
-def test_the_slice_holds_more_held_out_games_than_the_demos_levels(project):
-    suite = demo_textworld_suite(project=project, games=2, max_steps=12, heldout_games=6)
-    heldout = list(suite.tasks.filter(split=Split.HELDOUT).order_by("position"))
-    assert len(heldout) == 6
-    # The first two are what the demo's slice always took (easy and medium in turn).
-    assert [t.key.rsplit("-", 1)[0] for t in heldout[:3]] == [
-        "cooking-easy", "cooking-medium", "cooking-medium"
-    ]  # fmt: skip
-    assert suite.tasks.filter(split=Split.SEARCH).count() == 2
 
 
 @pytest.mark.timeout(300)
