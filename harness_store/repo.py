@@ -24,12 +24,11 @@ from pathlib import Path
 import git
 
 from coevo.errors import HarnessStoreError, NotFound
-from harness_store.repo_base import CHUNK, EMPTY_TREE, flock, git_stderr
+from harness_store.repo_base import CANDIDATE_REF_PREFIX, CHUNK, EMPTY_TREE, flock, git_stderr
 from harness_store.repo_bundles import BundleMethods
 from harness_store.repo_diffs import DiffMethods
+from harness_store.repo_fast_import import FastImportMethods
 
-CANDIDATE_REF_PREFIX = "refs/coevo/candidates/"
-TAG_PREFIX = "refs/tags/"
 # Never part of a harness: byte-code and the user's own git metadata.
 _IGNORED = "__pycache__/\n*.pyc\n*.pyo\n.git\n.DS_Store\n"
 _MAX_FILE_BYTES = 5 * 1024 * 1024
@@ -65,10 +64,10 @@ class TreeSize:
     complete: bool
 
 
-class HarnessRepo(BundleMethods, DiffMethods):
-    """One bare repository; create it with :meth:`open_or_init`. Its bundle and diff methods
-    live in harness_store.repo_bundles and harness_store.repo_diffs, the primitives they share
-    in harness_store.repo_base."""
+class HarnessRepo(BundleMethods, DiffMethods, FastImportMethods):
+    """One bare repository; create it with :meth:`open_or_init`. Its bundle, diff and bulk
+    import methods live in harness_store.repo_bundles, repo_diffs and repo_fast_import, the
+    primitives they share in harness_store.repo_base."""
 
     @classmethod
     def open_or_init(cls, path: Path) -> HarnessRepo:

@@ -22,6 +22,8 @@ from coevo.errors import HarnessStoreError, NotFound
 # so can its diff.
 DEFAULT_GIT_TIMEOUT_S = 30.0
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+# Every commit coevo keeps has a ref here, so that ``git gc`` never drops it.
+CANDIDATE_REF_PREFIX = "refs/coevo/candidates/"
 CHUNK = 64 * 1024
 
 
