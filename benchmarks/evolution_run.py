@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,13 @@ from coevo.campaigns.services import (
     campaign_stop,
 )
 from coevo.demo.campaign import CAMPAIGN_KNOBS, TEXTWORLD_HARNESS, demo_textworld_suite
-from coevo.demo.processes import Services, require_free_port, running_services, say, start_policy
+from coevo.demo.processes import (
+    Services,
+    require_free_port,
+    running_services,
+    say,
+    start_policy_and_worker,
+)
 from coevo.demo.promotion import wait_for_promotion
 from coevo.demo.users import demo_user
 from coevo.errors import CoevoError
@@ -88,21 +93,14 @@ def run_campaigns(
     say("preparing the database")
     call_command("migrate", interactive=False, verbosity=0)
     with running_services(logs_dir) as services:
-        policy_url = start_policy(
+        start_policy_and_worker(
             services=services,
             settings=settings,
             policy_port=args.policy_port,
             env=child_env,
             home=home,
+            worker_name="bench-evolution",
         )
-        child_env["COEVO_POLICY_URL"] = policy_url
-        settings.COEVO_POLICY_URL = policy_url
-        services.start(
-            "worker",
-            [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", "rollouts,default",
-             "--prefetch-multiplier", "1", "-n", "bench-evolution@%h", "--loglevel", "INFO"],
-            child_env,
-        )  # fmt: skip
         project = project_get_or_create(
             slug=PROJECT_SLUG,
             name="Evolution benchmark",

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,28 @@ def start_policy(
     say(f"waiting for the llama.cpp server at {url}")
     wait_until_serving(url, model=DEFAULT_MODEL_ALIAS, process=process)
     return url
+
+
+def start_policy_and_worker(
+    *,
+    services: Services,
+    settings: Any,
+    policy_port: int,
+    env: dict[str, str],
+    home: Path,
+    worker_name: str,
+) -> str:
+    """The policy server (``start_policy``) and a Celery worker on both queues that uses it;
+    the policy's URL."""
+    policy_url = start_policy(
+        services=services, settings=settings, policy_port=policy_port, env=env, home=home
+    )
+    env["COEVO_POLICY_URL"] = policy_url
+    settings.COEVO_POLICY_URL = policy_url
+    services.start(
+        "worker",
+        [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", "rollouts,default",
+         "--prefetch-multiplier", "1", "-n", f"{worker_name}@%h", "--loglevel", "INFO"],
+        env,
+    )  # fmt: skip
+    return policy_url

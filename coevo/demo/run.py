@@ -25,7 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from coevo.demo.processes import require_free_port, running_services, say, start_policy
+from coevo.demo.processes import (
+    require_free_port,
+    running_services,
+    say,
+    start_policy_and_worker,
+)
 
 
 @dataclass
@@ -84,22 +89,14 @@ def run_demo(options: DemoOptions) -> int:
     call_command("migrate", interactive=False, verbosity=0)
 
     with running_services(logs_dir) as services:
-        policy_url = start_policy(
+        start_policy_and_worker(
             services=services,
             settings=settings,
             policy_port=options.policy_port,
             env=child_env,
             home=home,
+            worker_name="demo",
         )
-        child_env["COEVO_POLICY_URL"] = policy_url
-        settings.COEVO_POLICY_URL = policy_url
-        services.start(
-            "worker",
-            [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", "rollouts,default",
-             "--prefetch-multiplier", "1", "-n", "demo@%h",
-             "--loglevel", "INFO"],
-            child_env,
-        )  # fmt: skip
         services.start(
             "web",
             [sys.executable, "-m", "gunicorn", "coevo.wsgi:application",
