@@ -41,7 +41,7 @@ from coevo.campaigns.services import (
     campaign_start,
     campaign_stop,
 )
-from coevo.demo.campaign import CAMPAIGN_KNOBS, TEXTWORLD_HARNESS, demo_textworld_suite
+from coevo.demo.campaign import CAMPAIGN_KNOBS, demo_textworld_suite, naive_seed_import
 from coevo.demo.processes import (
     Services,
     require_free_port,
@@ -107,14 +107,7 @@ def run_campaigns(
             description="benchmarks/evolution.py: strategies from the naive TextWorld seed.",
         )
         user, _ = demo_user(project=project, home=home, username="bench", role=Role.ADMIN)
-        seed_candidate, _ = candidate_import_directory(
-            project=project,
-            directory=TEXTWORLD_HARNESS,
-            message="Seed harness: the naive first attempt (the game's command order, 60 listed)",
-            author_name="coevo benchmark",
-            author_email="bench@localhost",
-            created_by=user,
-        )
+        seed_candidate, _ = naive_seed_import(project=project, user=user, author="coevo benchmark")
         suite = demo_textworld_suite(
             project=project,
             games=args.games,

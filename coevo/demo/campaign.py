@@ -50,14 +50,7 @@ SLICE_LEVELS = ("cooking-easy-", "cooking-medium-")
 def demo_campaign(
     *, project: Project, user: Any, games: int, max_steps: int, proposals: int, seed: int
 ) -> Campaign:
-    candidate, created = candidate_import_directory(
-        project=project,
-        directory=TEXTWORLD_HARNESS,
-        message="Seed harness: the naive first attempt (the game's command order, 60 listed)",
-        author_name="coevo demo",
-        author_email="demo@localhost",
-        created_by=user,
-    )
+    candidate, created = naive_seed_import(project=project, user=user, author="coevo demo")
     say(
         f"TextWorld seed harness (examples/textworld-naive) "
         f"{'imported as' if created else 'already imported:'} {candidate.short_sha}"
@@ -76,6 +69,18 @@ def demo_campaign(
         created_by=user,
     )
     return campaign_start(campaign=campaign)
+
+
+def naive_seed_import(*, project: Project, user: Any, author: str) -> tuple[Any, bool]:
+    """``examples/textworld-naive`` as a candidate of ``project`` (the same tree: the same one)."""
+    return candidate_import_directory(
+        project=project,
+        directory=TEXTWORLD_HARNESS,
+        message="Seed harness: the naive first attempt (the game's command order, 60 listed)",
+        author_name=author,
+        author_email=f"{user.username}@localhost",
+        created_by=user,
+    )
 
 
 def demo_textworld_suite(
