@@ -410,6 +410,9 @@ COEVO_TRAINING_DIR = env_path("COEVO_TRAINING_DIR", COEVO_HOME / "training")
 COEVO_ADAPTER_DIR = env_path("COEVO_ADAPTER_DIR", COEVO_HOME / "adapters")
 COEVO_TRAINING_LOG_TAIL = env_int("COEVO_TRAINING_LOG_TAIL", 65536, minimum=1024)
 COEVO_TRAINING_STALE_S = env_int("COEVO_TRAINING_STALE_S", 120, minimum=10)
+# Base models as GGUF files for llama.cpp (serving and LoRA conversion; the CPU trainer loads
+# them too): <COEVO_GGUF_DIR>/<name>.gguf, the shipped Gemma 3 270M assembled there on first use.
+COEVO_GGUF_DIR = env_path("COEVO_GGUF_DIR", COEVO_HOME / "models")
 # Exports still pending after 5 minutes (a lost build message) are sent again.
 CELERY_BEAT_SCHEDULE["exports-resend"] = {
     "task": "coevo.exports.tasks.trajectory_exports_resend",

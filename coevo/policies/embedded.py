@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from django.conf import settings
+
 from coevo.errors import CoevoError, PolicyUnavailable
 from coevo.policies.client import PolicyClient
 
@@ -28,6 +30,25 @@ def assemble_default_model(models_dir: Path) -> Path:
         ) from exc
     models_dir.mkdir(parents=True, exist_ok=True)
     return assemble(models_dir / MODEL_NAME)
+
+
+def base_model_gguf(base_model: str, *, models_dir: Path | None = None) -> Path:
+    """The GGUF file llama.cpp serves ``base_model`` from: the shipped Gemma 3 270M for its
+    alias (assembled on first use), else ``<models_dir>/<name>.gguf`` (``name``: the last part
+    of a Hugging Face id, so "google/gemma-3-1b" looks for "gemma-3-1b.gguf"). ``models_dir``
+    defaults to COEVO_GGUF_DIR."""
+    if models_dir is None:
+        models_dir = Path(settings.COEVO_GGUF_DIR)
+    name = base_model.rstrip("/").rsplit("/", 1)[-1]
+    if name == DEFAULT_MODEL_ALIAS:
+        return assemble_default_model(models_dir)
+    path = models_dir / f"{name}.gguf"
+    if not path.is_file():
+        raise CoevoError(
+            f"No GGUF file for the base model {base_model!r}: expected {path}. Put the model's "
+            "GGUF file there (or set COEVO_GGUF_DIR to the folder that holds it)."
+        )
+    return path
 
 
 def llama_server_command(
