@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     # Progress bars fill the live log with carriage returns; each step prints its own line.
+    # (The GGUF loader's bar showed with either this or transformers' switch alone.)
     os.environ.setdefault("TQDM_DISABLE", "1")
     try:
         return _train(args, examples, counts, started, deadline)
@@ -124,8 +125,8 @@ def _train(
 
     log(f"loading the base model {args.base_model} from {path}")
     loading = time.monotonic()
-    base, tokens = model.base_load(path)
-    log(f"loaded in {time.monotonic() - loading:.1f} s")
+    base, tokens, source = model.base_load(path, cache=not args.no_cache)
+    log(f"loaded in {time.monotonic() - loading:.1f} s from the {source}")
 
     sequences = rows_encode(
         examples,
