@@ -13,6 +13,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     # Progress bars fill the live log with carriage returns; each step prints its own line.
     # (The GGUF loader's bar showed with either this or transformers' switch alone.)
     os.environ.setdefault("TQDM_DISABLE", "1")
+    # Libraries' notices to their own developers (deprecated internals), not to the user.
+    warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         return _train(args, examples, counts, started, deadline)
     except BadInput as exc:
