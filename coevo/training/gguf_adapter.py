@@ -44,6 +44,7 @@ from coevo.training.adapters import (
     SafetensorsTensor,
     safetensors_header_read,
 )
+from coevo.training.process import trainer_environment
 
 if TYPE_CHECKING:
     import gguf
@@ -175,8 +176,9 @@ def adapter_gguf_write(*, peft_dir: Path, base_gguf: Path, out: Path) -> GgufAda
     if layout.architecture not in SUPPORTED_ARCHITECTURES:
         raise InvalidAdapter(
             f"The base model is a {layout.architecture!r} model; coevo converts LoRAs for "
-            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))} only. Convert it with llama.cpp's "
-            "convert_lora_to_gguf.py and write the result as adapter.gguf in the output."
+            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))} only (llama.cpp permutes other "
+            "architectures' projections on conversion, and a LoRA would need the same). Serve "
+            "this base model from a vLLM endpoint to train adapters for it."
         )
     pairs = _pairs(safetensors_header_read(path=weights), layout)
     arrays: dict[str, np.ndarray] = {}
@@ -395,7 +397,14 @@ def gguf_greedy_text(
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
             done = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, timeout=timeout_s
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                timeout=timeout_s,
+                # The adapter is a trainer's output, parsed by llama.cpp's C++ loader: its
+                # process gets a trainer's scrubbed environment, not the worker's credentials.
+                env=trainer_environment(extra={}, inputs={}),
             )
         except subprocess.TimeoutExpired as exc:
             raise CoevoError(

@@ -259,7 +259,7 @@ def test_it_refuses_a_base_whose_projections_llama_cpp_converts_otherwise(tmp_pa
     base = fake_base(tmp_path / "llama.gguf", arch="llama")
     peft = tmp_path / "peft"
     write_shaped_adapter(peft, base=BASE, shapes={"q_proj": (4, 4)}, layers=1, rank=2)
-    with pytest.raises(InvalidAdapter, match=r"'llama' model.*convert_lora_to_gguf\.py"):
+    with pytest.raises(InvalidAdapter, match=r"'llama' model.*Serve this base model from a vLLM"):
         convert(peft, base)
 
 
