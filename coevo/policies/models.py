@@ -12,6 +12,11 @@ class EndpointKind(models.TextChoices):
     OPENAI_COMPATIBLE = "openai-compatible", "OpenAI-compatible"
 
 
+# The endpoint kinds that load a trained LoRA adapter at run time (vLLM's runtime-LoRA API):
+# vLLM started with --enable-lora, and coevo's llama.cpp host (the adapter converted to GGUF).
+ADAPTER_ENDPOINT_KINDS = (EndpointKind.VLLM, EndpointKind.LLAMACPP)
+
+
 class PolicyEndpoint(TimeStampedModel):
     """An OpenAI-compatible server. Workers bound their own concurrency against it.
 

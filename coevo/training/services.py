@@ -22,7 +22,7 @@ from coevo.errors import CoevoError, InvalidInput, InvalidState
 from coevo.exports.models import ExportState, TrajectoryExport
 from coevo.exports.services import export_path
 from coevo.policies.embedded import base_model_gguf
-from coevo.policies.models import EndpointKind, PolicyVersion
+from coevo.policies.models import ADAPTER_ENDPOINT_KINDS, EndpointKind, PolicyVersion
 from coevo.policies.services import policy_version_create
 from coevo.projects.models import Project
 from coevo.training.adapters import adapter_install, adapter_validate
@@ -45,9 +45,6 @@ logger = logging.getLogger(__name__)
 
 # Celery task names (coevo.training.tasks registers them; services send them by name).
 TRAINING_RUN_EXECUTE_TASK = "coevo.training.tasks.training_run_execute"
-# The endpoint kinds that load a trained LoRA at run time: vLLM (--enable-lora) and coevo's
-# llama.cpp host (the adapter converted to GGUF first).
-ADAPTER_KINDS = (EndpointKind.VLLM, EndpointKind.LLAMACPP)
 
 # --- runs ----------------------------------------------------------------------------------
 
@@ -74,7 +71,7 @@ def training_run_create(
         )
     if not trainer.enabled:
         raise InvalidInput(f"The trainer {trainer.name} is disabled.")
-    if parent_policy.endpoint.kind not in ADAPTER_KINDS:
+    if parent_policy.endpoint.kind not in ADAPTER_ENDPOINT_KINDS:
         raise InvalidInput(
             f"Policy version {parent_policy.name} is served by {parent_policy.endpoint.name} "
             f"({parent_policy.endpoint.get_kind_display()}): a trained LoRA adapter is loaded "
