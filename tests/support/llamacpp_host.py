@@ -113,12 +113,7 @@ class HostProcess:
             )  # fmt: skip
 
     def children(self) -> list[int]:
-        """The pids of the host's child processes (Linux: /proc)."""
-        pids = []
-        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                pids += [int(p) for p in (task / "children").read_text().split()]
-        return pids
+        return child_pids(self.process.pid)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -127,6 +122,15 @@ class HostProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The pids of a process's children, whichever of its threads started them (Linux)."""
+    pids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
 
 
 def alive(pid: int) -> bool:
