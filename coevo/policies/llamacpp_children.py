@@ -159,13 +159,15 @@ class ChildPool:
             raise Refused(503, child.reason)
 
     def ready(self) -> list[Child]:
+        """The children serving now (one found dead is restarted, so a health probe alone
+        brings a crashed base back)."""
         with self._lock:
-            return [c for c in self._children.values() if c.state == "ready"]
+            return [c for c in self._children.values() if self._revive(c)]
 
     def base_ready(self) -> bool:
         with self._lock:
             base = self._children.get(self.config.alias)
-            return base is not None and base.state == "ready" and base.exited() is None
+            return base is not None and self._revive(base)
 
     def served(self, name: str) -> bool:
         with self._lock:
@@ -184,18 +186,7 @@ class ChildPool:
                     f"{sorted(self._children)}; load an adapter with POST /v1/load_lora_adapter.",
                     code="model_not_found",
                 )
-            code = child.exited()
-            if child.state == "ready" and code is not None:
-                child.state, child.reason = "failed", f"it exited with code {code}"
-                logger.warning(
-                    "child %s (pid %s) exited with code %s", name, child.process.pid, code
-                )
-            if child.state == "failed" and not self._closing:
-                reason = child.reason
-                child.state, child.reason = "starting", f"restarting after: {reason}"
-                child.settled.clear()
-                threading.Thread(target=self._start, args=(child,), daemon=True).start()
-            if child.state != "ready":
+            if not self._revive(child):
                 raise Refused(
                     503,
                     f"The llama.cpp server for `{name}` is not serving ({child.reason}); it is "
@@ -237,6 +228,8 @@ class ChildPool:
             # A load of the same name under way (another worker's): answer once it settles, as
             # vLLM answers a second load, so the caller checks /v1/models and finds it there.
             existing.settled.wait(self.config.start_timeout_s)
+            if existing.state == "failed":
+                raise Refused(400, f"Loading lora {name} failed: {existing.reason}.")
             raise Refused(400, f"The lora adapter '{name}' has already been loaded.")
         if evicted is not None:
             logger.info("evicting adapter %s (least recently used) to load %s", evicted.name, name)
@@ -276,6 +269,21 @@ class ChildPool:
         for child in children:
             self._stop(child)
         self._spawner.shutdown(wait=False)
+
+    def _revive(self, child: Child) -> bool:
+        """Whether ``child`` serves; one that died or failed to start is restarted in the
+        background (its requests answer 503 meanwhile). Called with the lock held."""
+        code = child.exited()
+        if child.state == "ready" and code is not None:
+            child.state, child.reason = "failed", f"it exited with code {code}"
+            logger.warning(
+                "child %s (pid %s) exited with code %s", child.name, child.process.pid, code
+            )
+        if child.state == "failed" and not self._closing:
+            child.state, child.reason = "starting", f"restarting after: {child.reason}"
+            child.settled.clear()
+            threading.Thread(target=self._start, args=(child,), daemon=True).start()
+        return child.state == "ready"
 
     # --- processes ---------------------------------------------------------------------------
 

@@ -163,6 +163,9 @@ class _Handler(BaseHTTPRequestHandler):
                 raise Refused(404, f"No route POST {path}.", code="not_found")
         except Refused as refused:
             self._refused(refused)
+        except Exception as exc:  # a bug here: answer it, so the client does not wait
+            logger.exception("POST %s failed", path)
+            self._refused(Refused(500, f"The llama.cpp host failed: {type(exc).__name__}: {exc}"))
 
     def _read_body(self) -> bytes:
         """The request body, its size checked before a byte of it is read."""

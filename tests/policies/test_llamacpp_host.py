@@ -285,6 +285,22 @@ def test_a_child_that_died_is_restarted_on_its_next_use(host):
     assert host.pool._children["ft1"].process.pid != first_pid
 
 
+def test_a_dead_base_is_not_listed_and_a_health_probe_restarts_it(host):
+    """Beat's health check (GET /v1/models) sees the truth, and brings the base back even when
+    no rollout asks for it."""
+    base = host.pool._children["base-model"]
+    dead_pid = base.process.pid
+    base.process.kill()
+    base.process.wait(timeout=10)
+
+    assert served(host) == []  # and that probe started it again
+    assert httpx.get(host.url.removesuffix("/v1") + "/health").status_code == 503
+
+    wait_for(lambda: served(host) == ["base-model"], what="the base to be restarted")
+    assert base.process.pid != dead_pid
+    assert text(complete(host, "base-model")) == "from base-model"
+
+
 def test_an_adapter_child_outlives_the_request_that_loaded_it(host):
     """PDEATHSIG follows the thread that forked the child: children are forked by the host's
     long-lived spawner thread, not by the request's thread, which ends with its connection."""
