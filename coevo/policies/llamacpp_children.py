@@ -5,7 +5,7 @@ is the HTTP front that routes to them).
 One process per adapter because llama-cpp-python serves one model at a time: its multi-model
 configuration reloads the weights whenever the requested model changes, which would thrash
 between adapters under a campaign's interleaved requests. A Gemma 3 270M child costs about
-300 MB and a second or two to start, so a handful of adapters fit beside the base.
+450 MB of memory and 2-3 s to start on 2 cores (measured), so a handful fit beside the base.
 
 Invariants: the base child is never evicted; an adapter child with a request in flight is
 never stopped by eviction; a child that died is restarted on its next use (which answers 503
