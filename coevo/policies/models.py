@@ -91,8 +91,9 @@ class PolicyVersion(TimeStampedModel):
 
 
 class LoadedAdapter(TimeStampedModel):
-    """An adapter coevo loaded on a vLLM endpoint, with its last use: the beat job unloads
-    adapters idle longer than COEVO_ADAPTER_IDLE_S (vLLM holds at most ``--max-loras``)."""
+    """An adapter coevo loaded on a vLLM endpoint (or a llama.cpp one: the coevo llama.cpp host),
+    with its last use: the beat job unloads adapters idle longer than COEVO_ADAPTER_IDLE_S (vLLM
+    holds at most ``--max-loras``, the host ``--max-adapters``)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     endpoint = models.ForeignKey(PolicyEndpoint, on_delete=models.CASCADE, related_name="adapters")

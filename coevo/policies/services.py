@@ -1,5 +1,6 @@
 """Policy versions and endpoints: the default version, version registration, routing a
-version's requests to a healthy endpoint, endpoint health, and vLLM LoRA adapters."""
+version's requests to a healthy endpoint, endpoint health, and LoRA adapters loaded at run time
+(on vLLM, and on llama.cpp through the coevo llama.cpp host, which speaks vLLM's LoRA API)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ _LORA_FIX = (
     "environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and check that the adapter "
     "path exists on the vLLM machine (docs/deployment.md)."
 )
+_LLAMACPP_LORA_FIX = (
+    "Serve llama.cpp endpoints that take adapters through the coevo llama.cpp host "
+    "(python -m coevo.policies.llamacpp_host --adapter-root COEVO_ADAPTER_DIR ...; a plain "
+    "llama_cpp.server cannot load adapters at run time), and check that the adapter directory "
+    "holds its GGUF conversion, adapter.gguf (docs/deployment.md)."
+)
+# Endpoint kinds whose servers load LoRA adapters at run time through vLLM's API.
+_RUNTIME_LORA_KINDS = (EndpointKind.VLLM, EndpointKind.LLAMACPP)
 
 
 def policy_version_get_default() -> PolicyVersion:
@@ -124,7 +133,8 @@ def policy_client_for(*, version: PolicyVersion) -> RoutedPolicyClient:
 
     Unhealthy endpoints get no requests. With none healthy, the client raises PolicyUnavailable
     on its first request: the worker's policy-outage path. A version with a LoRA adapter on a
-    vLLM endpoint gets the adapter loaded (and verified) before the first request it sends there.
+    vLLM or llama.cpp endpoint gets the adapter loaded (and verified) before the first request
+    it sends there.
     """
     endpoints = policy_version_endpoints(version=version)
     # Health as written now (the version may have been loaded long before, with its endpoint).
@@ -171,7 +181,7 @@ def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int) ->
         ),
     )
     prepare = None
-    if version.has_adapter and endpoint.kind == EndpointKind.VLLM:
+    if version.has_adapter and endpoint.kind in _RUNTIME_LORA_KINDS:
 
         def prepare(client: PolicyClient) -> None:
             policy_adapter_ensure(endpoint=endpoint, version=version, client=client)
@@ -263,13 +273,14 @@ def policy_endpoint_reachable(*, version: PolicyVersion, timeout_s: float = 5.0)
     return False
 
 
-# --- LoRA adapters on vLLM ---------------------------------------------------------------------
+# --- LoRA adapters loaded at run time (vLLM; llama.cpp through the coevo llama.cpp host) ------
 
 
 def policy_adapter_ensure(
     *, endpoint: PolicyEndpoint, version: PolicyVersion, client: PolicyClient | None = None
 ) -> bool:
-    """Make sure the version's adapter is loaded on a vLLM endpoint; True if it loaded it now.
+    """Make sure the version's adapter is loaded on a vLLM or llama.cpp endpoint (the coevo
+    llama.cpp host); True if it loaded it now.
 
     ``/v1/models`` lists it → nothing to do; else ``POST /v1/load_lora_adapter`` and verify via
     ``/v1/models``. The last use is recorded first, so the idle unloader never takes an adapter
@@ -279,6 +290,7 @@ def policy_adapter_ensure(
     if not version.has_adapter:
         return False
     name, path = version.adapter_name, version.adapter_path
+    fix = _LLAMACPP_LORA_FIX if endpoint.kind == EndpointKind.LLAMACPP else _LORA_FIX
     LoadedAdapter.objects.update_or_create(
         endpoint=endpoint,
         adapter_name=name,
@@ -299,12 +311,12 @@ def policy_adapter_ensure(
                 return False
             raise AdapterLoadFailed(
                 f"Could not load the LoRA adapter {name!r} ({path}) of policy version "
-                f"{version.name} on {endpoint.name}: {exc}. {_LORA_FIX}"
+                f"{version.name} on {endpoint.name}: {exc}. {fix}"
             ) from exc
         if name not in client.models():
             raise AdapterLoadFailed(
-                f"The vLLM server at {endpoint.base_url} accepted the LoRA adapter {name!r} "
-                f"({message.strip()[:300]!r}) but does not list it in /v1/models. {_LORA_FIX}"
+                f"The server at {endpoint.base_url} accepted the LoRA adapter {name!r} "
+                f"({message.strip()[:300]!r}) but does not list it in /v1/models. {fix}"
             )
         logger.info("loaded LoRA adapter %s (%s) on %s", name, path, endpoint.name)
         return True
