@@ -25,7 +25,13 @@ from coevo.errors import (
 )
 from coevo.policies.client import PolicyClient, Route, RoutedPolicyClient, normalize_base_url
 from coevo.policies.concurrency import EndpointLimiter
-from coevo.policies.models import EndpointKind, LoadedAdapter, PolicyEndpoint, PolicyVersion
+from coevo.policies.models import (
+    ADAPTER_ENDPOINT_KINDS,
+    EndpointKind,
+    LoadedAdapter,
+    PolicyEndpoint,
+    PolicyVersion,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +46,6 @@ _LLAMACPP_LORA_FIX = (
     "llama_cpp.server cannot load adapters at run time), and check that the adapter directory "
     "holds its GGUF conversion, adapter.gguf (docs/deployment.md)."
 )
-# Endpoint kinds whose servers load LoRA adapters at run time through vLLM's API.
-_RUNTIME_LORA_KINDS = (EndpointKind.VLLM, EndpointKind.LLAMACPP)
 
 
 def policy_version_get_default() -> PolicyVersion:
@@ -181,7 +185,7 @@ def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int) ->
         ),
     )
     prepare = None
-    if version.has_adapter and endpoint.kind in _RUNTIME_LORA_KINDS:
+    if version.has_adapter and endpoint.kind in ADAPTER_ENDPOINT_KINDS:
 
         def prepare(client: PolicyClient) -> None:
             policy_adapter_ensure(endpoint=endpoint, version=version, client=client)

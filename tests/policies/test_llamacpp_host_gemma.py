@@ -16,9 +16,10 @@ from coevo.policies.embedded import (
     llamacpp_host_command,
     wait_until_serving,
 )
-from tests.support.gguf_lora import write_lora_gguf
+from coevo.training.gguf_adapter import adapter_gguf_write, base_gguf_layout
 from tests.support.llamacpp_host import alive, child_pids
 from tests.support.net import free_port
+from tests.support.tiny_trainer import write_shaped_adapter
 
 pytestmark = pytest.mark.llm
 
@@ -27,7 +28,16 @@ def test_it_serves_gemma_and_a_lora_adapter_loaded_at_run_time(tmp_path):
     model = assemble_default_model(Path(settings.COEVO_HOME) / "models")
     adapter_root = tmp_path / "adapters"
     (adapter_root / "ft1").mkdir(parents=True)
-    write_lora_gguf(adapter_root / "ft1" / "adapter.gguf", base=model)
+    # A random LoRA on every block's q and v projections, large enough that greedy text
+    # changes, converted by coevo's own converter (as a training run on llama.cpp does).
+    layout = base_gguf_layout(path=model)
+    shapes = {hf: layout.shapes[f"blk.0.{name}.weight"] for hf, name in
+              (("q_proj", "attn_q"), ("v_proj", "attn_v"))}  # fmt: skip
+    write_shaped_adapter(tmp_path / "peft", base=DEFAULT_MODEL_ALIAS, shapes=shapes,
+                         layers=layout.block_count, a_scale=0.1, b_scale=0.1)  # fmt: skip
+    adapter_gguf_write(
+        peft_dir=tmp_path / "peft", base_gguf=model, out=adapter_root / "ft1" / "adapter.gguf"
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     command = llamacpp_host_command(
