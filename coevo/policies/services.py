@@ -59,6 +59,12 @@ def policy_version_get_default() -> PolicyVersion:
             "kind": settings.COEVO_POLICY_KIND,
         },
     )
+    if endpoint.kind != settings.COEVO_POLICY_KIND:
+        # The settings describe the default endpoint: a database made when the same URL was
+        # served by another kind of server (the demo's llama.cpp server before the llama.cpp
+        # host, which loads adapters) follows what serves it now.
+        PolicyEndpoint.objects.filter(id=endpoint.id).update(kind=settings.COEVO_POLICY_KIND)
+        endpoint.kind = settings.COEVO_POLICY_KIND
     version, _ = PolicyVersion.objects.get_or_create(
         endpoint=endpoint,
         served_name=settings.COEVO_POLICY_MODEL,
