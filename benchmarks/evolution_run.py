@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,6 @@ from harness_store.services import candidate_import_directory
 
 KNOB_PROPOSERS = ("config", "random")
 AGENTIC_PROGRAM = REPO / "examples" / "proposers" / "agentic"
-PROJECT_SLUG = "bench-evolution"
 
 
 def run_campaigns(
@@ -101,22 +101,12 @@ def run_campaigns(
             home=home,
             worker_name="bench-evolution",
         )
-        project = project_get_or_create(
-            slug=PROJECT_SLUG,
-            name="Evolution benchmark",
-            description="benchmarks/evolution.py: strategies from the naive TextWorld seed.",
-        )
-        user, _ = demo_user(project=project, home=home, username="bench", role=Role.ADMIN)
-        seed_candidate, _ = naive_seed_import(project=project, user=user, author="coevo benchmark")
-        suite = demo_textworld_suite(
-            project=project,
-            games=args.games,
-            max_steps=args.max_steps,
-            heldout_games=args.heldout,
-        )
         for number, (strategy, seed) in enumerate(todo, 1):
             say(f"campaign {number}/{len(todo)}: {strategy}, seed {seed}")
             started = time.monotonic()
+            project, user, seed_candidate, suite = campaign_project(
+                args=args, home=home, strategy=strategy, seed=seed
+            )
             campaign = campaign_create(
                 project=project,
                 name=f"bench {strategy} seed {seed} ({timezone.now():%Y-%m-%d %H:%M})",
@@ -155,6 +145,33 @@ def run_campaigns(
                 f"{_signed(row['heldout'].get('difference'))}, {row['rollouts']} rollouts, "
                 f"{row['wall_s']:.0f} s (row written)"
             )
+
+
+def campaign_project(
+    *, args: argparse.Namespace, home: Path, strategy: str, seed: int
+) -> tuple[Project, Any, Any, Any]:
+    """A new project for one campaign, with its own seed candidate and suite slice.
+
+    Campaigns must not share a project: a project's campaigns share its duplicate check (a
+    knob setting one campaign drew is refused to the next) and its evaluation cache (a later
+    campaign would get earlier campaigns' rollouts free, and the seed's held-out run would be
+    one run for all). Each attempt gets a project of its own, also after an interrupted one.
+    """
+    slug = f"bench-{strategy}-{seed}-{uuid.uuid4().hex[:8]}"
+    project = project_get_or_create(
+        slug=slug,
+        name=f"Evolution benchmark: {strategy}, seed {seed}",
+        description="benchmarks/evolution.py: one campaign from the naive TextWorld seed.",
+    )
+    user, _ = demo_user(project=project, home=home, username="bench", role=Role.ADMIN)
+    seed_candidate, _ = naive_seed_import(project=project, user=user, author="coevo benchmark")
+    suite = demo_textworld_suite(
+        project=project,
+        games=args.games,
+        max_steps=args.max_steps,
+        heldout_games=args.heldout,
+    )
+    return project, user, seed_candidate, suite
 
 
 def strategy_entry(*, strategy: str, project: Project, user: Any) -> dict[str, Any]:
@@ -263,6 +280,7 @@ def campaign_row(
         "strategy": strategy,
         "seed": campaign.seed,
         "campaign": str(campaign.id),
+        "project": campaign.project.slug,
         "state": campaign.state,
         "stop_reason": campaign.stop_reason,
         "proposer_model": (

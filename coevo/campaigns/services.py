@@ -35,7 +35,7 @@ from coevo.evaluations.models import (
     PauseKind,
 )
 from coevo.evaluations.plans import EvaluationPlan
-from coevo.policies.models import EndpointKind, PolicyVersion
+from coevo.policies.models import ADAPTER_ENDPOINT_KINDS, PolicyVersion
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite, Task
 from coevo.training.models import TRAINING_OPEN_STATES, TrainingRun
@@ -124,11 +124,12 @@ def campaign_create(
     cleaned = strategy_validate(strategy=strategy, manifest=manifest)
     name = name.strip() or campaign_default_name(seed_candidate=seed_candidate, strategy=cleaned)
     alternation = alternation_validate(raw=alternation, campaign_patience=patience)
-    if alternation and policy_version.endpoint.kind != EndpointKind.VLLM:
+    if alternation and policy_version.endpoint.kind not in ADAPTER_ENDPOINT_KINDS:
         raise InvalidInput(
-            f"An alternating campaign trains LoRA adapters, which only a vLLM endpoint loads at "
-            f"run time; policy version {policy_version.name} is served by "
-            f"{policy_version.endpoint.name} ({policy_version.endpoint.get_kind_display()})."
+            f"An alternating campaign trains LoRA adapters, which only a vLLM endpoint or the "
+            f"coevo llama.cpp host loads at run time; policy version {policy_version.name} is "
+            f"served by {policy_version.endpoint.name} "
+            f"({policy_version.endpoint.get_kind_display()})."
         )
     with transaction.atomic():
         campaign_id = _new_id()

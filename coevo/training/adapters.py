@@ -130,7 +130,22 @@ def _refuse_links(directory: Path) -> None:
 
 
 def _safetensors_check(path: Path) -> int:
-    """Parse the header (8-byte little-endian length, then JSON) and check every tensor."""
+    return len(safetensors_header_read(path=path))
+
+
+@dataclass(frozen=True)
+class SafetensorsTensor:
+    name: str
+    dtype: str  # a key of DTYPE_BYTES
+    shape: tuple[int, ...]
+    start: int  # the tensor's bytes in the file: [start, end)
+    end: int
+
+
+def safetensors_header_read(*, path: Path) -> list[SafetensorsTensor]:
+    """The tensors of a safetensors file, in file order, each one's byte range checked against
+    its dtype, its shape and the file (8-byte little-endian header length, then JSON, then the
+    data); raises InvalidAdapter. Reads the header only: the caller reads the bytes it needs."""
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8)
@@ -147,13 +162,25 @@ def _safetensors_check(path: Path) -> int:
             raise InvalidAdapter(f"{SAFETENSORS}: the header is not JSON ({exc}).") from exc
     if not isinstance(header, dict):
         raise InvalidAdapter(f"{SAFETENSORS}: the header must be a JSON object.")
-    data_bytes = size - 8 - length
+    data_start = 8 + length
+    data_bytes = size - data_start
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     if not tensors:
         raise InvalidAdapter(f"{SAFETENSORS} holds no tensors.")
+    found = []
     for name, info in tensors.items():
         _tensor_check(name, info, data_bytes)
-    return len(tensors)
+        begin, end = info["data_offsets"]
+        found.append(
+            SafetensorsTensor(
+                name=name,
+                dtype=info["dtype"],
+                shape=tuple(info["shape"]),
+                start=data_start + begin,
+                end=data_start + end,
+            )
+        )
+    return sorted(found, key=lambda t: t.start)
 
 
 def _tensor_check(name: str, info: Any, data_bytes: int) -> None:

@@ -1,5 +1,6 @@
 """Training runs: create a run on an export, execute it on a training worker (command →
-adapter checked → installed → PolicyVersion), cancel, watchdog. Trainers: coevo.training.trainers."""
+adapter checked → for llama.cpp, written as GGUF and loaded once → installed → PolicyVersion),
+cancel, watchdog. Trainers: coevo.training.trainers."""
 
 from __future__ import annotations
 
@@ -20,10 +21,16 @@ from coevo.enqueue import task_enqueue
 from coevo.errors import CoevoError, InvalidInput, InvalidState
 from coevo.exports.models import ExportState, TrajectoryExport
 from coevo.exports.services import export_path
-from coevo.policies.models import EndpointKind, PolicyVersion
+from coevo.policies.embedded import base_model_gguf
+from coevo.policies.models import ADAPTER_ENDPOINT_KINDS, EndpointKind, PolicyVersion
 from coevo.policies.services import policy_version_create
 from coevo.projects.models import Project
 from coevo.training.adapters import adapter_install, adapter_validate
+from coevo.training.gguf_adapter import (
+    GGUF_ADAPTER,
+    adapter_gguf_load_check,
+    adapter_gguf_write,
+)
 from coevo.training.models import (
     TRAINING_OPEN_STATES,
     Trainer,
@@ -64,11 +71,13 @@ def training_run_create(
         )
     if not trainer.enabled:
         raise InvalidInput(f"The trainer {trainer.name} is disabled.")
-    if parent_policy.endpoint.kind != EndpointKind.VLLM:
+    if parent_policy.endpoint.kind not in ADAPTER_ENDPOINT_KINDS:
         raise InvalidInput(
             f"Policy version {parent_policy.name} is served by {parent_policy.endpoint.name} "
             f"({parent_policy.endpoint.get_kind_display()}): a trained LoRA adapter is loaded "
-            "at run time only by a vLLM endpoint started with --enable-lora (docs/training.md)."
+            "at run time only by a vLLM endpoint started with --enable-lora or by a llama.cpp "
+            "endpoint (kind llamacpp); an OpenAI-compatible endpoint has no way to load one. "
+            "Serve the base model from one of those and register it there (docs/training.md)."
         )
     limit = trainer.time_limit_s if time_limit_s is None else time_limit_s
     if not 1 <= limit <= trainer.time_limit_s:
@@ -215,6 +224,21 @@ def _execute(run: TrainingRun) -> TrainingRun:
         return TrainingRun.objects.get(id=run.id)
     try:
         info = adapter_validate(directory=output, base_model=parent.base_model)
+    except CoevoError as exc:
+        return _finish(run, TrainingState.FAILED, f"the output is not a usable adapter: {exc}")
+    gguf_provenance: dict[str, Any] = {}
+    if parent.endpoint.kind == EndpointKind.LLAMACPP:
+        try:
+            gguf_provenance = _llama_cpp_prepare(run, output)
+        except CoevoError as exc:
+            return _finish(
+                run,
+                TrainingState.FAILED,
+                f"the adapter could not be made ready for llama.cpp: {exc}",
+            )
+        if not _still_running(run):
+            return TrainingRun.objects.get(id=run.id)
+    try:
         name = _adapter_name(run)
         installed, sha256 = adapter_install(source=output, name=name)
     except CoevoError as exc:
@@ -241,6 +265,7 @@ def _execute(run: TrainingRun) -> TrainingRun:
                 "adapter_sha256": sha256,
                 "adapter_rank": info.rank,
                 "log_sha256": _file_sha256(log_path),
+                **gguf_provenance,
             },
         )
         TrainingRun.objects.filter(id=run.id).update(policy_version=version, adapter_sha256=sha256)
@@ -255,9 +280,50 @@ def _execute(run: TrainingRun) -> TrainingRun:
             run,
             TrainingState.SUCCEEDED,
             f"adapter {name} (rank {info.rank}, {info.tensors} tensor(s), "
-            f"{info.size_bytes:,} bytes) registered as policy version {version.name}",
+            f"{info.size_bytes:,} bytes{_gguf_note(gguf_provenance)}) registered as policy "
+            f"version {version.name}",
         )
     return run
+
+
+def _llama_cpp_prepare(run: TrainingRun, output: Path) -> dict[str, Any]:
+    """Write the adapter as ``adapter.gguf`` beside the PEFT files (so the installed directory
+    and its sha256 cover it) and have llama.cpp load it on the base model once; the
+    provenance entry that records both."""
+    base = base_model_gguf(run.parent_policy.base_model)
+    # Reading the base model and loading it in llama.cpp take seconds to a minute; heartbeat
+    # so the watchdog does not take this worker for dead meanwhile.
+    _heartbeat(run)
+    written = adapter_gguf_write(peft_dir=output, base_gguf=base, out=output / GGUF_ADAPTER)
+    _heartbeat(run)
+    text = adapter_gguf_load_check(base_gguf=base, adapter_gguf=written.path)
+    _heartbeat(run)
+    return {
+        "adapter_gguf": {
+            "file": GGUF_ADAPTER,
+            "sha256": written.sha256,
+            "size_bytes": written.size_bytes,
+            "tensors": written.tensors,
+            "modules": written.modules,
+            "rank": written.rank,
+            "alpha": written.alpha,
+            "architecture": written.architecture,
+            "base_gguf": written.base_gguf,
+            "base_gguf_sha256": written.base_gguf_sha256,
+            "load_check_text": text,
+        }
+    }
+
+
+def _gguf_note(provenance: dict[str, Any]) -> str:
+    if not provenance:
+        return ""
+    gguf = provenance["adapter_gguf"]
+    return f"; as GGUF {gguf['size_bytes']:,} bytes, loaded by llama.cpp"
+
+
+def _heartbeat(run: TrainingRun) -> None:
+    TrainingRun.objects.filter(id=run.id).update(heartbeat_at=timezone.now())
 
 
 def _still_running(run: TrainingRun, *, lock: bool = False) -> bool:

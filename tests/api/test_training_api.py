@@ -288,7 +288,7 @@ def test_it_refuses_to_alternate_under_a_policy_no_vllm_endpoint_serves(
         400,
         "invalid_input",
     )
-    assert "only a vLLM endpoint loads" in error["message"]
+    assert "only a vLLM endpoint or the coevo llama.cpp host loads" in error["message"]
     assert not Campaign.objects.exists()
 
 

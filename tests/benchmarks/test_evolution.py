@@ -203,6 +203,15 @@ def test_a_small_run_writes_a_row_per_campaign_and_resumes(tmp_path):
     assert 0 < written["rollouts"] <= 8 and written["judged"] >= written["valid"] >= 1
     assert "| config | 1 |" in run.stdout and "campaign 1/1: config, seed 6" in run.stdout
     assert "rollouts 0+0 reserved of 8" in run.stdout
+    # A project of its own: no other campaign's duplicate check or cached rollouts reach it.
+    assert written["project"].startswith("bench-config-6-")
+    with sqlite3.connect(home / "coevo.sqlite3") as db:
+        (campaigns,) = db.execute(
+            "SELECT count(*) FROM campaigns_campaign c JOIN projects_project p "
+            "ON c.project_id = p.id WHERE p.slug = ?",
+            (written["project"],),
+        ).fetchone()
+    assert campaigns == 1
 
     # Sealed: the held-out games' names leave the review pages in neither the row nor the output.
     with sqlite3.connect(home / "coevo.sqlite3") as db:

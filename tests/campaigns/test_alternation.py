@@ -398,7 +398,9 @@ def test_campaign_create_refuses_alternation_on_an_endpoint_that_cannot_load_ada
     project, seed, suite, policy_version, trainer
 ):
     assert policy_version.endpoint.kind == EndpointKind.OPENAI_COMPATIBLE
-    with pytest.raises(InvalidInput, match="only a vLLM endpoint loads at run time"):
+    with pytest.raises(
+        InvalidInput, match="only a vLLM endpoint or the coevo llama.cpp host loads at run time"
+    ):
         create(project, seed, suite, policy_version, alternation={"trainer": "tiny-lora"})
     from coevo.campaigns.models import Campaign
 

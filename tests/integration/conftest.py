@@ -1,4 +1,5 @@
-"""The real embedded policy: llama.cpp serving Gemma 3 270M, started once per test session."""
+"""The real embedded policy: the coevo llama.cpp host serving Gemma 3 270M (and any adapter
+installed under COEVO_ADAPTER_DIR), started once per test session."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.conf import settings
 from coevo.policies.embedded import (
     DEFAULT_MODEL_ALIAS,
     assemble_default_model,
-    llama_server_command,
+    llamacpp_host_command,
     wait_until_serving,
 )
 
@@ -24,8 +25,14 @@ from tests.support.net import free_port
 def llama_server(tmp_path_factory):
     model = assemble_default_model(Path(settings.COEVO_HOME) / "models")
     port = free_port()
-    log = open(tmp_path_factory.mktemp("llama") / "server.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen(llama_server_command(model, port=port), stdout=log, stderr=log)
+    logs = tmp_path_factory.mktemp("llama")
+    adapter_root = Path(settings.COEVO_ADAPTER_DIR)
+    adapter_root.mkdir(parents=True, exist_ok=True)
+    command = llamacpp_host_command(
+        model, port=port, adapter_root=adapter_root, log_dir=logs / "models"
+    )
+    log = open(logs / "host.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(command, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_until_serving(url, model=DEFAULT_MODEL_ALIAS, process=process)

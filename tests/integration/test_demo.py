@@ -149,6 +149,9 @@ def test_the_demo_evolves_the_naive_seed_and_its_reviewer_approves_the_promotion
         assert db.execute("select state from reviews_promotionrequest").fetchall() == [
             ("approved",)
         ]
+        # The demo's policy is the coevo llama.cpp host, registered as the kind that loads
+        # LoRA adapters at run time (a policy step's adapters are served through it).
+        assert db.execute("select kind from policies_policyendpoint").fetchall() == [("llamacpp",)]
     assert rollouts and all(
         state == "done" and outcome in ("passed", "task_failure") for state, outcome in rollouts
     ), rollouts

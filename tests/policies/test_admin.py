@@ -60,3 +60,19 @@ def test_the_default_endpoint_takes_its_kind_and_base_model_from_the_settings(db
     assert version.endpoint.kind == "vllm"
     assert version.served_name == "gemma-3-270m"
     assert version.base_model == "google/gemma-3-270m"
+
+
+def test_the_default_endpoint_follows_the_kind_the_settings_name_now(db, settings):
+    """A demo database made when a plain llama.cpp server (openai-compatible) served the URL
+    gets the llama.cpp host's kind, which loads adapters, once the settings say so."""
+    from coevo.policies.services import policy_version_get_default
+
+    settings.COEVO_POLICY_URL = "http://127.0.0.1:8089/v1"
+    settings.COEVO_POLICY_KIND = "openai-compatible"
+    before = policy_version_get_default()
+    assert before.endpoint.kind == "openai-compatible"
+    settings.COEVO_POLICY_KIND = "llamacpp"
+    after = policy_version_get_default()
+    assert after.id == before.id and after.endpoint.id == before.endpoint.id
+    after.endpoint.refresh_from_db()
+    assert after.endpoint.kind == "llamacpp"

@@ -10,6 +10,7 @@ import stat
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from coevo.training.adapters import (
@@ -18,6 +19,7 @@ from coevo.training.adapters import (
     InvalidAdapter,
     adapter_install,
     adapter_validate,
+    safetensors_header_read,
 )
 from tests.support.tiny_trainer import write_adapter, write_safetensors
 
@@ -297,6 +299,19 @@ def test_it_accepts_the_safetensors_files_the_test_trainer_writes(tmp_path):
     )
     (tmp_path / "w.safetensors").rename(tmp_path / SAFETENSORS)
     assert validate(tmp_path).tensors == 1
+
+
+def test_the_header_gives_each_tensors_bytes_in_the_file(tmp_path):
+    path = tmp_path / SAFETENSORS
+    write_safetensors(path, {"b": ([2], [3.0, 4.0]), "a": ([1, 3], [0.5, 1.5, 2.5])}, dtype="F16")
+    tensors = safetensors_header_read(path=path)
+    assert [(t.name, t.dtype, t.shape) for t in tensors] == [
+        ("b", "F16", (2,)),
+        ("a", "F16", (1, 3)),
+    ]  # file order
+    raw = path.read_bytes()
+    values = [np.frombuffer(raw[t.start : t.end], "<f2").tolist() for t in tensors]
+    assert values == [[3.0, 4.0], [0.5, 1.5, 2.5]]
 
 
 def test_it_refuses_a_symbolic_link(adapter, tmp_path):

@@ -20,6 +20,7 @@ from coevo.audit.models import AuditEvent
 from coevo.errors import InvalidInput, InvalidState
 from coevo.exports.services import export_path, trajectory_export_create
 from coevo.policies.models import EndpointKind, PolicyVersion
+from coevo.policies.services import policy_version_create
 from coevo.training.models import Trainer, TrainingRun, TrainingState
 from coevo.training.services import (
     training_run_cancel,
@@ -30,6 +31,7 @@ from coevo.training.services import (
 from coevo.training.signals import training_finished
 from coevo.training.trainers import MAX_TIME_LIMIT_S, trainer_get, trainer_register
 from tests.exports.conftest import build, run_evaluation
+from tests.training.conftest import ATTENTION
 from tests.training.support import (
     TRAINER,
     execute_in_thread,
@@ -282,8 +284,12 @@ def test_it_refuses_a_parent_policy_not_served_by_vllm(
     project, owner, export, base_policy, policy_version
 ):
     assert policy_version.endpoint.kind == EndpointKind.OPENAI_COMPATIBLE
-    with pytest.raises(InvalidInput, match="only by a vLLM endpoint started with --enable-lora"):
+    with pytest.raises(
+        InvalidInput,
+        match="only by a vLLM endpoint started with --enable-lora or by a llama.cpp endpoint",
+    ):
         make_run(project, owner, export, policy_version)
+    assert not TrainingRun.objects.exists()
 
 
 def test_it_refuses_a_disabled_trainer(project, owner, export, base_policy):
@@ -618,3 +624,106 @@ def test_it_refuses_a_placeholder_that_cannot_be_filled_in(db, arg):
     with pytest.raises(InvalidInput):
         trainer_register(name="t", command=["train", arg])
     assert not Trainer.objects.exists()
+
+
+# --- llama.cpp parents: the adapter written as GGUF, loaded once, installed with the rest -----
+
+
+def gemma_trainer(gemma_shapes, *extra: str):
+    """The tiny trainer writing an r=8 attention LoRA shaped for Gemma 3 270M (18 blocks)."""
+    spec = ",".join(f"{m}={gemma_shapes[m][0]}x{gemma_shapes[m][1]}" for m in ATTENTION)
+    return make_trainer(
+        "--lora-shapes", spec, "--layers", "18", "--rank", "8", *extra, name="tiny-gemma"
+    )
+
+
+def test_a_run_on_a_llama_cpp_parent_registers_its_adapter_with_its_gguf(
+    project, owner, export, llamacpp_policy, gemma_shapes, gemma_gguf, gemma_layout, settings
+):
+    run = make_run(project, owner, export, llamacpp_policy, gemma_trainer(gemma_shapes))
+    done = training_run_execute(run_id=run.id)
+
+    assert done.state == TrainingState.SUCCEEDED, done.state_detail
+    assert "loaded by llama.cpp" in done.state_detail
+    version = done.policy_version
+    assert version.parent == llamacpp_policy
+    assert version.endpoint == llamacpp_policy.endpoint
+    assert version.base_model == "gemma-3-270m"
+    installed = Path(version.adapter_path)
+    assert installed == Path(settings.COEVO_ADAPTER_DIR) / version.adapter_name
+    assert sorted(p.name for p in installed.iterdir()) == [
+        "adapter.gguf", "adapter_config.json", "adapter_model.safetensors",
+    ]  # fmt: skip
+    gguf_file = installed / "adapter.gguf"
+    assert stat.S_IMODE(gguf_file.stat().st_mode) == 0o444
+    digest = hashlib.sha256(gguf_file.read_bytes()).hexdigest()
+
+    provenance = version.provenance
+    assert provenance["adapter_sha256"] == done.adapter_sha256
+    recorded = provenance["adapter_gguf"]
+    assert recorded == {
+        "file": "adapter.gguf",
+        "sha256": digest,
+        "size_bytes": gguf_file.stat().st_size,
+        "tensors": 144,
+        "modules": 72,
+        "rank": 8,
+        "alpha": 16.0,
+        "architecture": "gemma3",
+        "base_gguf": str(gemma_gguf),
+        "base_gguf_sha256": gemma_layout.sha256,
+        "load_check_text": recorded["load_check_text"],
+    }
+    assert recorded["load_check_text"].strip()
+
+
+def test_the_gguf_is_covered_by_the_installed_adapters_sha256(
+    project, owner, export, base_policy, llamacpp_policy, gemma_shapes
+):
+    # The same trainer output installed for vLLM (no GGUF) and for llama.cpp (with it).
+    trainer = gemma_trainer(gemma_shapes)
+    vllm = training_run_execute(run_id=make_run(project, owner, export, base_policy, trainer).id)
+    llama = training_run_execute(
+        run_id=make_run(project, owner, export, llamacpp_policy, trainer).id
+    )
+    assert vllm.state == llama.state == TrainingState.SUCCEEDED, llama.state_detail
+    assert not (Path(vllm.policy_version.adapter_path) / "adapter.gguf").exists()
+    assert "adapter_gguf" not in vllm.policy_version.provenance
+    assert vllm.adapter_sha256 != llama.adapter_sha256
+
+
+def test_a_llama_cpp_parent_whose_base_has_no_gguf_fails_the_run(
+    project, owner, export, llamacpp_policy, settings
+):
+    parent = policy_version_create(
+        name="unconverted", endpoint=llamacpp_policy.endpoint, base_model="base-model"
+    )
+    done = training_run_execute(run_id=make_run(project, owner, export, parent).id)
+    assert done.state == TrainingState.FAILED
+    assert done.state_detail.startswith(
+        "the adapter could not be made ready for llama.cpp: No GGUF file for the base model "
+        "'base-model'"
+    )
+    assert done.policy_version is None
+    assert not PolicyVersion.objects.filter(parent=parent).exists()
+    assert not Path(settings.COEVO_ADAPTER_DIR).exists() or not any(
+        Path(settings.COEVO_ADAPTER_DIR).iterdir()
+    )
+
+
+def test_an_adapter_llama_cpp_cannot_take_fails_the_run_and_registers_nothing(
+    project, owner, export, llamacpp_policy, settings
+):
+    # The default tiny adapter: a valid PEFT LoRA, but of 4x4 matrices, not Gemma's.
+    done = training_run_execute(run_id=make_run(project, owner, export, llamacpp_policy).id)
+    assert done.state == TrainingState.FAILED
+    assert done.state_detail.startswith(
+        "the adapter could not be made ready for llama.cpp: adapter_model.safetensors: "
+        "base_model.model.layers.0.self_attn.q_proj.lora_A.weight has shape [4, 4], but rank 4 "
+        "on blk.0.attn_q.weight [1024, 640] (out, in) needs [4, 640]"
+    )
+    assert done.policy_version is None
+    assert not PolicyVersion.objects.filter(parent=llamacpp_policy).exists()
+    assert not Path(settings.COEVO_ADAPTER_DIR).exists() or not any(
+        Path(settings.COEVO_ADAPTER_DIR).iterdir()
+    )

@@ -521,7 +521,7 @@ def test_the_form_shows_what_the_alternation_check_refused(
     )
     assert refused.status_code == 400
     errors = refused.content.decode().split('id="form-errors"')[1].split("</div>")[0]
-    assert "only a vLLM endpoint loads" in errors
+    assert "only a vLLM endpoint or the coevo llama.cpp host loads" in errors
 
     # A switch patience the campaign's own patience would cut short.
     refused = client.post(
