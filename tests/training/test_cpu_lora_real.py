@@ -1,7 +1,8 @@
 """The built-in CPU trainer for real: training runs of it, registered as any trainer is, on an
 export of real rollouts, training Gemma 3 270M loaded from the shipped GGUF file (real torch,
-transformers and PEFT), then continuing the adapter it made from the model's cache (about a
-minute and a half on 2 cores, most of it reading the GGUF file)."""
+transformers and PEFT) for a policy served by llama.cpp, so coevo also writes the adapter as
+GGUF and has llama.cpp load it; then continuing the adapter it made, the model read from its
+cache (about two minutes on 2 cores, most of it reading the GGUF file the first time)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ PASS = ("passed", 1.0)
 
 @pytest.fixture
 def gemma_policy(db):
-    """Gemma 3 270M as its base policy, on a vLLM-kind endpoint nothing serves (the run only
-    trains and registers)."""
+    """Gemma 3 270M as its base policy, on a llama.cpp endpoint nothing serves (the runs train,
+    convert, check that llama.cpp loads the adapter, and register; nothing is served)."""
     endpoint = PolicyEndpoint.objects.create(
-        name="vllm-gemma", base_url="http://127.0.0.1:9/v1", kind=EndpointKind.VLLM
+        name="llamacpp-gemma", base_url="http://127.0.0.1:9/v1", kind=EndpointKind.LLAMACPP
     )
     return policy_version_create(name="gemma", endpoint=endpoint, base_model="gemma-3-270m")
 
@@ -63,6 +64,10 @@ def test_it_trains_a_lora_on_gemma_that_coevo_registers(
     # r=8 on the 4 attention projections of 18 layers: an A and a B each.
     assert (info.rank, info.tensors) == (8, 18 * 4 * 2)
     assert sorted(info.target_modules) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    # What llama.cpp serves: the same LoRA as GGUF, beside the PEFT files, loaded once.
+    gguf = version.provenance["adapter_gguf"]
+    assert (gguf["rank"], gguf["modules"], gguf["tensors"]) == (8, 18 * 4, 18 * 4 * 2)
+    assert (Path(version.adapter_path) / "adapter.gguf").stat().st_size == gguf["size_bytes"]
 
     # The live log: what was loaded and kept, each step's loss and speed, the total.
     assert "cpu-lora: loaded in " in log
@@ -101,5 +106,6 @@ def test_it_trains_a_lora_on_gemma_that_coevo_registers(
         == 144
     )
     assert run.adapter_sha256 != again.adapter_sha256
+    assert child.provenance["adapter_gguf"]["sha256"] != gguf["sha256"]
     summary = json.loads((Path(again.run_dir) / "summary.json").read_text())
     print(f"continued: {summary['seconds']} s, {summary['seconds_per_step']} s/step")
