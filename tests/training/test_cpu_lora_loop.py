@@ -188,6 +188,14 @@ def test_it_stops_before_a_step_that_would_end_past_the_time_limit():
     assert train(tiny_lora(), steps=5, deadline=5.0, clock=Clock()).steps == 0
 
 
+def test_it_stops_when_the_loss_diverges():
+    model = tiny_lora()
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "lora_B" in n).fill_(float("inf"))
+    with pytest.raises(FloatingPointError, match="the loss is nan at step 1: lower --learning"):
+        train(model, steps=1)
+
+
 def test_steps_come_from_the_steps_or_the_epochs():
     assert steps_planned(rows=10, batch_size=4, steps=7, epochs=None) == 7
     assert steps_planned(rows=10, batch_size=4, steps=None, epochs=1.0) == 3

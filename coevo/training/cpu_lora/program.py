@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    except FloatingPointError as exc:  # the loss diverged: nothing worth saving
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
     except ImportError as exc:  # installed, but broken (a torch built for another Python, say)
         message = libraries_message([exc.name or "a library"], sys.executable)
         print(f"error: {message} ({exc})", file=sys.stderr, flush=True)
