@@ -88,6 +88,31 @@ ensure_llama_cpp() {
     "$VENV/bin/python" -m pip install -q "${wheel}[server]"
 }
 
+# torch for the train extra, as a CPU build: from PyPI, plain `torch` is a CUDA build of several
+# GB. Installed from a local CPU wheel when pip can see one (a find-links folder, as on coevo's
+# development machines and CI); otherwise the user is told how to get a CPU build, and the
+# script stops rather than pull a CUDA one.
+TORCH_CPU_VERSION="${COEVO_TORCH_VERSION:-2.13.0}"
+
+ensure_torch_cpu() {
+    if "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+        return 0
+    fi
+    step "installing torch $TORCH_CPU_VERSION (a CPU build) for the train extra"
+    local started=$SECONDS
+    # --no-index: only local wheels (find-links) may answer, never an index's CUDA build.
+    if ! "$VENV/bin/python" -m pip install -q --no-index --no-deps "torch==$TORCH_CPU_VERSION" \
+        >/dev/null 2>&1; then
+        echo "No local CPU wheel of torch $TORCH_CPU_VERSION is visible to pip, and PyPI's torch is a" >&2
+        echo "CUDA build of several GB. Install a CPU build into $VENV first, then run this again:" >&2
+        echo "  $VENV/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu" >&2
+        exit 1
+    fi
+    # torch's own dependencies (sympy, networkx, ...), from the usual indexes.
+    "$VENV/bin/python" -m pip install -q "torch==$TORCH_CPU_VERSION"
+    echo "  torch installed in $((SECONDS - started)) s"
+}
+
 # Installs the project with the given extras unless pyproject.toml is unchanged since the last
 # successful install (and, for the embedded extra, llama.cpp was built with today's flags).
 ensure_python_packages() {
@@ -102,7 +127,12 @@ ensure_python_packages() {
     if [[ ",$extras," == *",embedded,"* ]]; then
         ensure_llama_cpp
     fi
+    if [[ ",$extras," == *",train,"* ]]; then
+        ensure_torch_cpu
+    fi
+    local started=$SECONDS
     "$VENV/bin/python" -m pip install -q -e ".[$extras]"
+    echo "  installed in $((SECONDS - started)) s"
     echo "$digest" >"$stamp"
 }
 

@@ -165,6 +165,7 @@ def _execute(run: TrainingRun) -> TrainingRun:
         "parent_adapter": parent.adapter_path,
         "output_dir": str(output),
         "run_dir": str(run_dir),
+        "time_limit_s": str(run.time_limit_s),
     }
     argv = [arg.format_map(values) for arg in run.trainer.command]
     env = trainer_environment(

@@ -22,6 +22,9 @@ PLACEHOLDERS = {
     "parent_adapter": "COEVO_PARENT_ADAPTER",
     "output_dir": "COEVO_OUTPUT_DIR",
     "run_dir": "COEVO_RUN_DIR",
+    # The run's own limit (a campaign may lower the trainer's): a trainer that knows it can
+    # stop in time and still save, instead of being killed with nothing to show.
+    "time_limit_s": "COEVO_TIME_LIMIT_S",
 }
 MAX_TIME_LIMIT_S = 7 * 24 * 3600
 
