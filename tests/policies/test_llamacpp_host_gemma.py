@@ -4,15 +4,13 @@ and a GGUF LoRA adapter loaded at run time."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
-from django.conf import settings
 
 from coevo.policies.embedded import (
     DEFAULT_MODEL_ALIAS,
-    assemble_default_model,
+    base_model_gguf,
     llamacpp_host_command,
     wait_until_serving,
 )
@@ -25,7 +23,7 @@ pytestmark = pytest.mark.llm
 
 
 def test_it_serves_gemma_and_a_lora_adapter_loaded_at_run_time(tmp_path):
-    model = assemble_default_model(Path(settings.COEVO_HOME) / "models")
+    model = base_model_gguf(DEFAULT_MODEL_ALIAS)
     adapter_root = tmp_path / "adapters"
     (adapter_root / "ft1").mkdir(parents=True)
     # A random LoRA on every block's q and v projections, large enough that greedy text
