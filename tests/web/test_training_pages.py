@@ -195,6 +195,34 @@ def test_it_shows_the_produced_policy_version_of_a_succeeded_run(viewer, trainin
     assert 'id="training-produced"><strong>base-tiny-lora-1</strong>' in content
     assert 'id="training-exit-code">0<' in content and "adapter bbbbbbbbbbbb" in content
     assert "hx-trigger" not in content
+    assert "child of <strong>" + training.base.name + "</strong>" in content
+    assert 'id="training-gguf"' not in content  # a vLLM adapter: no GGUF conversion
+
+
+def test_it_shows_the_llama_cpp_conversion_a_policy_version_was_registered_with(viewer, training):
+    start_run(training.run)
+    gguf = {"tensors": 144, "modules": ["attn_q", "attn_v"], "rank": 8, "alpha": 16.0,
+            "size_bytes": 2_959_072, "sha256": "c" * 64, "base_gguf_sha256": "d" * 64,
+            "architecture": "gemma3", "base_gguf": "/models/gemma.gguf"}  # fmt: skip
+    trained = policy_version_create(
+        name="base-cpu-lora-1",
+        endpoint=training.base.endpoint,
+        adapter_name="base-cpu-lora-1",
+        adapter_path="/adapters/base-cpu-lora-1",
+        parent=training.base,
+        provenance={"export_sha256": "e" * 64, "adapter_rank": 8, "adapter_gguf": gguf},
+    )
+    TrainingRun.objects.filter(id=training.run.id).update(
+        state=TrainingState.SUCCEEDED, policy_version=trained, finished_at=timezone.now()
+    )
+
+    content = as_user(viewer).get(run_url(training.run)).content.decode()
+
+    gguf_line = content.split('id="training-gguf">')[1].split("</span>\n")[0]
+    assert "GGUF 144 tensors (attn_q, attn_v), rank 8" in gguf_line
+    assert "cccccccccccc" in gguf_line and "dddddddddddd" in gguf_line and "gemma3" in gguf_line
+    assert "eeeeeeeeeeee" in content
+    assert "/models/gemma.gguf" not in content  # paths on the worker are the operators' business
 
 
 def test_it_links_the_campaign_whose_policy_step_started_the_run(
