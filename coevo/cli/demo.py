@@ -43,6 +43,14 @@ def register(commands: Any) -> None:
         "order = priority; with 0 the first three draws keep the game's order)",
     )
     campaign.add_argument(
+        "--coevolve",
+        action="store_true",
+        help="co-evolve harness and policy: the campaign takes a harness step, a policy step "
+        "(a LoRA adapter trained on the CPU on the best candidate's search games, served by "
+        "llama.cpp) and a harness step under the new policy, then shows the harness x policy "
+        "matrix (needs the train extra: scripts/demo --coevolve installs it)",
+    )
+    campaign.add_argument(
         "--no-promotion",
         dest="promotion",
         action="store_false",
@@ -59,6 +67,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--tasks must be at least 1")
     if args.campaign_proposals < 1:
         parser.error("--campaign-proposals must be at least 1")
+    if args.coevolve and not args.campaign:
+        parser.error("--coevolve runs the campaign: drop --no-campaign")
     if args.campaign_tasks < 1:
         parser.error("--campaign-tasks must be at least 1")
     try:
@@ -75,6 +85,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 campaign_max_steps=args.campaign_max_steps,
                 campaign_seed=args.campaign_seed,
                 promotion=args.promotion,
+                coevolve=args.coevolve,
             )
         )
     except CoevoError as exc:

@@ -191,6 +191,8 @@ def wait_for_campaign(campaign: Campaign, services: Services) -> None:
                 progress = evaluation_progress(evaluation=evaluation)
                 split = "validation" if current.validation_evaluation_id else "search"
                 line += f"; {label}: {split} {progress.done}/{progress.total} games"
+            elif current.kind == ProposerKind.POLICY:
+                line += f"; {label}: {policy_step_progress(current)}"
             else:
                 line += f"; {label}: starting"
         if line != last:
@@ -204,6 +206,16 @@ def wait_for_campaign(campaign: Campaign, services: Services) -> None:
             campaign_advance_enqueue(campaign_id=campaign.id)
             nudged = time.monotonic()
         time.sleep(1)
+
+
+def policy_step_progress(proposal: Any) -> str:
+    """Where a policy step is before its evaluations: exporting, or training (the trainer's
+    last log line: its step and loss)."""
+    run = proposal.training_run
+    if run is None:
+        return "policy step: exporting the best candidate's search games"
+    last = next((line for line in reversed(run.log_tail.splitlines()) if line.strip()), "")
+    return f"policy step: training ({run.state}) {last.strip()[:120]}"
 
 
 def pct(value: float | None) -> str:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coevo.campaigns.models import Campaign, Proposal
+from coevo.campaigns.models import Campaign
 from coevo.demo.campaign import pct
 from coevo.demo.processes import Services, say
 from coevo.demo.users import demo_user
@@ -40,10 +40,10 @@ def demo_promotion(*, campaign: Campaign, requester: Any) -> PromotionRequest | 
     if best is None or best.id == campaign.seed_candidate_id:
         say("the campaign found nothing better than its seed on validation: no promotion requested")
         return None
-    proposal = Proposal.objects.filter(campaign=campaign, candidate=best).first()
-    policy_version = (
-        proposal.policy_version if proposal is not None else campaign.active_policy_version
-    )
+    # The pair that scored best on validation: in a co-evolving campaign the same candidate may
+    # have been evaluated under two policies (a policy step evaluates the best candidate under
+    # the new one), and the promotion is of the pair.
+    policy_version = campaign.best_policy_version or campaign.active_policy_version
     channel = channel_get_or_create(project=campaign.project, name=CHANNEL)
     try:
         request = promotion_request_create(

@@ -47,6 +47,8 @@ class DemoOptions:
     campaign_max_steps: int = 20
     campaign_seed: int = 6
     promotion: bool = True
+    # The campaign alternates harness and policy steps (coevo.demo.coevolve).
+    coevolve: bool = False
 
 
 def run_demo(options: DemoOptions) -> int:
@@ -65,7 +67,7 @@ def run_demo(options: DemoOptions) -> int:
     from django.core.management import call_command
 
     from coevo.demo import campaign as demo_campaigns
-    from coevo.demo import humaneval, promotion
+    from coevo.demo import coevolve, humaneval, promotion
     from coevo.demo.users import demo_user
     from coevo.projects.models import Role
     from coevo.projects.services import project_get_or_create
@@ -94,8 +96,9 @@ def run_demo(options: DemoOptions) -> int:
             settings=settings,
             policy_port=options.policy_port,
             env=child_env,
-            home=home,
             worker_name="demo",
+            # A policy step's training run goes to the training queue.
+            queues=("rollouts", "default", "training") if options.coevolve else None,
         )
         services.start(
             "web",
@@ -117,7 +120,15 @@ def run_demo(options: DemoOptions) -> int:
         humaneval.wait_for_evaluation(evaluation, services)
         print(humaneval.evaluation_summary(evaluation, time.monotonic() - eval_started), flush=True)
         print(f"Dashboard: {url}  {login}", flush=True)
-        if options.campaign:
+        if options.campaign and options.coevolve:
+            campaign = coevolve.demo_coevolve_campaign(
+                project=project,
+                user=user,
+                games=options.campaign_tasks,
+                max_steps=options.campaign_max_steps,
+                seed=options.campaign_seed,
+            )
+        elif options.campaign:
             campaign = demo_campaigns.demo_campaign(
                 project=project,
                 user=user,
@@ -126,13 +137,20 @@ def run_demo(options: DemoOptions) -> int:
                 proposals=options.campaign_proposals,
                 seed=options.campaign_seed,
             )
+        if options.campaign:
             campaign_url = f"{base}/p/{project.slug}/campaigns/{campaign.id}/"
+            what = (
+                "co-evolution on TextWorld from the naive seed: a harness step (a config "
+                "proposal), a policy step (a LoRA trained on the CPU, served by llama.cpp), "
+                "a harness step under the new policy"
+                if options.coevolve
+                else f"config campaign on TextWorld from the naive seed: up to "
+                f"{options.campaign_proposals} proposals"
+            )
             say(
-                f"config campaign on TextWorld from the naive seed: up to "
-                f"{options.campaign_proposals} proposals over "
-                f"{', '.join(demo_campaigns.CAMPAIGN_KNOBS)}; {options.campaign_tasks} search "
-                f"and {options.campaign_tasks} validation games, {options.campaign_max_steps} "
-                f"steps a game (seed {options.campaign_seed})"
+                f"{what}; knobs {', '.join(demo_campaigns.CAMPAIGN_KNOBS)}; "
+                f"{options.campaign_tasks} search and {options.campaign_tasks} validation "
+                f"games, {options.campaign_max_steps} steps a game (seed {options.campaign_seed})"
             )
             say(f"watch it live: {campaign_url}")
             campaign_started = time.monotonic()
@@ -150,6 +168,17 @@ def run_demo(options: DemoOptions) -> int:
             for line in summary:
                 print(line, flush=True)
             print(f"Campaign dashboard: {campaign_url}  {login}", flush=True)
+            if options.coevolve:
+                for line in coevolve.coevolve_summary(campaign):
+                    print(line, flush=True)
+                matrix = coevolve.demo_matrix(campaign=campaign, user=user)
+                if matrix is not None:
+                    matrix_url = f"{base}/p/{project.slug}/matrices/{matrix.id}/"
+                    say(f"harness x policy matrix: {matrix_url}")
+                    coevolve.wait_for_matrix(matrix, services)
+                    for line in coevolve.matrix_summary(matrix):
+                        print(line, flush=True)
+                    print(f"Matrix: {matrix_url}  {login}", flush=True)
             request = (
                 promotion.demo_promotion(campaign=campaign, requester=user)
                 if options.promotion
