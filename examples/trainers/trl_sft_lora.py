@@ -4,7 +4,7 @@
 An example trainer for alternating campaigns (docs/training.md). Register it once, as an
 operator, on the machine that runs the training worker:
 
-    python manage.py trainer_register trl-sft-lora --time-limit 3600 -- \\
+    python manage.py trainer_register trl-sft-lora --time-limit 3600 --env PYTHONPATH=/app -- \\
         python /app/examples/trainers/trl_sft_lora.py \\
             --export {export} --format {format} --base-model {base_model} \\
             --parent-adapter {parent_adapter} --output-dir {output_dir} --run-dir {run_dir}
@@ -12,6 +12,11 @@ operator, on the machine that runs the training worker:
 Each of those options defaults to the environment variable coevo sets for the run
 (COEVO_EXPORT_PATH, COEVO_EXPORT_FORMAT, COEVO_BASE_MODEL, COEVO_PARENT_ADAPTER,
 COEVO_OUTPUT_DIR, COEVO_RUN_DIR), so the bare command works as well.
+
+It reads the export with coevo's own reader (coevo.training.cpu_lora.rows, the built-in CPU
+trainer's), so it runs with a Python that imports coevo: the training worker's, with
+``PYTHONPATH`` naming coevo's source tree (/app in the image; the trainer's environment is not
+the worker's, docs/training.md).
 
 What it does:
 
@@ -21,7 +26,8 @@ What it does:
    "completion", "weight", "provenance"}``. Rows whose weight is 0 (turns of failed rollouts,
    or turns outside ``last_turns``) are dropped: supervised fine-tuning has no use for
    negatives. Rows longer than ``--max-length`` tokens are dropped too (truncating them would
-   cut off the very turn they teach).
+   cut off the very turn they teach), and so are rows whose reply is a tool call (this trainer
+   learns text replies).
 2. Loads the base model (``--model-path``, by default the policy's base model). When the parent
    policy is itself an adapter, that adapter is loaded trainable and training continues it, so
    the new adapter replaces its parent on the same base; otherwise a fresh LoRA is created.
@@ -39,9 +45,9 @@ tokenizer's chat template; ``auto`` (default) takes text prompts as plain and me
 chat for a prompt_completion export, and for a chat export uses the chat template when the
 tokenizer has one.
 
-Needs torch, transformers>=4.56, datasets, peft>=0.13 and trl>=0.20 (not coevo dependencies: the
-training worker's image adds them, docs/training.md). Exit status: 0 when the adapter is written,
-2 for unusable input, 3 when a library is missing or too old.
+Needs coevo, and torch, transformers>=4.56, datasets, peft>=0.13 and trl>=0.20 (not coevo
+dependencies: the training worker's image adds them, docs/training.md). Exit status: 0 when the
+adapter is written, 2 for unusable input, 3 when a library (coevo included) is missing or too old.
 """
 
 from __future__ import annotations
@@ -49,50 +55,47 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+try:
+    # Plain Python, no torch: importable before the training libraries are checked.
+    from coevo.training.cpu_lora.libraries import EXIT_BAD_INPUT, EXIT_MISSING_LIBRARY
+    from coevo.training.cpu_lora.options import inputs_add, inputs_check
+    from coevo.training.cpu_lora.rows import (
+        DROP_SEVERAL_MESSAGES,
+        DROP_TOOL_CALL,
+        BadInput,
+        Example,
+        RowCounts,
+        drop_too_long,
+        rows_read,
+    )
+except ImportError as exc:
+    print(
+        f"error: this trainer reads the export with coevo's reader, and {sys.executable} cannot "
+        f"import it ({exc}). Run it with the training worker's Python, with PYTHONPATH set to "
+        "coevo's source tree: register it with --env PYTHONPATH=/app in coevo's image "
+        "(docs/training.md, 'Worked example: TRL SFT on Gemma 3 270M').",
+        file=sys.stderr,
+    )
+    sys.exit(3)  # EXIT_MISSING_LIBRARY, which coevo itself defines
 
 REQUIRED = {"torch": None, "transformers": "4.56", "datasets": None, "peft": "0.13", "trl": "0.20"}
 INSTALL_HINT = "pip install torch 'transformers>=4.56' datasets 'peft>=0.13' 'trl>=0.20'"
 DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-EXIT_BAD_INPUT = 2
-EXIT_MISSING_LIBRARY = 3
-
-
-class BadInput(Exception):
-    """The export or the options cannot be trained on (exit status 2)."""
 
 
 # --- options ---------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
     parser = argparse.ArgumentParser(
         description="Train a LoRA adapter on a coevo trajectory export (TRL SFT + PEFT)."
     )
-    io = parser.add_argument_group("coevo's inputs (default: the COEVO_* environment)")
-    io.add_argument("--export", default=env("COEVO_EXPORT_PATH"), help="the export's JSONL")
-    io.add_argument(
-        "--format",
-        default=env("COEVO_EXPORT_FORMAT", "chat"),
-        choices=["chat", "prompt_completion"],
-        help="the export's format",
-    )
-    io.add_argument("--base-model", default=env("COEVO_BASE_MODEL"), help="the policy's base")
-    io.add_argument(
-        "--parent-adapter",
-        default=env("COEVO_PARENT_ADAPTER", ""),
-        help="the parent policy's adapter directory ('' when the parent is the base model)",
-    )
-    io.add_argument("--output-dir", default=env("COEVO_OUTPUT_DIR"), help="write the adapter here")
-    io.add_argument(
-        "--run-dir", default=env("COEVO_RUN_DIR"), help="scratch space (trainer checkpoints)"
-    )
+    inputs_add(parser)
 
     model = parser.add_argument_group("model")
     model.add_argument(
@@ -130,112 +133,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    for name in ("export", "base_model", "output_dir"):
-        if not getattr(args, name):
-            flag = "--" + name.replace("_", "-")
-            parser.error(f"{flag} is required (coevo passes it, or sets its COEVO_* variable)")
+    inputs_check(parser, args)
     if args.rank < 1 or args.alpha < 1 or args.batch_size < 1 or args.grad_accum < 1:
         parser.error("--rank, --alpha, --batch-size and --grad-accum must be positive")
     return args
 
 
-# --- the export ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Example:
-    """One training pair: ``prompt`` is text (plain) or a list of messages (chat)."""
-
-    prompt: str | list[dict[str, str]]
-    completion: str
-
-
-@dataclass
-class ReadCounts:
-    rows: int = 0
-    kept: int = 0
-    zero_weight: int = 0
-
-
-def _text(content: Any) -> str:
-    """A message's content as text (OpenAI content parts are joined)."""
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return str(content)
-
-
-def _messages(raw: Any, where: str) -> list[dict[str, str]]:
-    if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
-        raise BadInput(f"{where}: expected a list of messages")
-    # Only role and content: the per-turn "weight" is coevo's, not the chat template's.
-    return [{"role": str(m.get("role", "")), "content": _text(m.get("content"))} for m in raw]
-
-
-def _weight(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadInput(f"{where}: weight must be a number, not {value!r}")
-    return float(value)
-
-
-def _example_of(row: dict[str, Any], fmt: str, where: str) -> tuple[Example, float]:
-    if fmt == "chat":
-        if "messages" not in row:
-            raise BadInput(
-                f"{where}: a chat row needs 'messages' (is the export prompt_completion?)"
-            )
-        messages = row["messages"]
-        if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
-            raise BadInput(f"{where}: 'messages' must end with the assistant turn")
-        target = messages[-1]
-        if target.get("role") != "assistant":
-            raise BadInput(f"{where}: the last message is {target.get('role')!r}, not assistant")
-        weight = _weight(target.get("weight", row.get("weight", 1)), where)
-        return Example(_messages(messages[:-1], where), _text(target.get("content"))), weight
-    if "prompt" not in row or "completion" not in row:
-        raise BadInput(f"{where}: a prompt_completion row needs 'prompt' and 'completion'")
-    weight = _weight(row.get("weight", 1), where)
-    prompt, completion = row["prompt"], row["completion"]
-    if isinstance(completion, list):  # conversational: [assistant message]
-        completion = _text(completion[-1].get("content")) if completion else ""
-    if isinstance(prompt, list):
-        return Example(_messages(prompt, where), _text(completion)), weight
-    return Example(_text(prompt), _text(completion)), weight
-
-
-def read_export(path: Path, fmt: str) -> tuple[list[Example], ReadCounts]:
-    """The export's rows with a positive weight, as prompt/completion examples."""
-    if not path.is_file():
-        raise BadInput(f"the export {path} does not exist")
-    counts = ReadCounts()
-    examples: list[Example] = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{path.name} line {number}"
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise BadInput(f"{where}: not JSON ({exc})") from exc
-            if not isinstance(row, dict):
-                raise BadInput(f"{where}: expected a JSON object")
-            counts.rows += 1
-            example, weight = _example_of(row, fmt, where)
-            if weight <= 0:
-                counts.zero_weight += 1
-                continue
-            examples.append(example)
-    counts.kept = len(examples)
-    if counts.rows == 0:
-        raise BadInput(f"the export {path} holds no rows")
-    if not examples:
-        raise BadInput(
-            f"none of the export's {counts.rows} rows has a positive weight: there is nothing "
-            "to imitate (the campaign's export keeps only successful rollouts by default)"
-        )
-    return examples, counts
+# --- the export's examples as TRL rows (coevo.training.cpu_lora.rows reads them) -------------
 
 
 def choose_style(examples: list[Example], fmt: str, requested: str, has_template: bool) -> str:
@@ -253,13 +157,15 @@ def choose_style(examples: list[Example], fmt: str, requested: str, has_template
     return "chat" if has_template else "plain"
 
 
-def to_rows(examples: list[Example], style: str) -> tuple[list[dict[str, Any]], int]:
-    """TRL prompt/completion rows in ``style``; also the count of examples that do not fit it."""
+def to_rows(examples: list[Example], style: str, counts: RowCounts) -> list[dict[str, Any]]:
+    """TRL prompt/completion rows in ``style``; each example left out is counted in
+    ``counts.dropped``."""
     rows: list[dict[str, Any]] = []
-    unfit = 0
     for example in examples:
         prompt = example.prompt
-        if style == "chat":
+        if example.tool_call:
+            counts.dropped[DROP_TOOL_CALL] += 1
+        elif style == "chat":
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             rows.append(
                 {
@@ -273,8 +179,8 @@ def to_rows(examples: list[Example], style: str) -> tuple[list[dict[str, Any]], 
             # How coevo exports a completions call in the chat format: the prompt as one message.
             rows.append({"prompt": prompt[0]["content"], "completion": example.completion})
         else:
-            unfit += 1
-    return rows, unfit
+            counts.dropped[DROP_SEVERAL_MESSAGES] += 1
+    return rows
 
 
 # --- training --------------------------------------------------------------------------------
@@ -315,7 +221,7 @@ def _token_count(tokenizer: Any, row: dict[str, Any], style: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 2  # BOS and EOS
 
 
-def train(args: argparse.Namespace, examples: list[Example], counts: ReadCounts) -> None:
+def train(args: argparse.Namespace, examples: list[Example], counts: RowCounts) -> None:
     versions = require_libraries()
     import torch
     from datasets import Dataset
@@ -333,27 +239,13 @@ def train(args: argparse.Namespace, examples: list[Example], counts: ReadCounts)
             f"--prompt-style chat, but the tokenizer of {model_path} has no chat template: "
             "train a completions harness's data with --prompt-style plain"
         )
-    rows, unfit = to_rows(examples, style)
-    if unfit:
-        print(
-            f"dropped {unfit} row(s) with several prompt messages: plain style trains raw text "
-            "(use --prompt-style chat for a chat harness)",
-            flush=True,
-        )
+    rows = to_rows(examples, style, counts)
     fitting = [row for row in rows if _token_count(tokenizer, row, style) <= args.max_length]
     if len(fitting) < len(rows):
-        print(
-            f"dropped {len(rows) - len(fitting)} row(s) longer than --max-length "
-            f"{args.max_length} tokens",
-            flush=True,
-        )
+        counts.dropped[drop_too_long(args.max_length)] += len(rows) - len(fitting)
     if not fitting:
-        raise BadInput("no row is left to train on (see the lines above)")
-    print(
-        f"training on {len(fitting)} of {counts.rows} row(s) ({counts.zero_weight} with weight "
-        f"0), prompt style {style}",
-        flush=True,
-    )
+        raise BadInput(f"no row is left to train on ({counts.used(0)})")
+    print(f"prompt style {style}: {counts.used(len(fitting))}", flush=True)
 
     use_cuda = torch.cuda.is_available()
     bf16 = use_cuda and torch.cuda.is_bf16_supported()
@@ -425,9 +317,9 @@ def train(args: argparse.Namespace, examples: list[Example], counts: ReadCounts)
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        examples, counts = read_export(Path(args.export), args.format)
+        examples, counts = rows_read(Path(args.export), args.format)
         print(
-            f"read {counts.rows} row(s) from {args.export}: {counts.kept} with a positive weight",
+            f"read {counts.rows} row(s) from {args.export}: {len(examples)} with a positive weight",
             flush=True,
         )
         train(args, examples, counts)

@@ -210,6 +210,9 @@ def test_it_reads_prompt_completion_rows_of_text_and_of_messages(tmp_path):
         ("chat", [{"messages": [{"role": "user", "content": "a"}]}], "not assistant"),
         ("chat", [chat_row("a", "b", weight="1")], "weight must be a number"),
         ("chat", [[1, 2]], "expected a JSON object"),
+        ("chat", [{"messages": None}], "is the export prompt_completion?"),
+        ("prompt_completion", [{"prompt": "a", "completion": []}], "end with the assistant"),
+        ("prompt_completion", [{"prompt": "a", "completion": ["b"]}], "end with the assistant"),
     ],
 )
 def test_it_refuses_an_export_it_cannot_train_on(tmp_path, fmt, rows, message):
@@ -222,6 +225,13 @@ def test_it_refuses_a_line_that_is_not_json(tmp_path):
     path.write_text('{"messages": [\n')
     with pytest.raises(BadInput, match="e.jsonl line 1: not JSON"):
         rows_read(path, "chat")
+
+
+def test_it_refuses_a_line_that_is_not_utf8_as_not_json(tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(b'{"prompt": "\xff", "completion": "b"}\n')
+    with pytest.raises(BadInput, match="e.jsonl line 1: not JSON"):
+        rows_read(path, "prompt_completion")
 
 
 def test_it_trains_the_model_turn_of_plain_text_after_bos_and_before_eos():

@@ -1,5 +1,7 @@
 """The CPU trainer's command line. coevo's inputs default to the ``COEVO_*`` environment the
-training worker sets (coevo/training/process.py), so the bare command works as a trainer."""
+training worker sets (coevo/training/process.py), so the bare command works as a trainer.
+``inputs_add`` and ``inputs_check`` are those inputs alone; the example TRL trainer
+(examples/trainers/trl_sft_lora.py) takes them the same way."""
 
 from __future__ import annotations
 
@@ -21,16 +23,10 @@ def _limit_default(value: str | None) -> float:
     return max(1.0, limit - SAVE_MARGIN_S) if limit > 0 else 0.0
 
 
-def options_parse(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parsed options; argparse exits 2 (unusable input) on a bad or missing one."""
+def inputs_add(parser: argparse.ArgumentParser) -> None:
+    """coevo's inputs to a trainer (docs/training.md, "The trainer contract"), each defaulting
+    to the ``COEVO_*`` variable the training worker sets for the run."""
     env = os.environ.get
-    parser = argparse.ArgumentParser(
-        prog="python -m coevo.training.cpu_lora",
-        # A registered typo ("--step") must not pass as an abbreviation of another option.
-        allow_abbrev=False,
-        description="Train a LoRA adapter on a coevo trajectory export, on the CPU, from the "
-        "base model's GGUF file (docs/training.md, 'The built-in CPU trainer').",
-    )
     io = parser.add_argument_group("coevo's inputs (default: the COEVO_* environment)")
     io.add_argument("--export", default=env("COEVO_EXPORT_PATH"), help="the export's JSONL")
     io.add_argument(
@@ -54,6 +50,27 @@ def options_parse(argv: list[str] | None = None) -> argparse.Namespace:
     io.add_argument(
         "--run-dir", default=env("COEVO_RUN_DIR"), help="scratch space (summary.json goes here)"
     )
+
+
+def inputs_check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exits 2 (argparse's usage error) when an input that has no default is missing."""
+    for name in ("export", "base_model", "output_dir"):
+        if not getattr(args, name):
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} is required (coevo passes it, or sets its COEVO_* variable)")
+
+
+def options_parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parsed options; argparse exits 2 (unusable input) on a bad or missing one."""
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="python -m coevo.training.cpu_lora",
+        # A registered typo ("--step") must not pass as an abbreviation of another option.
+        allow_abbrev=False,
+        description="Train a LoRA adapter on a coevo trajectory export, on the CPU, from the "
+        "base model's GGUF file (docs/training.md, 'The built-in CPU trainer').",
+    )
+    inputs_add(parser)
 
     model = parser.add_argument_group("model")
     model.add_argument(
@@ -124,10 +141,7 @@ def options_parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
 
-    for name in ("export", "base_model", "output_dir"):
-        if not getattr(args, name):
-            flag = "--" + name.replace("_", "-")
-            parser.error(f"{flag} is required (coevo passes it, or sets its COEVO_* variable)")
+    inputs_check(parser, args)
     if args.model_path is None and args.gguf_dir is None:
         parser.error(
             "pass --model-path (the base model's GGUF file) or --gguf-dir (COEVO_GGUF_DIR)"

@@ -12,6 +12,9 @@ Rows with weight 0 (turns of failed rollouts, or before ``last_turns``) are drop
 fine-tuning has no use for negatives. So are rows longer than the maximum length (truncating one
 would cut off the very turn it teaches), rows whose reply is a tool call (this trainer learns
 text), and conversations when there is no chat template to render them. Every drop is counted.
+
+The example TRL trainer (examples/trainers/trl_sft_lora.py) reads exports with ``rows_read``
+too, before it checks its own libraries: keep this module free of torch and transformers.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from typing import Any, Protocol
 
 # An export line is one model call; a line past this is not one coevo wrote.
 MAX_LINE_BYTES = 64 * 1024 * 1024
+# Reasons a row is dropped (RowCounts.dropped), shared with the example TRL trainer.
+DROP_TOOL_CALL = "with a tool call (this trainer learns text replies)"
+DROP_SEVERAL_MESSAGES = "with several prompt messages (--prompt-style plain trains raw text)"
+
+
+def drop_too_long(max_length: int) -> str:
+    return f"longer than --max-length {max_length} tokens"
 
 
 class BadInput(Exception):
@@ -124,7 +134,9 @@ def _example(row: dict[str, Any], fmt: str, where: str) -> tuple[Example, float]
     weight = _weight(row.get("weight", 1), where)
     prompt, completion, tool_call = row["prompt"], row["completion"], False
     if isinstance(completion, list):  # conversational: [assistant message]
-        last = completion[-1] if completion and isinstance(completion[-1], dict) else {}
+        if not completion or not isinstance(completion[-1], dict):
+            raise BadInput(f"{where}: a list 'completion' must end with the assistant message")
+        last = completion[-1]
         completion, tool_call = _text(last.get("content")), bool(last.get("tool_calls"))
     if isinstance(prompt, list):
         return Example(_messages(prompt, where), _text(completion), tool_call), weight
@@ -183,7 +195,7 @@ def _sequence(example: Example, style: str, tokens: Tokens) -> Sequence | str:
     if style == "plain":
         if isinstance(prompt, list):
             if len(prompt) != 1 or prompt[0]["role"] != "user":
-                return "with several prompt messages (--prompt-style plain trains raw text)"
+                return DROP_SEVERAL_MESSAGES
             prompt = prompt[0]["content"]
         head = ([tokens.bos_id] if tokens.bos_id is not None else []) + tokens.encode(prompt)
         tail = tokens.encode(example.completion)
@@ -216,13 +228,13 @@ def rows_encode(
     sequences = []
     for example in examples:
         if example.tool_call:
-            counts.dropped["with a tool call (this trainer learns text replies)"] += 1
+            counts.dropped[DROP_TOOL_CALL] += 1
             continue
         sequence = _sequence(example, _style(example, prompt_style), tokens)
         if isinstance(sequence, str):
             counts.dropped[sequence] += 1
         elif len(sequence.ids) > max_length:
-            counts.dropped[f"longer than --max-length {max_length} tokens"] += 1
+            counts.dropped[drop_too_long(max_length)] += 1
         elif len(sequence.ids) <= max(sequence.prompt_tokens, 1):
             counts.dropped["with nothing to learn (no token after the prompt)"] += 1
         else:
