@@ -121,6 +121,13 @@ def test_the_report_says_whether_the_targets_were_met_and_what_gained_nothing():
     assert report.count("\n| llm-patch | ") == 1 + 5  # the summary row and one per campaign
 
 
+def test_a_partial_run_does_not_call_the_target_met():
+    rows = [row("config", s, val=0.5, held=0.4, significant=True) for s in range(2)]
+    report = evolution.report_markdown(rows)
+    assert "not measured yet (2 of 5 campaigns run): 2 of 2" in report
+    assert ": met:" not in report
+
+
 def test_it_prints_the_report_of_a_file_without_running_anything(tmp_path, capsys):
     path = write(tmp_path / "results.jsonl", [row("random", 3, val=0.5, held=0.25)])
     assert evolution.main(["--report", str(path)]) == 0
