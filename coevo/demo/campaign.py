@@ -175,7 +175,8 @@ def wait_for_campaign(campaign: Campaign, services: Services) -> None:
     while True:
         services.check_alive()
         campaign.refresh_from_db()
-        proposals = campaign.proposals.exclude(kind=ProposerKind.SEED)
+        # Counted as the stop rule counts them: policy steps have their own quota.
+        proposals = campaign.proposals.exclude(kind__in=[ProposerKind.SEED, ProposerKind.POLICY])
         ended = proposals.exclude(state__in=PROPOSAL_OPEN_STATES).count()
         best = campaign.best_validation_score
         line = (

@@ -61,7 +61,7 @@ def demo_trainer() -> Trainer:
 def demo_coevolve_campaign(
     *, project: Project, user: Any, games: int, max_steps: int, seed: int
 ) -> Campaign:
-    """Harness step, policy step, harness step: three proposals, the middle one a policy step."""
+    """Harness step, policy step, harness step: the middle one trains the policy."""
     trainer = demo_trainer()
     candidate, _ = naive_seed_import(project=project, user=user, author="coevo demo")
     suite = demo_textworld_suite(project=project, games=games, max_steps=max_steps)
@@ -73,7 +73,9 @@ def demo_coevolve_campaign(
         policy_version=policy_version_get_default(),
         suite=suite,
         strategy=[{"kind": "config", "options": {"knobs": CAMPAIGN_KNOBS}}],
-        max_proposals=3,
+        # Harness proposals: policy steps have their own quota (max_policy_steps), so two
+        # harness steps with the policy step between them.
+        max_proposals=2,
         seed=seed,
         created_by=user,
         alternation={

@@ -35,7 +35,7 @@ def campaign(project, owner, host_policy) -> Campaign:
 
 def test_it_starts_a_harness_step_a_policy_step_and_a_harness_step(campaign, host_policy):
     assert campaign.state != CampaignState.PENDING
-    assert campaign.max_proposals == 3 and campaign.policy_version == host_policy
+    assert campaign.max_proposals == 2 and campaign.policy_version == host_policy
     assert campaign.strategy == [{"kind": "config", "options": {"knobs": CAMPAIGN_KNOBS}}]
     alternation = campaign.alternation
     assert alternation["trainer"] == coevolve.DEMO_TRAINER

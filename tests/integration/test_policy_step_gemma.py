@@ -49,7 +49,9 @@ def test_a_policy_step_trains_converts_registers_and_serves_a_lora_adapter_of_ge
         policy_version=base,
         suite=suite,
         strategy=[{"kind": "config", "options": {"knobs": CAMPAIGN_KNOBS}}],
-        max_proposals=2,  # a harness step, then the policy step
+        # Harness proposals (policy steps have their own quota): a harness step, the policy
+        # step, a harness step under whichever policy the campaign then has.
+        max_proposals=2,
         seed=6,
         created_by=owner,
         alternation={
