@@ -42,9 +42,9 @@ DEMO_TRAINER = "demo-cpu-lora"
 # move a few steps: minutes on 2 cores (a step of 4 TextWorld prompts takes 20-60 s).
 TRAINER_OPTIONS = ("--steps", "6", "--learning-rate", "5e-4", "--max-length", "1024")
 TRAINER_TIME_LIMIT_S = 1200
-# What the policy step trains on: the model turns of the best candidate's search games that
-# scored any points (a 270M model rarely wins a whole game, so "won" alone leaves little).
-EXPORT = {"format": "prompt_completion", "successful_only": False, "min_score": 0.01}
+# What the policy step trains on: the model turns of the best candidate's search games that it
+# won (the export gives the turns of lost games weight 0, and SFT has no use for them).
+EXPORT = {"format": "prompt_completion", "successful_only": True}
 
 
 def demo_trainer() -> Trainer:
