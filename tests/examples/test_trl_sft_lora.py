@@ -16,6 +16,7 @@ import pytest
 
 from coevo.training.builtin import SOURCE_ROOT
 from coevo.training.cpu_lora.rows import Example, RowCounts
+from tests.support.processes import run_trainer_python
 
 SCRIPT = SOURCE_ROOT / "examples" / "trainers" / "trl_sft_lora.py"
 
@@ -38,13 +39,7 @@ def run_script(*args: str, python_prefix: str = "pass") -> subprocess.CompletedP
         f"{python_prefix}; import runpy, sys; sys.argv[0] = {str(SCRIPT)!r}; "
         f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
     )
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SOURCE_ROOT)},
-    )
+    return run_trainer_python(code, *args)
 
 
 def inputs(export: Path, out: Path) -> list[str]:

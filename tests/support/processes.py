@@ -112,3 +112,17 @@ class RedisProcess:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+def run_trainer_python(
+    code: str, *args: str, timeout_s: float = 120
+) -> subprocess.CompletedProcess:
+    """``python -c code args`` in a fresh Python with the environment a training worker gives a
+    trainer: PATH and coevo's source tree on PYTHONPATH, nothing else of this process's."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)},
+    )

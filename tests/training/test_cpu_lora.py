@@ -30,6 +30,7 @@ from coevo.training.cpu_lora.rows import (
 from coevo.training.models import Trainer, TrainingState
 from coevo.training.services import training_run_execute
 from coevo.training.trainers import PLACEHOLDERS
+from tests.support.processes import run_trainer_python
 from tests.training.support import make_run, make_trainer
 
 REQUIRED = ["--export", "e.jsonl", "--base-model", "gemma-3-270m", "--output-dir", "out"]
@@ -294,13 +295,7 @@ def run_program(*args: str, python_prefix: str = "pass") -> subprocess.Completed
         f"{python_prefix}; import runpy; "
         f"runpy.run_module({CPU_LORA_MODULE!r}, run_name='__main__', alter_sys=True)"
     )
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SOURCE_ROOT)},
-    )
+    return run_trainer_python(code, *args)
 
 
 def test_it_exits_3_naming_the_extra_when_torch_is_missing(tmp_path):
