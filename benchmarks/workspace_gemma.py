@@ -47,7 +47,7 @@ def main() -> int:
     from coevo.policies.embedded import (
         DEFAULT_MODEL_ALIAS,
         base_model_gguf,
-        llama_server_command,
+        llamacpp_host_command,
         wait_until_serving,
     )
     from coevo.suites.harbor import WORKSPACE_DATA_DIR
@@ -63,7 +63,15 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     log = open(Path(settings.COEVO_HOME) / "workspace-bench-llama.log", "wb")  # noqa: SIM115
-    server = subprocess.Popen(llama_server_command(model, port=port), stdout=log, stderr=log)
+    # The same policy server as the demo and the tests: the coevo llama.cpp host.
+    command = llamacpp_host_command(
+        model,
+        port=port,
+        adapter_root=Path(settings.COEVO_ADAPTER_DIR),
+        log_dir=Path(settings.COEVO_HOME) / "workspace-bench-models",
+    )
+    Path(settings.COEVO_ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
+    server = subprocess.Popen(command, stdout=log, stderr=log)
     rows = []
     try:
         wait_until_serving(url, model=DEFAULT_MODEL_ALIAS, process=server)

@@ -65,21 +65,6 @@ def base_model_gguf(base_model: str, *, models_dir: Path | None = None) -> Path:
     return path
 
 
-def llama_server_command(
-    model_path: Path, *, port: int, host: str = "127.0.0.1", alias: str = DEFAULT_MODEL_ALIAS
-) -> list[str]:
-    """A bare llama_cpp.server for ``model_path`` (the base model only, no adapters)."""
-    _require_llama_cpp()
-    return [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(model_path),
-        "--model_alias", alias,
-        "--n_ctx", "4096",
-        "--host", host,
-        "--port", str(port),
-    ]  # fmt: skip
-
-
 def llamacpp_host_command(
     model_path: Path,
     *,
