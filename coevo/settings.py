@@ -223,6 +223,12 @@ COEVO_POLICY_RETRIES = env_int("COEVO_POLICY_RETRIES", 4, minimum=0)
 # shortens the workspace, a larger one gets prompts refused. 0: unknown (workspace_chars alone).
 COEVO_PROPOSER_CONTEXT_TOKENS = env_int("COEVO_PROPOSER_CONTEXT_TOKENS", 4096, minimum=0)
 COEVO_ALLOW_UNSANDBOXED = env_bool("COEVO_ALLOW_UNSANDBOXED", False)
+# Warm sandboxes (workers/warm.py): a zygote per candidate tree forks each run(task, ctx)
+# rollout into a fresh sandbox, on root workers. Idle zygotes close after the idle time; at most
+# the maximum live at once.
+COEVO_WARM_SANDBOXES = env_bool("COEVO_WARM_SANDBOXES", True)
+COEVO_WARM_SANDBOX_IDLE_S = env_int("COEVO_WARM_SANDBOX_IDLE_S", 60, minimum=1)
+COEVO_WARM_SANDBOXES_MAX = env_int("COEVO_WARM_SANDBOXES_MAX", 16, minimum=1)
 # A program harness's address-space limit (RLIMIT_AS: virtual memory, not resident). Node's
 # WebAssembly, the JVM and Go reserve far more than they touch: 4 GiB (the run(task, ctx)
 # harnesses' limit) breaks Node's fetch; 12 GiB is the least that was measured to work.
@@ -245,6 +251,10 @@ COEVO_WORKSPACE_VERIFIER_TIMEOUT_S = env_int("COEVO_WORKSPACE_VERIFIER_TIMEOUT_S
 # COEVO_HARNESS_ENV_BUILD_TIMEOUT_S.
 COEVO_HARNESS_INDEX_URL = env_str("COEVO_HARNESS_INDEX_URL", "https://pypi.org/simple")
 COEVO_HARNESS_FIND_LINKS = env_str("COEVO_HARNESS_FIND_LINKS", "")
+# Candidate trees exported on a worker (harness_store/tree_cache.py): shared by the tree's
+# rollouts, the least recently used beyond the maximum removed.
+COEVO_HARNESS_TREE_DIR = env_path("COEVO_HARNESS_TREE_DIR", COEVO_HOME / "harness-trees")
+COEVO_HARNESS_TREES_MAX = env_int("COEVO_HARNESS_TREES_MAX", 256, minimum=1)
 COEVO_HARNESS_ENV_DIR = env_path("COEVO_HARNESS_ENV_DIR", COEVO_HOME / "harness-envs")
 COEVO_HARNESS_ENV_MAX_BYTES = env_int("COEVO_HARNESS_ENV_MAX_BYTES", 10 * 1024**3, minimum=1024**2)
 COEVO_HARNESS_ENV_BUILD_TIMEOUT_S = env_int("COEVO_HARNESS_ENV_BUILD_TIMEOUT_S", 600, minimum=1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from workers import sandbox
 from workers.harness_env import harness_env_binds, harness_env_vars
 from workers.limits import wall_time_exceeded
 from workers.outcomes import HarnessExited, HarnessFault, LimitExceeded, ProtocolViolation
+from workers.warm import warm_spawn
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -62,22 +62,36 @@ class HarnessChannel:
         self._wall_expired = False
         self._stderr_exceeded = False
         module = "coevo_runtime.program" if program else "coevo_runtime"
-        self._proc: subprocess.Popen[bytes] = sandbox.spawn(
+        binds = {
+            RUNTIME_DIR: "/opt/coevo",
+            harness_dir.resolve(): "/harness",
+            **(ro_binds or {}),
+            **harness_env_binds(harness_env),
+        }
+        sandbox_env = {**harness_env_vars(harness_env, pythonpath="/opt/coevo"), **(env or {})}
+        limits = sandbox.SandboxLimits(
+            cpu_s=wall_s + 5,
+            **({"memory_bytes": settings.COEVO_PROGRAM_ADDRESS_SPACE_BYTES} if program else {}),
+        )
+        # A run(task, ctx) harness without a workspace forks from its tree's warm sandbox
+        # where the worker has one (workers/warm.py); the rest start a sandbox of their own.
+        warm_process = None
+        if not program and not ro_binds and not rw_binds and not env and uid is None:
+            warm_process = warm_spawn(
+                harness_dir=harness_dir,
+                ro_binds=binds,
+                env=sandbox_env,
+                cwd="/harness",
+                limits=limits,
+            )
+        self._proc: sandbox.SandboxProcess = warm_process or sandbox.spawn(
             [sandbox.python_executable(), "-s", "-m", module],
-            ro_binds={
-                RUNTIME_DIR: "/opt/coevo",
-                harness_dir.resolve(): "/harness",
-                **(ro_binds or {}),
-                **harness_env_binds(harness_env),
-            },
-            env={**harness_env_vars(harness_env, pythonpath="/opt/coevo"), **(env or {})},
+            ro_binds=binds,
+            env=sandbox_env,
             cwd="/harness",
             rw_binds=rw_binds,
             uid=uid,
-            limits=sandbox.SandboxLimits(
-                cpu_s=wall_s + 5,
-                **({"memory_bytes": settings.COEVO_PROGRAM_ADDRESS_SPACE_BYTES} if program else {}),
-            ),
+            limits=limits,
         )
         self._killer = threading.Timer(wall_s, self._expire)
         self._killer.daemon = True

@@ -57,6 +57,12 @@ ROLLOUT_DURATION = Histogram(
     buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600),
     registry=REGISTRY,
 )
+SANDBOX_STARTS = Counter(
+    "coevo_sandbox_starts",
+    "Harness sandboxes started, by kind: warm (forked by a candidate tree's zygote) or cold.",
+    ["kind"],
+    registry=REGISTRY,
+)
 SANDBOX_FAILURES = Counter(
     "coevo_sandbox_failures",
     "Sandboxed runs that did not end normally, by reason "
@@ -92,6 +98,10 @@ def rollout_started() -> None:
 def rollout_finished(*, outcome: str, error_kind: str, seconds: float) -> None:
     ROLLOUTS_FINISHED.labels(outcome, error_kind or "none").inc()
     ROLLOUT_DURATION.labels(outcome).observe(seconds)
+
+
+def sandbox_started(*, kind: str) -> None:
+    SANDBOX_STARTS.labels(kind).inc()
 
 
 def sandbox_failure(*, reason: str) -> None:

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Protocol
 
 from django.conf import settings
 
@@ -72,6 +73,13 @@ _DROP_PRIVILEGES = (
     "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
 
+# What a warm sandbox's zygote keeps (workers/warm.py, coevo_runtime/zygote.py): enough to make
+# a fresh sandbox per rollout (namespaces, mounts, its loopback, the drop to the rollout's uid)
+# and to kill it (CAP_KILL: a parent-death signal is checked like kill(2), and the rollout's
+# init runs as another uid by then). Every rollout's harness runs with none of them; the
+# zygote never runs harness code.
+ZYGOTE_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_NET_ADMIN", "CAP_KILL")
+
 # Lower priority than the worker's own threads, so that a sandbox spinning on every core (a
 # fork bomb, say) slows its neighbours but cannot starve the worker's timers and heartbeats.
 SANDBOX_NICE = 10
@@ -97,6 +105,22 @@ class SandboxLimits:
     # address-space limit. /dev/shm likewise (multiprocessing's locks live there).
     tmp_bytes: int = 256 * 1024**2
     shm_bytes: int = 64 * 1024**2
+
+
+class SandboxProcess(Protocol):
+    """What the channel uses of a sandboxed process: a ``subprocess.Popen`` of bwrap, or a
+    rollout in a warm sandbox (workers/warm.py)."""
+
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -146,15 +170,22 @@ def sandbox_argv(
     limits: SandboxLimits | None = None,
     uid: int | None = None,
     rw_binds: Mapping[Path, str] | None = None,
+    zygote: bool = False,
 ) -> list[str]:
     """The bwrap command line; ``uid`` (root workers only) is the identity to drop to;
-    ``rw_binds`` are the only host directories the sandbox may write (a task's workspace)."""
+    ``rw_binds`` are the only host directories the sandbox may write (a task's workspace);
+    ``zygote`` (root workers only) keeps ZYGOTE_CAPABILITIES and runs ``argv`` as root."""
     if mode == "unsandboxed":
         return list(argv)
     limits = limits or SandboxLimits()
     features = _bwrap_features()
     args = ["bwrap"]
-    if uid is None:
+    if zygote:
+        args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
+        for capability in ZYGOTE_CAPABILITIES:
+            args += ["--cap-add", capability]
+    elif uid is None:
         # An ordinary user: bwrap needs a user namespace to do anything, and gives up its
         # capabilities before running the command since the sandbox uid is not 0.
         args += ["--unshare-all"]
@@ -223,6 +254,18 @@ def sandbox_argv(
     return args + list(argv)
 
 
+def sandbox_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The sandbox's whole environment: coevo's base variables, then ``env``."""
+    return {
+        "HOME": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PATH": SANDBOX_PATH,
+        **(env or {}),
+    }
+
+
 def spawn(
     argv: list[str],
     *,
@@ -239,14 +282,7 @@ def spawn(
     workspace rollout share its files. Without it a root worker picks a fresh one."""
     mode = sandbox_mode()
     limits = limits or SandboxLimits()
-    base_env = {
-        "HOME": "/tmp",
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-        "PATH": SANDBOX_PATH,
-    }
-    full_env = {**base_env, **(env or {})}
+    full_env = sandbox_env(env)
     binds = dict(ro_binds or {})
     nproc = limits.processes
     if mode == "unsandboxed":
@@ -274,6 +310,7 @@ def spawn(
         if mode == "bwrap":
             _warn_shared_process_limit()
         nproc += _tasks_of_uid(os.getuid())
+    metrics.sandbox_started(kind="cold")
     command = sandbox_argv(
         argv,
         ro_binds=binds,
@@ -388,16 +425,20 @@ def run(
     return metrics.sandbox_run_observed(result)  # timeouts, output floods, kills by signal
 
 
-def terminate(proc: subprocess.Popen[bytes]) -> None:
+def terminate(proc: subprocess.Popen[bytes] | SandboxProcess) -> None:
     """Kill the sandbox and everything in it, and reap it.
 
     Killing bwrap's process group is enough: bwrap's child is PID 1 of the sandbox's PID
     namespace and dies with its parent (--die-with-parent), and the kernel kills every process
-    of a PID namespace whose PID 1 dies, including those that left the session or group.
+    of a PID namespace whose PID 1 dies, including those that left the session or group. A
+    warm sandbox's process (workers/warm.py) is killed the same way, by its zygote.
     """
     if proc.poll() is not None:
         return
-    _kill_group(proc)
+    if isinstance(proc, subprocess.Popen):
+        _kill_group(proc)
+    else:
+        proc.kill()
     proc.wait()
 
 

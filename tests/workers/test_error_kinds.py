@@ -174,7 +174,8 @@ def test_it_gives_a_sandbox_that_cannot_start_the_sandbox_kind(tmp_path, monkeyp
     def no_sandbox(*args, **kwargs):
         raise SandboxUnavailable("bwrap is missing")
 
-    monkeypatch.setattr(channel_module.sandbox, "spawn", no_sandbox)
+    # Both ways a harness's sandbox starts ask for the sandbox mode first: cold and warm.
+    monkeypatch.setattr(channel_module.sandbox, "sandbox_mode", no_sandbox)
 
     result = rollout(tmp_path, ASK)
 

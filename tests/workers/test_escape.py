@@ -28,7 +28,7 @@ import pytest
 from tests.conftest import SEED_HARNESS
 from tests.support.harnesses import CORRECT, PROBLEM
 from tests.support.harnesses import humaneval_rollout as rollout
-from workers import sandbox
+from workers import sandbox, warm
 from workers.rollout import Outcome
 
 MANIFEST = """
@@ -101,7 +101,10 @@ def processes_with(*, uid: int | None = None, marker: str | None = None) -> list
 
 
 def sandbox_children() -> list[int]:
-    """bwrap processes that are still children of this (the worker's) process."""
+    """bwrap processes that are still children of this (the worker's) process, but for the
+    warm sandboxes' zygotes (workers/warm.py), which outlive rollouts by design: that none of
+    them still runs a rollout is checked by ``worker_stays_healthy``."""
+    zygotes = set(warm.pool().zygote_pids())
     children = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -112,7 +115,7 @@ def sandbox_children() -> list[int]:
             continue
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == os.getpid() and comm == "bwrap":
+        if ppid == os.getpid() and comm == "bwrap" and int(entry.name) not in zygotes:
             children.append(int(entry.name))
     return children
 
@@ -135,6 +138,7 @@ def worker_stays_healthy(scripted_policy):
     pipes_before = open_pipes()
     yield
     assert sandbox_children() == []
+    assert warm.pool().in_flight() == 0
     result = honest_rollout(scripted_policy.url)
     assert result.outcome == Outcome.PASSED, result.detail
     assert open_pipes() <= pipes_before

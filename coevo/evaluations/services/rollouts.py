@@ -5,9 +5,7 @@ finish it (settle its budget, move the evaluation along)."""
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -33,7 +31,7 @@ from coevo.evaluations.models import (
 from coevo.evaluations.traces import TraceWriter
 from coevo.logs import log_bind, log_context, rollout_log_ids
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
-from harness_store.selectors import candidate_export
+from harness_store.tree_cache import candidate_tree
 from workers import metrics
 from workers.environments import adapter_for
 from workers.harness_env import harness_env_prepare
@@ -307,10 +305,8 @@ def rollout_finish(
 
 def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> Any:
     evaluation = rollout.evaluation
-    with tempfile.TemporaryDirectory(prefix="coevo-harness-") as tmp:
-        harness_dir = Path(tmp) / "harness"
-        harness_dir.mkdir()
-        candidate_export(candidate=evaluation.candidate, destination=harness_dir)
+    # The tree is exported once per worker and shared by its rollouts (and by its warm sandbox).
+    with candidate_tree(candidate=evaluation.candidate) as harness_dir:
         # Declared dependencies are built (or found cached) before the harness's wall time
         # starts, and held until its sandbox is gone.
         try:
