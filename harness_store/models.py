@@ -42,6 +42,9 @@ class Candidate(TimeStampedModel):
         indexes = [
             # candidate_find_by_tree: "is this directory already a candidate?"
             models.Index(fields=["project", "tree_sha"], name="candidate_tree_idx"),
+            # candidate_page: the project page's candidates, newest first, a keyset page at a
+            # time (authored_at, id), however many commits the project has.
+            models.Index(fields=["project", "-authored_at", "-id"], name="candidate_recent_idx"),
         ]
 
     def __str__(self) -> str:

@@ -597,8 +597,11 @@ class CampaignProposalsView(CampaignViewMixin):
     def get(self, request: Request, slug: str, campaign_id: UUID) -> Response:
         detail = self.query(ProposalFilterIn)["detail"]
         campaign = self.campaign(campaign_id)
-        proposals = Proposal.objects.filter(campaign=campaign).select_related(
-            "candidate", "policy_version"
+        # eliminated_by: its sequence goes out; read with each row, without its large fields.
+        proposals = (
+            Proposal.objects.filter(campaign=campaign)
+            .select_related("candidate", "policy_version", "eliminated_by")
+            .defer(*(f"eliminated_by__{name}" for name in ProposalOut.DETAIL_FIELDS))
         )
         if not detail:
             # The prompt and response of an LLM proposer can be large: a list never loads them.

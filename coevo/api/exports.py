@@ -19,6 +19,7 @@ from coevo.evaluations.models import Evaluation
 from coevo.exports.downloads import export_file_response
 from coevo.exports.models import ExportFormat, ExportState, TrajectoryExport
 from coevo.exports.selectors import (
+    trajectory_export_evaluation_ids,
     trajectory_export_file,
     trajectory_export_get,
     trajectory_export_list,
@@ -89,8 +90,7 @@ class ExportOut(OutSerializer):
         return export.sha256 or None  # blank until the file is written
 
     def get_evaluations(self, export: TrajectoryExport) -> list[str]:
-        ids = export.evaluations.order_by("created_at").values_list("id", flat=True)
-        return [str(i) for i in ids]
+        return [str(i) for i in trajectory_export_evaluation_ids(export=export)]
 
     def get_url(self, export: TrajectoryExport) -> str:
         return self.view.absolute("api:export", self.view.project.slug, export.id)

@@ -28,6 +28,7 @@ from coevo.matrices.selectors import (
     matrix_get,
     matrix_grid,
     matrix_list,
+    matrix_listed_state,
     matrix_state,
 )
 from coevo.matrices.services import MAX_COLUMNS, MAX_ROWS, matrix_create
@@ -111,7 +112,7 @@ class MatrixOut(OutSerializer):
     def get_state(self, matrix: CompatibilityMatrix) -> str:
         # The detail reads its grid once; a list computes each matrix's state.
         grid = self.context.get("grid")
-        return grid.state if grid is not None else matrix_state(matrix=matrix)
+        return grid.state if grid is not None else matrix_listed_state(matrix=matrix)
 
     def get_url(self, matrix: CompatibilityMatrix) -> str:
         return self.view.absolute("api:matrix", self.view.project.slug, matrix.id)

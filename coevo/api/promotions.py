@@ -187,7 +187,7 @@ class PromotionListView(ApiView):
     def get(self, request: Request, slug: str) -> Response:
         return paginate(
             self,
-            review_selectors.promotion_list_for_project(project=self.project),
+            review_selectors.promotion_list_with_reviews(project=self.project),
             PromotionOut,
             heldout=self.can_see_heldout(),
         )

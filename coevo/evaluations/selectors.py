@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KT
 
 from coevo.errors import InvalidInput, NotFound
@@ -185,6 +185,44 @@ def rollout_list(*, evaluation: Evaluation) -> QuerySet[Rollout]:
     )
 
 
+@dataclass(frozen=True)
+class RolloutPage:
+    rollouts: list[Rollout]
+    # Pass as ``cursor`` for the next page ("task position.epoch"); None on the last page.
+    next_cursor: str | None
+
+
+def rollout_list_page(
+    *, evaluation: Evaluation, cursor: str | None = None, limit: int = 100
+) -> RolloutPage:
+    """One page of rollout_list after ``cursor``: keyset pagination on (task position, epoch),
+    unique within an evaluation, so an evaluation of 5,000 rollouts is read a page at a time
+    and a page never shifts while rollouts finish."""
+    limit = max(1, min(limit, 500))
+    rows = rollout_list(evaluation=evaluation)
+    if cursor:
+        position, epoch = _rollout_cursor_decode(cursor)
+        rows = rows.filter(
+            Q(task__position__gt=position) | Q(task__position=position, epoch__gt=epoch)
+        )
+    page = list(rows[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    last = page[-1] if page else None
+    return RolloutPage(
+        rollouts=page,
+        next_cursor=f"{last.task.position}.{last.epoch}" if more and last else None,
+    )
+
+
+def _rollout_cursor_decode(cursor: str) -> tuple[int, int]:
+    try:
+        position, epoch = cursor.split(".", 1)
+        return int(position), int(epoch)
+    except ValueError:
+        raise InvalidInput("That page link is broken: start again from the first page.") from None
+
+
 def rollout_get(*, project: Project, rollout_id: Any, include_heldout: bool = False) -> Rollout:
     """``include_heldout=True`` only on a promotion request's pages, which check that the
     rollout is part of the request's evidence: anywhere else a held-out rollout (its outcome,
@@ -282,17 +320,24 @@ _SCORED = (Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR)
 def evaluation_task_scores(*, evaluation_id: Any) -> dict[str, list[float]]:
     """Per-task scores of finished, scored rollouts (infra errors are not scores; harness
     errors score 0: they are the candidate's fault)."""
-    scores: dict[str, list[float]] = {}
+    scores = evaluations_task_scores(evaluation_ids=[evaluation_id])
+    return next(iter(scores.values()), {})
+
+
+def evaluations_task_scores(*, evaluation_ids: list[Any]) -> dict[Any, dict[str, list[float]]]:
+    """evaluation_task_scores of several evaluations in one query (a matrix's cells), by
+    evaluation id; an evaluation without scored rollouts is left out."""
+    scores: dict[Any, dict[str, list[float]]] = {}
     rows = (
-        Rollout.objects.filter(evaluation_id=evaluation_id, state=RolloutState.DONE)
+        Rollout.objects.filter(evaluation_id__in=evaluation_ids, state=RolloutState.DONE)
         .filter(outcome__in=_SCORED)
-        .order_by("task__position", "epoch")
-        .values_list("task__key", "score", "outcome")
+        .order_by("evaluation_id", "task__position", "epoch")
+        .values_list("evaluation_id", "task__key", "score", "outcome")
     )
-    for key, score, outcome in rows:
+    for evaluation_id, key, score, outcome in rows:
         if score is None:
             score = 1.0 if outcome == Outcome.PASSED else 0.0
-        scores.setdefault(key, []).append(float(score))
+        scores.setdefault(evaluation_id, {}).setdefault(key, []).append(float(score))
     return scores
 
 
@@ -340,30 +385,27 @@ class ErrorCount:
 
 
 def evaluation_errors(*, evaluation: Evaluation) -> list[ErrorCount]:
-    """harness_error and infra_error rollouts by kind, with one example reason each."""
-    rows = (
-        Rollout.objects.filter(
-            evaluation=evaluation,
-            state=RolloutState.DONE,
-            outcome__in=[Outcome.HARNESS_ERROR, Outcome.INFRA_ERROR],
-        )
-        .values("outcome", "error_kind")
-        .annotate(n=Count("id"))
-        .order_by("outcome", "-n")
+    """harness_error and infra_error rollouts by kind, with one example reason each: one
+    query, however many kinds (the example is a subquery per group, not a query per kind)."""
+    errors = Rollout.objects.filter(
+        evaluation=evaluation,
+        state=RolloutState.DONE,
+        outcome__in=[Outcome.HARNESS_ERROR, Outcome.INFRA_ERROR],
     )
-    errors = []
-    for row in rows:
-        example = (
-            Rollout.objects.filter(
-                evaluation=evaluation, outcome=row["outcome"], error_kind=row["error_kind"]
-            )
-            .values_list("detail", flat=True)
-            .first()
-        )
-        errors.append(
-            ErrorCount(row["outcome"], row["error_kind"] or "other", row["n"], example or "")
-        )
-    return errors
+    example = (
+        errors.filter(outcome=OuterRef("outcome"), error_kind=OuterRef("error_kind"))
+        .order_by("task__position", "epoch")
+        .values("detail")[:1]
+    )
+    rows = (
+        errors.values("outcome", "error_kind")
+        .annotate(n=Count("id"), example=Subquery(example))
+        .order_by("outcome", "-n", "error_kind")
+    )
+    return [
+        ErrorCount(row["outcome"], row["error_kind"] or "other", row["n"], row["example"] or "")
+        for row in rows
+    ]
 
 
 @dataclass(frozen=True)

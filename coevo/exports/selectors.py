@@ -5,16 +5,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 
 from coevo.errors import InvalidState, NotFound
+from coevo.evaluations.models import Evaluation
 from coevo.exports.models import ExportState, TrajectoryExport
 from coevo.exports.services import export_path
 from coevo.projects.models import Project
 
 
 def trajectory_export_list(*, project: Project) -> QuerySet[TrajectoryExport]:
-    return TrajectoryExport.objects.filter(project=project).select_related("project", "created_by")
+    """The project's exports with their evaluations' ids prefetched (one query for a whole
+    list, read by trajectory_export_evaluation_ids)."""
+    evaluations = Evaluation.objects.order_by("created_at").only("id", "created_at")
+    return (
+        TrajectoryExport.objects.filter(project=project)
+        .select_related("project", "created_by")
+        .prefetch_related(Prefetch("evaluations", queryset=evaluations))
+    )
+
+
+def trajectory_export_evaluation_ids(*, export: TrajectoryExport) -> list[Any]:
+    """The ids of the evaluations an export reads, oldest first."""
+    return [e.id for e in sorted(export.evaluations.all(), key=lambda e: e.created_at)]
 
 
 def trajectory_export_get(*, project: Project, export_id: Any) -> TrajectoryExport:

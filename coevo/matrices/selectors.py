@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from coevo.errors import NotFound
 from coevo.evaluations.models import Evaluation, EvaluationState
-from coevo.evaluations.selectors import evaluation_task_scores
+from coevo.evaluations.selectors import evaluations_task_scores
 from coevo.evaluations.stats.base import Interval
 from coevo.evaluations.stats.means import mean_score_summary, per_task_means
 from coevo.evaluations.stats.paired import PairedComparison, paired_comparison
@@ -29,7 +29,25 @@ _TIE = 1e-9
 
 
 def matrix_list(*, project: Project) -> QuerySet[CompatibilityMatrix]:
-    return CompatibilityMatrix.objects.filter(project=project).select_related("suite")
+    """The project's matrices, each with its cells' states counted (``matrix_listed_state``
+    reads them): a list of matrices is one query, not one more per matrix."""
+    return (
+        CompatibilityMatrix.objects.filter(project=project)
+        .select_related("suite")
+        .annotate(
+            open_cells=Count("cells", filter=~Q(cells__evaluation__state__in=_FINAL_STATES)),
+            unfinished_cells=Count(
+                "cells", filter=~Q(cells__evaluation__state=EvaluationState.FINISHED)
+            ),
+        )
+    )
+
+
+def matrix_listed_state(*, matrix: CompatibilityMatrix) -> str:
+    """matrix_state of a matrix read through ``matrix_list``, from its counts (no query)."""
+    if matrix.open_cells:
+        return MatrixState.RUNNING
+    return MatrixState.INCOMPLETE if matrix.unfinished_cells else MatrixState.FINISHED
 
 
 def matrix_get(*, project: Project, matrix_id: Any) -> CompatibilityMatrix:
@@ -60,8 +78,11 @@ def matrix_state(*, matrix: CompatibilityMatrix, cells: list[MatrixCell] | None 
     return MatrixState.INCOMPLETE
 
 
+_FINAL_STATES = (EvaluationState.FINISHED, EvaluationState.FAILED, EvaluationState.CANCELLED)
+
+
 def _final(state: str) -> bool:
-    return state in (EvaluationState.FINISHED, EvaluationState.FAILED, EvaluationState.CANCELLED)
+    return state in _FINAL_STATES
 
 
 @dataclass(frozen=True)
@@ -149,7 +170,8 @@ def matrix_grid(*, matrix: CompatibilityMatrix) -> Grid:
     another. Only finished cells are judged (a running cell's score still moves).
     """
     cells = matrix_cells(matrix=matrix)
-    scores = {c.id: evaluation_task_scores(evaluation_id=c.evaluation_id) for c in cells}
+    by_evaluation = evaluations_task_scores(evaluation_ids=[c.evaluation_id for c in cells])
+    scores = {c.id: by_evaluation.get(c.evaluation_id, {}) for c in cells}
     summaries = {
         c.id: mean_score_summary(list(per_task_means(scores[c.id]).values()), seed=matrix.seed)
         for c in cells

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import F, Prefetch, QuerySet
 
 from coevo.campaigns.models import Proposal
 from coevo.errors import NotFound
@@ -66,6 +67,19 @@ def promotion_list_for_project(*, project: Project) -> QuerySet[PromotionRequest
     )
 
 
+def promotion_list_with_reviews(*, project: Project) -> QuerySet[PromotionRequest]:
+    """promotion_list_for_project for a list that shows each request's approvals and whether
+    it is stale, in a fixed number of queries: the approvals are prefetched, and the channel's
+    generation is read by the list's own query (as fresh as the row it is compared with)."""
+    return (
+        promotion_list_for_project(project=project)
+        .annotate(listed_channel_generation=F("channel__generation"))
+        .prefetch_related(
+            Prefetch("approvals", queryset=Approval.objects.select_related("reviewer"))
+        )
+    )
+
+
 def promotion_get(*, project: Project, request_id: Any) -> PromotionRequest:
     try:
         return promotion_list_for_project(project=project).get(id=request_id)
@@ -76,13 +90,22 @@ def promotion_get(*, project: Project, request_id: Any) -> PromotionRequest:
 def promotion_is_stale(*, request: PromotionRequest) -> bool:
     """Whether the channel moved since the request's holder was taken: its evidence compares
     against a holder that no longer holds. (Read from the database, not the cached channel.)"""
-    generation = (
-        Channel.objects.filter(id=request.channel_id).values_list("generation", flat=True).first()
-    )
+    generation = getattr(request, "listed_channel_generation", None)  # its list read it
+    if generation is None:
+        generation = (
+            Channel.objects.filter(id=request.channel_id)
+            .values_list("generation", flat=True)
+            .first()
+        )
     return generation is not None and generation != request.holder_generation
 
 
-def promotion_approvals(*, request: PromotionRequest) -> QuerySet[Approval]:
+def promotion_approvals(*, request: PromotionRequest) -> Iterable[Approval]:
+    # Read through promotion_list_with_reviews, the request carries them (Django's prefetch
+    # cache); otherwise they are read now.
+    prefetched = getattr(request, "_prefetched_objects_cache", {}).get("approvals")
+    if prefetched is not None:
+        return prefetched
     return Approval.objects.filter(request=request).select_related("reviewer")
 
 

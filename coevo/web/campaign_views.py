@@ -57,10 +57,11 @@ from coevo.training.selectors import trainer_list_enabled
 from coevo.web.access import project_view
 from coevo.web.presenters import (
     bar_percent,
+    campaign_lineage,
     campaign_spend_rows,
-    lineage_nodes,
     pareto_points,
     proposal_rows,
+    proposal_window,
 )
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_get, candidate_list
@@ -109,17 +110,15 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
     proposals = list(proposal_list(campaign=campaign).select_related("candidate", "policy_version"))
     front = campaign_pareto_front(campaign=campaign)
     progress = campaign_progress(campaign=campaign)
+    lineage = campaign_lineage(project=project, campaign=campaign, proposals=proposals)
+    window = proposal_window(proposals=proposals, before=request.GET.get("before"))
     # Plots are built here from escaped data (coevo.campaigns.plots escapes every string).
     plots = {
         "scores": mark_safe(scores_plot_svg(series=campaign_best_series(campaign=campaign))),
         "pareto": mark_safe(
             pareto_plot_svg(points=pareto_points(project=project, proposals=proposals, front=front))
         ),
-        "lineage": mark_safe(
-            lineage_svg(
-                nodes=lineage_nodes(project=project, campaign=campaign, proposals=proposals)
-            )
-        ),
+        "lineage": mark_safe(lineage_svg(nodes=lineage.nodes)),
     }
     context = {
         "project": project,
@@ -137,7 +136,9 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
         ),
         "front": front,
         "plots": plots,
-        "rows": proposal_rows(proposals=proposals),
+        "rows": proposal_rows(proposals=window.proposals),
+        "window": window,
+        "lineage_left_out": lineage.left_out,
         "rounds": campaign_rounds(campaign=campaign) if campaign.batch_size > 1 else [],
         "patterns_template": _patterns_template(),
         "can_run": can_run_campaigns(project=project, user=request.user),

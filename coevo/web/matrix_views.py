@@ -14,7 +14,12 @@ from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 
 from coevo.errors import CoevoError
-from coevo.matrices.selectors import matrix_get, matrix_grid, matrix_list, matrix_state
+from coevo.matrices.selectors import (
+    matrix_get,
+    matrix_grid,
+    matrix_list,
+    matrix_listed_state,
+)
 from coevo.matrices.services import MAX_COLUMNS, MAX_ROWS, matrix_create
 from coevo.policies.models import PolicyVersion
 from coevo.policies.selectors import policy_versions_list
@@ -96,7 +101,7 @@ def matrix_list_page(request: HttpRequest, project: Project) -> HttpResponse:
                 messages.success(request, "Matrix created: its cells are being evaluated.")
                 return redirect("web:matrix", project.slug, matrix.id)
     matrices = list(matrix_list(project=project)[:100])
-    rows = [(m, matrix_state(matrix=m)) for m in matrices]
+    rows = [(m, matrix_listed_state(matrix=m)) for m in matrices]
     status = 400 if form is not None and form.is_bound and form.errors else 200
     return render(
         request,

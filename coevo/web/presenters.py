@@ -37,6 +37,10 @@ from coevo.web.trace_workspace import WorkspaceView, rollout_workspace, workspac
 from harness_store.models import Candidate
 
 OPEN_MODEL_CALLS_UP_TO = 4
+# The most candidates a campaign's lineage draws (campaign_lineage summarizes beyond it).
+LINEAGE_MAX_NODES = 60
+# The most rows the campaign page's proposal table shows at once (proposal_window).
+PROPOSAL_TABLE_ROWS = 100
 PREVIEW_CHARS = 240
 MAX_VALUE_CHARS = 120
 # Verdict → badge class (coevo.css has pass / fail / infra).
@@ -195,6 +199,33 @@ def proposal_rows(*, proposals: list[Proposal]) -> list[ProposalRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class ProposalWindow:
+    """The proposals the table shows: the newest ``size`` before a sequence number."""
+
+    proposals: list[Proposal]
+    older_before: int | None  # ?before= for the next older window; None: none older
+    newest: bool  # whether this is the newest window
+
+
+def proposal_window(
+    *, proposals: list[Proposal], before: str | None, size: int = PROPOSAL_TABLE_ROWS
+) -> ProposalWindow:
+    """The newest ``size`` proposals with a sequence below ``before`` (all when absent or not
+    a number): a campaign of 2,000 proposals shows a table of ``size`` rows, with a link to
+    the older ones."""
+    try:
+        limit = int(before) if before else None
+    except ValueError:
+        limit = None
+    ordered = sorted(proposals, key=lambda p: p.sequence)
+    if limit is not None:
+        ordered = [p for p in ordered if p.sequence < limit]
+    shown = ordered[-size:]
+    older = shown[0].sequence if len(ordered) > len(shown) else None
+    return ProposalWindow(shown, older, limit is None)
+
+
 def _outcome(p: Proposal, failed: dict[str, Any] | None) -> tuple[str, str]:
     if p.state == ProposalState.INVALID:
         where = failed.get("stage") if failed else "validation"
@@ -215,6 +246,51 @@ def _outcome(p: Proposal, failed: dict[str, Any] | None) -> tuple[str, str]:
     if p.improved:
         return "new best", "pass"
     return "no improvement", "neutral"
+
+
+@dataclass(frozen=True)
+class Lineage:
+    nodes: list[LineageNode]
+    left_out: int  # candidates not drawn (a large campaign's summary)
+
+
+def campaign_lineage(
+    *,
+    project: Project,
+    campaign: Campaign,
+    proposals: list[Proposal],
+    limit: int = LINEAGE_MAX_NODES,
+) -> Lineage:
+    """The lineage to draw: every candidate while there are at most ``limit``; beyond that
+    (a campaign of 2,000 proposals would draw a generation thousands of boxes wide) the seed,
+    the path from it to the best, and the best-scoring others on validation (search breaks
+    ties), up to ``limit``, with how many were left out."""
+    unique: dict[str, LineageNode] = {}
+    for node in lineage_nodes(project=project, campaign=campaign, proposals=proposals):
+        unique.setdefault(node.sha, node)  # a duplicate candidate is drawn once, first come
+    nodes = list(unique.values())
+    if len(nodes) <= limit:
+        return Lineage(nodes, 0)
+    by_sha = {node.sha: node for node in nodes}
+    keep = {nodes[0].sha}
+    best = next((node for node in nodes if node.status == "best"), None)
+    while best is not None and best.sha not in keep:
+        keep.add(best.sha)
+        best = next((by_sha[p] for p in best.parents if p in by_sha), None)
+    scores: dict[str, tuple[float, float]] = {}
+    for p in proposals:
+        if p.candidate is not None and p.candidate.sha not in scores:
+            scores[p.candidate.sha] = (
+                p.validation_score if p.validation_score is not None else -1.0,
+                p.search_score if p.search_score is not None else -1.0,
+            )
+    ranked = sorted(nodes, key=lambda node: scores.get(node.sha, (-1.0, -1.0)), reverse=True)
+    for node in ranked:
+        if len(keep) >= limit:
+            break
+        keep.add(node.sha)
+    shown = [node for node in nodes if node.sha in keep]
+    return Lineage(shown, len(nodes) - len(shown))
 
 
 def lineage_nodes(

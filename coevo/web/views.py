@@ -6,18 +6,18 @@ member of; every read below is a selector call on that project.
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
 from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
-from coevo.errors import CoevoError, HarnessStoreError
+from coevo.errors import CoevoError, HarnessStoreError, InvalidInput
 from coevo.evaluations.lifecycle import evaluation_cancel, evaluation_resume
 from coevo.evaluations.models import Rollout
 from coevo.evaluations.selectors import (
@@ -32,7 +32,7 @@ from coevo.evaluations.selectors import (
     evaluation_statistics,
     evaluation_summaries,
     rollout_get,
-    rollout_list,
+    rollout_list_page,
 )
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
@@ -52,11 +52,13 @@ from harness_store.selectors import (
     candidate_files,
     candidate_get,
     candidate_list,
+    candidate_page,
     candidate_parent,
     candidate_read_file,
 )
 
 CANDIDATES_PER_PAGE = 50
+ROLLOUTS_PER_PAGE = 100
 
 
 @login_required
@@ -67,14 +69,23 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @project_view
 def project_detail(request: HttpRequest, project: Project) -> HttpResponse:
-    candidates = Paginator(candidate_list(project=project), CANDIDATES_PER_PAGE)
+    """The project's candidates a page at a time (``?cursor=``: older ones), its suites and
+    recent evaluations."""
+    cursor = request.GET.get("cursor")
+    try:
+        page = candidate_page(project=project, cursor=cursor, limit=CANDIDATES_PER_PAGE)
+    except InvalidInput as exc:
+        raise Http404(str(exc)) from exc
     return render(
         request,
         "web/project.html",
         {
             "project": project,
             "role": membership_role(project=project, user=request.user),
-            "candidates": candidates.get_page(request.GET.get("page")),
+            "candidates": page.candidates,
+            "candidate_count": candidate_list(project=project).count(),
+            "older_query": urlencode({"cursor": page.next_cursor}) if page.next_cursor else None,
+            "paged": bool(cursor),
             "suites": suite_list(project=project),
             "evaluations": evaluation_summaries(project=project, limit=20),
         },
@@ -154,6 +165,11 @@ def candidate_diff_page(request: HttpRequest, project: Project, sha: str) -> Htt
 @project_view
 def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUID) -> HttpResponse:
     evaluation = evaluation_get(project=project, evaluation_id=evaluation_id, include_heldout=False)
+    cursor = request.GET.get("cursor")
+    try:
+        rollouts = rollout_list_page(evaluation=evaluation, cursor=cursor, limit=ROLLOUTS_PER_PAGE)
+    except InvalidInput as exc:
+        raise Http404(str(exc)) from exc
     context = {
         "project": project,
         "evaluation": evaluation,
@@ -162,7 +178,11 @@ def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUI
         "stages": evaluation_stages(evaluation=evaluation),
         "budget": evaluation_budget(evaluation=evaluation),
         "errors": evaluation_errors(evaluation=evaluation),
-        "rollouts": rollout_list(evaluation=evaluation),
+        "rollouts": rollouts.rollouts,
+        "rollouts_next": urlencode({"cursor": rollouts.next_cursor})
+        if rollouts.next_cursor
+        else None,
+        "rollouts_paged": bool(cursor),
         "can_run": project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER),
         "comparable": evaluation_comparable_list(evaluation=evaluation)[:20],
     }

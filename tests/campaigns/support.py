@@ -10,7 +10,7 @@ from pathlib import Path
 from django.db.models import Q
 from kombu import Queue
 
-from coevo.campaigns.models import Campaign, Proposal, ProposalState
+from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalState
 from coevo.campaigns.runner import campaign_advance
 from coevo.campaigns.services import CAMPAIGN_DRAFT_TASK, campaign_create, campaign_start
 from coevo.celery import app
@@ -260,3 +260,45 @@ def raced_campaign(project, tmp_path: Path, policy_version, **options) -> Campai
         **options,
     )
     return campaign_start(campaign=campaign)
+
+
+def started_campaign(project, tmp_path, policy_version) -> Campaign:
+    """A running campaign (rounds of four) with its seed's proposal evaluated and nothing
+    else: tests add proposals (tests.support.factories.make_proposals)."""
+    seed = styled_seed(project, tmp_path)
+    campaign = campaign_create(
+        project=project,
+        name="big",
+        seed_candidate=seed,
+        policy_version=policy_version,
+        suite=marked_suite(project),
+        max_proposals=5000,
+        batch_size=4,
+    )
+    Proposal.objects.create(
+        campaign=campaign,
+        sequence=0,
+        kind="seed",
+        candidate=seed,
+        state=ProposalState.EVALUATED,
+        search_score=0.25,
+        validation_score=0.25,
+        tokens_per_task=30.0,
+        improved=True,
+    )
+    Campaign.objects.filter(id=campaign.id).update(state=CampaignState.RUNNING)
+    campaign.refresh_from_db()
+    return campaign
+
+
+def set_best(campaign: Campaign) -> None:
+    """Record the best-scoring proposal on validation as the campaign's best, as the runner
+    does."""
+    best = (
+        Proposal.objects.filter(campaign=campaign, validation_score__isnull=False)
+        .order_by("-validation_score", "sequence")
+        .first()
+    )
+    Campaign.objects.filter(id=campaign.id).update(
+        best_candidate=best.candidate, best_validation_score=best.validation_score
+    )

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
+from coevo.audit.models import AuditEvent
+from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.evaluations.models import (
     EVALUATION_FINAL_STATES,
     Evaluation,
@@ -64,6 +68,20 @@ def make_vllm_policy(*, base_url: str = UNSERVED_URL, **endpoint: Any) -> Policy
         name="vllm-test", base_url=base_url, kind=EndpointKind.VLLM, **endpoint
     )
     return policy_version_create(name="base", endpoint=served, base_model="base-model")
+
+
+def make_policy_versions(like: PolicyVersion, count: int) -> list[PolicyVersion]:
+    """``count`` more policy versions served by ``like``'s endpoint (a scripted server answers
+    any served name)."""
+    return [
+        PolicyVersion.objects.create(
+            name=f"extra-{i}",
+            base_model=like.base_model,
+            served_name=f"extra-{i}",
+            endpoint=like.endpoint,
+        )
+        for i in range(count)
+    ]
 
 
 # --- suites -----------------------------------------------------------------------------------
@@ -184,10 +202,11 @@ def make_evaluation(
     )
 
 
-def add_steps(rollout: Rollout, steps: Sequence[Step]) -> None:
+def add_steps(rollout: Rollout, steps: Sequence[Step], *, start: int = 0) -> None:
+    """``steps`` appended to the rollout's first attempt, numbered from ``start``."""
     TraceStep.objects.bulk_create(
         TraceStep(rollout=rollout, attempt=1, index=i, kind=kind, payload=payload, **extra)
-        for i, (kind, payload, extra) in enumerate(steps)
+        for i, (kind, payload, extra) in enumerate(steps, start)
     )
 
 
@@ -245,3 +264,132 @@ def finish_evaluation(
     Evaluation.objects.filter(id=evaluation.id).update(
         state=state, state_detail=detail, finished_at=timezone.now()
     )
+
+
+# --- many rows at once (query-count tests: a page read with few rows, then with many) ---------
+
+
+def make_candidates(
+    project: Project, count: int, *, parent: Candidate | None = None, label: str = "bulk"
+) -> list[Candidate]:
+    """``count`` candidate rows (children of ``parent``), newest last, with SHAs git does not
+    know: for pages and lists that read only the rows, never a candidate's files."""
+    now = timezone.now()
+    rows = [
+        Candidate(
+            project=project,
+            sha=uuid.uuid4().hex + f"{i:08x}",
+            tree_sha=uuid.uuid4().hex + f"{i:08x}",
+            parent_shas=[parent.sha] if parent else [],
+            message=f"{label} candidate {i}",
+            author_name="Bulk",
+            authored_at=now + timedelta(seconds=i),
+        )
+        for i in range(count)
+    ]
+    return Candidate.objects.bulk_create(rows)
+
+
+# Finished rollouts' outcomes in turn: a pass, a task failure, and both kinds of error.
+OUTCOME_CYCLE = (
+    (Outcome.PASSED, 1.0, ""),
+    (Outcome.TASK_FAILURE, 0.0, ""),
+    (Outcome.HARNESS_ERROR, 0.0, "import"),
+    (Outcome.INFRA_ERROR, None, "policy"),
+)
+
+
+def make_rollouts(
+    evaluation: Evaluation,
+    tasks: Sequence[Task],
+    *,
+    epochs: int = 1,
+    first_epoch: int = 0,
+    error_kinds: int = 1,
+) -> list[Rollout]:
+    """A finished rollout per task × epoch (from ``first_epoch``), outcomes taken from
+    ``OUTCOME_CYCLE`` in turn; the errors spread over ``error_kinds`` kinds of each."""
+    rows = []
+    for epoch in range(first_epoch, epochs):
+        for i, task in enumerate(tasks):
+            outcome, score, kind = OUTCOME_CYCLE[(i + epoch) % len(OUTCOME_CYCLE)]
+            if kind and error_kinds > 1:
+                kind = f"{kind}-{i % error_kinds}"
+            rows.append(
+                Rollout(
+                    evaluation=evaluation,
+                    task=task,
+                    epoch=epoch,
+                    seed=7,
+                    state=RolloutState.DONE,
+                    outcome=outcome,
+                    error_kind=kind,
+                    score=score,
+                    detail=f"{outcome} {kind}".strip(),
+                    prompt_tokens=100,
+                    completion_tokens=20,
+                    model_calls=1,
+                    latency_ms=300,
+                    attempts=1,
+                    finished_at=timezone.now(),
+                )
+            )
+    return Rollout.objects.bulk_create(rows)
+
+
+def make_audit_events(
+    project: Project | None, count: int, *, actor: AbstractBaseUser | None = None
+) -> None:
+    """``count`` audit events of ``project``, two actions in turn, each a one-key change."""
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            project=project,
+            actor=actor,
+            actor_label=actor.get_username() if actor else "system",
+            action="candidate.imported" if i % 2 else "channel.moved",
+            target_type="candidate" if i % 2 else "channel",
+            target_id=str(i),
+            target_label=f"target {i}",
+            before={"n": i},
+            after={"n": i + 1},
+        )
+        for i in range(count)
+    )
+
+
+def make_proposals(
+    campaign: Campaign, candidates: Sequence[Candidate], *, start: int, batch_size: int = 4
+) -> list[Proposal]:
+    """A proposal per candidate from sequence ``start``, shaped as the runner leaves them: in
+    rounds of ``batch_size``, most evaluated (scores and tokens varying, so plots and the front
+    have points), one a round rejected at a stage, one eliminated by its round's first."""
+    rows: list[Proposal] = []
+    for i, candidate in enumerate(candidates):
+        sequence = start + i
+        batch = start + i - i % batch_size
+        row = Proposal(
+            campaign=campaign,
+            sequence=sequence,
+            kind=ProposerKind.LLM_PATCH,
+            parent_shas=list(candidate.parent_shas),
+            stages=[{"stage": "applies", "ok": True, "reason": "ok"}],
+            candidate=candidate,
+            policy_version=campaign.policy_version,
+            state=ProposalState.EVALUATED,
+            search_score=(i % 10) / 10,
+            validation_score=(i % 7) / 7,
+            tokens_per_task=10.0 + (i * 37) % 50,
+            batch=batch,
+        )
+        if i % batch_size == 1:
+            row.state, row.candidate = ProposalState.INVALID, None
+            row.search_score = row.validation_score = row.tokens_per_task = None
+            row.stages = [{"stage": "imports", "ok": False, "reason": "SyntaxError"}]
+        elif i % batch_size == 2:
+            row.validation_score = None
+            row.eliminated_by = rows[-2]
+            row.eliminated_at = timezone.now()
+            row.eliminated_after_tasks = 3
+            row.rollouts_saved = 5
+        rows.append(row)
+    return Proposal.objects.bulk_create(rows)
