@@ -144,6 +144,19 @@ def main() -> int:
 
     call_command("migrate", verbosity=0)
 
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW max_connections")
+        max_connections = int(cursor.fetchone()[0])
+    # Each of the worker's threads holds a connection of its own, and the heartbeats one each.
+    if args.concurrency + 10 > max_connections:
+        parser.error(
+            f"--concurrency {args.concurrency} needs more PostgreSQL connections than "
+            f"max_connections = {max_connections} (one per worker thread, and a few more): raise "
+            "it (ALTER SYSTEM SET max_connections = 300; then restart PostgreSQL) or run fewer"
+        )
+
     from django.conf import settings
 
     from coevo.celery import app

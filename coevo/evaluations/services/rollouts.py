@@ -76,9 +76,10 @@ def rollout_claim(*, rollout_id: Any, worker: str) -> Rollout | None:
         "evaluation__suite",
         "task",
     ).get(id=rollout_id)
-    Evaluation.objects.filter(id=rollout.evaluation_id, state=EvaluationState.PENDING).update(
-        state=EvaluationState.RUNNING, started_at=now
-    )
+    if rollout.evaluation.state == EvaluationState.PENDING:  # its first rollout (or one of them)
+        Evaluation.objects.filter(id=rollout.evaluation_id, state=EvaluationState.PENDING).update(
+            state=EvaluationState.RUNNING, started_at=now
+        )
     return rollout
 
 
