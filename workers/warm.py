@@ -93,6 +93,7 @@ class Zygote:
         self._next = 0
         self._ready = threading.Event()
         self.failure = ""
+        self.slow = False
         self.closed = False
         self._shut = False
         self.last_used = time.monotonic()
@@ -104,8 +105,10 @@ class Zygote:
         return len(self._rollouts)
 
     def wait_ready(self) -> bool:
-        """True once the zygote made its probe sandbox; False (``failure`` says why) if not."""
+        """True once the zygote made its probe sandbox; False (``failure`` says why) if not,
+        ``slow`` when it only did not answer in time (a loaded machine, not a broken one)."""
         if not self._ready.wait(START_TIMEOUT_S):
+            self.slow = True
             self.failure = self.failure or f"no answer within {START_TIMEOUT_S:.0f}s"
         return not self.failure and not self.closed
 
@@ -276,7 +279,10 @@ class WarmPool:
             self._disable(str(exc))
             zygote = None
         if zygote is not None and not zygote.wait_ready():
-            self._disable(zygote.failure)
+            if zygote.slow:  # this rollout starts cold; the next one tries again
+                logger.warning("A warm sandbox's zygote did not start: %s", zygote.failure)
+            else:
+                self._disable(zygote.failure)
             zygote.close()
             zygote = None
         with self._lock:

@@ -275,6 +275,19 @@ def test_where_a_zygote_cannot_start_rollouts_run_cold_after_one_warning(
     assert len(warnings) == 1
 
 
+def test_a_zygote_too_slow_to_start_leaves_that_rollout_cold_and_the_next_tries_again(
+    probe, scripted_policy, monkeypatch
+):
+    monkeypatch.setattr(warm, "START_TIMEOUT_S", 0.001)
+    before = warm_starts()
+    assert rollout(probe, scripted_policy.url, knobs={"mark": 10}).outcome == Outcome.PASSED
+    assert warm_starts() == before and warm.pool().unavailable == ""
+
+    monkeypatch.setattr(warm, "START_TIMEOUT_S", 20.0)
+    assert rollout(probe, scripted_policy.url, knobs={"mark": 11}).outcome == Outcome.PASSED
+    assert warm_starts() == before + 1
+
+
 def test_idle_zygotes_are_closed(probe, scripted_policy, settings):
     settings.COEVO_WARM_SANDBOX_IDLE_S = 1
     assert rollout(probe, scripted_policy.url, knobs={"mark": 7}).outcome == Outcome.PASSED
