@@ -224,9 +224,9 @@ COEVO_POLICY_RETRIES = env_int("COEVO_POLICY_RETRIES", 4, minimum=0)
 COEVO_PROPOSER_CONTEXT_TOKENS = env_int("COEVO_PROPOSER_CONTEXT_TOKENS", 4096, minimum=0)
 COEVO_ALLOW_UNSANDBOXED = env_bool("COEVO_ALLOW_UNSANDBOXED", False)
 # Warm sandboxes (workers/warm.py): a zygote per candidate tree forks each run(task, ctx)
-# rollout into a fresh sandbox, on root workers. Idle zygotes close after the idle time; at most
-# the maximum live at once.
-COEVO_WARM_SANDBOXES = env_bool("COEVO_WARM_SANDBOXES", True)
+# rollout into a fresh sandbox, on root workers; opt-in for now. Idle zygotes close after the
+# idle time; at most the maximum live at once.
+COEVO_WARM_SANDBOXES = env_bool("COEVO_WARM_SANDBOXES", False)
 COEVO_WARM_SANDBOX_IDLE_S = env_int("COEVO_WARM_SANDBOX_IDLE_S", 60, minimum=1)
 COEVO_WARM_SANDBOXES_MAX = env_int("COEVO_WARM_SANDBOXES_MAX", 16, minimum=1)
 # A program harness's address-space limit (RLIMIT_AS: virtual memory, not resident). Node's

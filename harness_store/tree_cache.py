@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,9 @@ from harness_store.selectors import candidate_export
 
 if TYPE_CHECKING:
     from harness_store.models import Candidate
+
+# An export directory this old is a leftover of an interrupted export (an export takes seconds).
+STALE_EXPORT_S = 3600
 
 _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
@@ -63,11 +67,18 @@ def candidate_tree(*, candidate: Candidate) -> Iterator[Path]:
 
 def trees_prune(*, keep: int) -> int:
     """Remove the least recently used trees beyond ``keep`` that no rollout holds; how many
-    were removed. Leftovers of interrupted exports go too."""
+    were removed. Leftovers of exports interrupted over an hour ago go too."""
     root = Path(settings.COEVO_HARNESS_TREE_DIR)
     if not root.is_dir():
         return 0
-    for leftover in root.glob(".tmp-*"):
+    # An export still being written is another process's (or thread's): only an old one is a
+    # leftover of an interrupted export. What a prune moved aside is never in use.
+    stale = time.time() - STALE_EXPORT_S
+    for leftover in root.glob(".export-*"):
+        with contextlib.suppress(OSError):
+            if leftover.stat().st_mtime < stale:
+                shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in root.glob(".trash-*"):
         shutil.rmtree(leftover, ignore_errors=True)
     trees = sorted(
         (path for path in root.iterdir() if path.is_dir() and _SHA.match(path.name)),
@@ -80,7 +91,7 @@ def trees_prune(*, keep: int) -> int:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # a rollout runs it
-            trash = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+            trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=root))
             path.rename(trash / "tree")
             fcntl.flock(lock, fcntl.LOCK_UN)
         shutil.rmtree(trash, ignore_errors=True)
@@ -90,7 +101,7 @@ def trees_prune(*, keep: int) -> int:
 
 def _export(candidate: Candidate, *, root: Path, entry: Path) -> bool:
     """Write the tree beside its place, then rename it there; False if another process did."""
-    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
     try:
         (staging / "harness").mkdir()
         candidate_export(candidate=candidate, destination=staging / "harness")

@@ -11,10 +11,11 @@ the harness's code is imported (coevo_runtime/zygote.py has the steps and the re
 zygote never runs harness code, so nothing of one rollout reaches the next; what differs
 from a cold sandbox is written up in docs/threat-model.md.
 
-Used for ``run(task, ctx)`` harnesses without a workspace on workers running as root (each
-rollout needs an identity of its own); everything else, and every worker where a zygote
-cannot start (no bwrap, an older kernel or bubblewrap, a user namespace without spare ids),
-keeps the cold path, after one warning. COEVO_WARM_SANDBOXES=0 turns it off.
+Opt-in (COEVO_WARM_SANDBOXES=1), for ``run(task, ctx)`` harnesses without a workspace on
+workers running as root (each rollout needs an identity of its own) whose Python is not
+installed under /tmp (a rollout's fresh /tmp would cover it); everything else, and every worker
+where a zygote cannot start (no bwrap, an older kernel or bubblewrap, a user namespace without
+spare ids), keeps the cold path, after one warning.
 
 Zygotes unused for COEVO_WARM_SANDBOX_IDLE_S are closed, and at most COEVO_WARM_SANDBOXES_MAX
 live at once (the least recently used idle one is closed first).
@@ -30,6 +31,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -388,6 +390,14 @@ def _zygote_limits() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def warm_possible(ro_binds: Mapping[Path, str]) -> bool:
+    """False where a rollout's fresh /tmp would cover something the sandbox needs: the Python
+    installation or a bound tree under /tmp (a checkout in /tmp, say). A cold sandbox makes
+    its /tmp around those binds; the zygote's fork mounts a new /tmp over them."""
+    places = [sys.prefix, sys.base_prefix, *ro_binds.values()]
+    return not any(place == "/tmp" or place.startswith("/tmp/") for place in places)
+
+
 _pool: WarmPool | None = None
 _pool_lock = threading.Lock()
 
@@ -413,5 +423,7 @@ def warm_spawn(
     if not settings.COEVO_WARM_SANDBOXES or os.geteuid() != 0:
         return None
     if sandbox.sandbox_mode() != "bwrap":
+        return None
+    if not warm_possible(ro_binds):
         return None
     return pool().spawn(harness_dir=harness_dir, ro_binds=ro_binds, env=env, cwd=cwd, limits=limits)

@@ -112,6 +112,22 @@ def test_an_interrupted_export_leaves_nothing_behind(seed_candidate, tree_dir, m
     assert [p for p in tree_dir.iterdir() if not p.name.endswith(".lock")] == []
 
 
+def test_pruning_leaves_exports_in_progress_and_removes_old_leftovers(tree_dir, seed_candidate):
+    with candidate_tree(candidate=seed_candidate):
+        pass
+    in_progress = tree_dir / ".export-now"
+    (in_progress / "harness").mkdir(parents=True)
+    leftover = tree_dir / ".export-old"
+    leftover.mkdir()
+    old = time.time() - 2 * tree_cache.STALE_EXPORT_S
+    os.utime(leftover, (old, old))
+
+    trees_prune(keep=10)
+
+    assert in_progress.is_dir()
+    assert not leftover.exists()
+
+
 def test_a_malformed_tree_sha_is_refused(seed_candidate):
     seed_candidate.tree_sha = "../../etc"
     with pytest.raises(ValueError), candidate_tree(candidate=seed_candidate):

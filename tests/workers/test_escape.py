@@ -102,8 +102,8 @@ def processes_with(*, uid: int | None = None, marker: str | None = None) -> list
 
 def sandbox_children() -> list[int]:
     """bwrap processes that are still children of this (the worker's) process, but for the
-    warm sandboxes' zygotes (workers/warm.py), which outlive rollouts by design: that none of
-    them still runs a rollout is checked by ``worker_stays_healthy``."""
+    warm sandboxes' zygotes (workers/warm.py, test_escape_warm.py), which outlive rollouts by
+    design: that none of them still runs a rollout is checked by ``worker_stays_healthy``."""
     zygotes = set(warm.pool().zygote_pids())
     children = []
     for entry in os.scandir("/proc"):

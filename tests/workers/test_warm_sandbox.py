@@ -2,8 +2,8 @@
 zygote into fresh sandboxes, and nothing of one rollout reaches another.
 
 Real bubblewrap, real zygotes, the real runner (``execute_rollout``) on HumanEval/2. The escape
-suite (test_escape.py) runs every attack through warm sandboxes too; test_escape_cold.py runs it
-again on the cold path.
+suite runs every attack on the cold path (test_escape.py, the default) and again on warm
+sandboxes (test_escape_warm.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from workers import metrics, sandbox, warm
 from workers.rollout import Outcome
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not sandbox.shutil.which("bwrap"),
-    reason="warm sandboxes need bubblewrap and a root worker",
+    os.geteuid() != 0 or not sandbox.shutil.which("bwrap") or not warm.warm_possible({}),
+    reason="warm sandboxes need bubblewrap, a root worker and a Python not under /tmp",
 )
 
 MANIFEST = """
@@ -286,6 +286,14 @@ def test_a_zygote_too_slow_to_start_leaves_that_rollout_cold_and_the_next_tries_
     monkeypatch.setattr(warm, "START_TIMEOUT_S", 20.0)
     assert rollout(probe, scripted_policy.url, knobs={"mark": 11}).outcome == Outcome.PASSED
     assert warm_starts() == before + 1
+
+
+def test_anything_under_tmp_keeps_the_cold_path(monkeypatch):
+    # A rollout's fresh /tmp would cover it: the cold sandbox builds its /tmp around it.
+    assert warm.warm_possible({Path("/srv/tree"): "/harness"})
+    assert not warm.warm_possible({Path("/srv/tree"): "/tmp/tree"})
+    monkeypatch.setattr(warm.sys, "prefix", "/tmp/checkout/.venv")
+    assert not warm.warm_possible({})
 
 
 def test_idle_zygotes_are_closed(probe, scripted_policy, settings):
