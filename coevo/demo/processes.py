@@ -55,8 +55,14 @@ class Services:
                 try:
                     process.wait(timeout=10)
                 except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                    # Its whole group (each child leads one): a worker's sandboxes go with it.
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    try:
+                        process.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        say(f"{name} (pid {process.pid}) has not exited 10 s after SIGKILL")
+                        continue
             say(f"stopped {name}")
         self.children.clear()
 
