@@ -49,6 +49,9 @@ class Demo:
             [str(Path(sys.executable).parent / "coevo"), "demo", *args,
              "--port", str(self.port), "--policy-port", str(free_port())],
             env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            # Ctrl-C as a person's terminal sends it: a test run in the background (a CI lane
+            # started with &) inherits SIGINT ignored, and the demo would never see it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
