@@ -1,5 +1,7 @@
 """Shared model bases."""
 
+from typing import Any
+
 from django.db import models
 
 
@@ -9,3 +11,10 @@ class TimeStampedModel(models.Model):
 
     class Meta:
         abstract = True
+
+
+def keyset_slice(rows: Any, limit: int) -> tuple[list[Any], bool]:
+    """The first ``limit`` rows of an ordered, already-filtered queryset, and whether more
+    follow: one query for limit + 1 rows (keyset pagination's page, whatever its key)."""
+    page = list(rows[: limit + 1])
+    return page[:limit], len(page) > limit

@@ -11,6 +11,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from coevo.db import keyset_slice
 from coevo.errors import InvalidInput, NotFound
 from coevo.projects.models import Project
 from harness_store.diffs import FilePatch
@@ -45,9 +46,7 @@ def candidate_page(
     if cursor:
         stamp, pk = _candidate_cursor_decode(cursor)
         rows = rows.filter(Q(authored_at__lt=stamp) | Q(authored_at=stamp, id__lt=pk))
-    page = list(rows[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
+    page, more = keyset_slice(rows, limit)
     last = page[-1] if page else None
     return CandidatePage(
         candidates=page,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from django.db.models import Q, QuerySet
 
 from coevo.audit.models import AuditEvent, Webhook, WebhookDelivery
+from coevo.db import keyset_slice
 from coevo.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:
@@ -76,9 +77,7 @@ def audit_event_page(
     if cursor:
         stamp, pk = _cursor_decode(cursor)
         events = events.filter(Q(created_at__lt=stamp) | Q(created_at=stamp, id__lt=pk))
-    rows = list(events[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, more = keyset_slice(events, limit)
     return AuditPage(events=rows, next_cursor=_cursor_encode(rows[-1]) if more else None)
 
 

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KT
 
+from coevo.db import keyset_slice
 from coevo.errors import InvalidInput, NotFound
 from coevo.evaluations.models import (
     Budget,
@@ -205,9 +206,7 @@ def rollout_list_page(
         rows = rows.filter(
             Q(task__position__gt=position) | Q(task__position=position, epoch__gt=epoch)
         )
-    page = list(rows[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
+    page, more = keyset_slice(rows, limit)
     last = page[-1] if page else None
     return RolloutPage(
         rollouts=page,
