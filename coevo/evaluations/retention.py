@@ -22,15 +22,24 @@ Candidates on a channel (now or in its history) are registered by ``coevo.review
 that a protected evaluation reused from the cache keep their traces too: those traces are where the
 protected evaluation's results came from.
 
-The run deletes in batches, each its own short transaction, and marks an evaluation pruned
-only once its last batch is gone: it is idempotent and safe to interrupt (the next run
-finishes the job). Protection is checked again just before each evaluation is pruned.
+On PostgreSQL the trace table is partitioned by month (``coevo.evaluations.trace_partitions``)
+and a month goes at once: when a monthly partition's whole month is older than the cut-off, it
+is truncated, with the steps retention keeps written back. An evaluation created in a month
+whose partition is not pruned yet waits for it (so traces go at the end of the month in which
+they turn COEVO_TRACE_RETENTION_DAYS old); the rest (the steps from before partitioning, steps
+in the default partition, the tails of evaluations that span a month boundary) are deleted row
+by row.
+
+The row-by-row part deletes in batches, each its own short transaction, and marks an
+evaluation pruned only once its last batch is gone: it is idempotent and safe to interrupt
+(the next run finishes the job). Protection is checked again just before each evaluation is
+pruned, and again inside each partition's transaction.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,6 +49,7 @@ from django.db.models import Count, F, Func, IntegerField, Q, QuerySet, Sum, Tex
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
+from coevo.evaluations import trace_partitions
 from coevo.evaluations.models import EVALUATION_FINAL_STATES, Evaluation, Rollout, TraceStep
 
 logger = logging.getLogger(__name__)
@@ -106,15 +116,22 @@ class PruneReport:
     steps: int
     bytes: int
     protected: int  # old, final evaluations kept because something references them
+    # Monthly partitions of the trace table emptied (PostgreSQL); their bytes are disk bytes.
+    partitions: tuple[str, ...] = ()
 
     def describe(self) -> str:
         if self.cutoff is None:
             return "Trace retention is off (COEVO_TRACE_RETENTION_DAYS=0): nothing pruned."
         verb = "Would free" if self.dry_run else "Freed"
+        months = (
+            f" ({len(self.partitions)} monthly partitions emptied: {', '.join(self.partitions)})"
+            if self.partitions
+            else ""
+        )
         return (
             f"{verb} {self.steps} trace steps ({_human_bytes(self.bytes)}) of "
-            f"{self.evaluations} evaluations finished before {self.cutoff:%Y-%m-%d %H:%M} UTC; "
-            f"{self.protected} protected evaluations kept."
+            f"{self.evaluations} evaluations finished before {self.cutoff:%Y-%m-%d %H:%M} UTC"
+            f"{months}; {self.protected} protected evaluations kept."
         )
 
 
@@ -149,17 +166,22 @@ def _step_sizes(steps: QuerySet[TraceStep]) -> tuple[int, int]:
     return totals["n"] or 0, totals["size"] or 0
 
 
-def prunable_evaluations(*, cutoff: datetime) -> tuple[QuerySet[Evaluation], int]:
+def prunable_evaluations(
+    *, cutoff: datetime, waiting: Sequence[trace_partitions.TracePartition] = ()
+) -> tuple[QuerySet[Evaluation], int]:
     """(evaluations whose traces may go, how many old final ones are protected instead).
 
     An evaluation pruned, then resumed and finished again, is prunable again: its new
-    rollouts' traces are newer than its ``traces_pruned_at``.
+    rollouts' traces are newer than its ``traces_pruned_at``. One created in a ``waiting``
+    (monthly, not yet pruned) partition's month waits for that partition to be emptied.
     """
     old = Evaluation.objects.annotate(ended_at=Coalesce("finished_at", "updated_at")).filter(
         Q(traces_pruned_at__isnull=True) | Q(traces_pruned_at__lt=F("ended_at")),
         state__in=EVALUATION_FINAL_STATES,
         ended_at__lt=cutoff,
     )
+    for partition in waiting:
+        old = old.exclude(created_at__gte=partition.lo, created_at__lt=partition.hi)
     protected = protected_evaluations().values("id")
     return old.exclude(id__in=protected), old.filter(id__in=protected).count()
 
@@ -173,21 +195,41 @@ def traces_prune(
 ) -> PruneReport:
     """Delete (or, with ``dry_run``, measure) the trace steps retention lets go."""
     days = settings.COEVO_TRACE_RETENTION_DAYS if older_than_days is None else older_than_days
+    if not dry_run:
+        # Also with retention off: steps of a month without a partition would pile up in the
+        # default partition.
+        trace_partitions.partitions_ensure(now=now)
     if days <= 0:
         return PruneReport(dry_run, None, 0, 0, 0, 0)
     cutoff = (now or timezone.now()) - timedelta(days=days)
-    candidates, protected = prunable_evaluations(cutoff=cutoff)
+    monthly = [p for p in trace_partitions.partitions() if p.monthly and not p.pruned]
+    due = [p for p in monthly if p.hi is not None and p.hi <= cutoff]
+    waiting = [p for p in monthly if p not in due]
     if dry_run:
+        candidates, protected = prunable_evaluations(cutoff=cutoff, waiting=waiting)
         steps, size = _step_sizes(TraceStep.objects.filter(rollout__evaluation__in=candidates))
-        return PruneReport(True, cutoff, candidates.count(), steps, size, protected)
+        names = tuple(p.name for p in due)
+        return PruneReport(True, cutoff, candidates.count(), steps, size, protected, names)
     evaluations = steps = size = 0
-    for evaluation_id in list(candidates.values_list("id", flat=True)):
-        # Checked again: a promotion or export may have come to reference it meanwhile.
-        if not prunable_evaluations(cutoff=cutoff)[0].filter(id=evaluation_id).exists():
-            continue
-        n, b = _evaluation_prune(evaluation_id=evaluation_id, batch_size=batch_size)
-        evaluations, steps, size = evaluations + 1, steps + n, size + b
-    report = PruneReport(False, cutoff, evaluations, steps, size, protected)
+    with trace_partitions.prune_lock() as locked:
+        if not locked:
+            logger.warning("trace retention: another run holds the lock; this one does nothing")
+            return PruneReport(False, cutoff, 0, 0, 0, 0)
+        for partition in due:
+            # Protection is read inside the partition's transaction (the subquery).
+            emptied = trace_partitions.partition_prune(
+                partition, prunable=prunable_evaluations(cutoff=cutoff)[0]
+            )
+            steps, size = steps + emptied.steps, size + emptied.bytes
+        candidates, protected = prunable_evaluations(cutoff=cutoff, waiting=waiting)
+        for evaluation_id in list(candidates.values_list("id", flat=True)):
+            # Checked again: a promotion or export may have come to reference it meanwhile.
+            if not prunable_evaluations(cutoff=cutoff)[0].filter(id=evaluation_id).exists():
+                continue
+            n, b = _evaluation_prune(evaluation_id=evaluation_id, batch_size=batch_size)
+            evaluations, steps, size = evaluations + 1, steps + n, size + b
+    names = tuple(p.name for p in due)
+    report = PruneReport(False, cutoff, evaluations, steps, size, protected, names)
     logger.info("trace retention: %s", report.describe())
     return report
 

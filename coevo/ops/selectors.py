@@ -205,12 +205,15 @@ def directory_size(path: str | Path, *, max_age_s: float = 60.0) -> int | None:
 
 
 def trace_storage_bytes() -> int | None:
-    """On-disk size of the trace table with its indexes and TOAST (PostgreSQL); None
-    elsewhere."""
+    """On-disk size of the trace table with its indexes and TOAST, all its partitions
+    (PostgreSQL); None elsewhere."""
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_total_relation_size(%s::regclass)", [TraceStep._meta.db_table])
+        cursor.execute(
+            "SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree(%s::regclass)",
+            [TraceStep._meta.db_table],
+        )
         row = cursor.fetchone()
     return int(row[0]) if row and row[0] is not None else None
 

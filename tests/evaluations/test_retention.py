@@ -49,6 +49,9 @@ def make_evaluation(seed_candidate, humaneval_suite, policy_version):
             state=state,
             finished_at=ended if state != EvaluationState.RUNNING else None,
         )
+        # Started when it ended, as far as months go (an evaluation created this month would
+        # wait for this month's trace partition: tests/evaluations/test_trace_partitions.py).
+        Evaluation.objects.filter(id=evaluation.id).update(created_at=ended)
         for task in tasks:
             rollout = Rollout.objects.create(
                 evaluation=evaluation,

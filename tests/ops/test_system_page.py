@@ -65,7 +65,8 @@ def test_it_shows_workers_queues_endpoints_and_storage_to_staff(
     assert endpoints[policy_version.endpoint.name].latency_ms is not None
     assert not endpoints["down-1"].reachable and endpoints["down-1"].error
     assert response.context["store_bytes"] > 0  # the seed candidate's repository
-    assert response.context["trace_bytes"] is not None
+    # Every partition counts (the partitioned table itself has no storage: it would read 0).
+    assert response.context["trace_bytes"] > 0
     assert 'id="storage"' in page and 'data-endpoint="down-1"' in page
 
 

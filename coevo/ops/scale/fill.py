@@ -30,6 +30,7 @@ from coevo.accounts.models import ApiToken
 from coevo.audit.models import AuditEvent
 from coevo.campaigns.models import Campaign, Proposal
 from coevo.errors import InvalidInput, InvalidState
+from coevo.evaluations import trace_partitions
 from coevo.evaluations.models import (
     Budget,
     Evaluation,
@@ -129,6 +130,8 @@ def scale_fill(
         out.write(f"deleting project {slug!r} …\n")
         project_delete_bulk(project=existing)
         seconds["delete"] = time.monotonic() - started
+    # The year's steps go into their months' partitions of the trace table, not its default.
+    trace_partitions.partitions_ensure(since=YEAR_START)
     fill = _Fill(plan=plan, rng=random.Random(seed), slug=slug, out=out)
     for name, step in (
         ("setup", fill.setup),
