@@ -215,29 +215,48 @@ def traces_prune(
         if not locked:
             logger.warning("trace retention: another run holds the lock; this one does nothing")
             return PruneReport(False, cutoff, 0, 0, 0, 0)
+        whole: list[Any] = []
         for partition in due:
             # Protection is read inside the partition's transaction (the subquery).
             emptied = trace_partitions.partition_prune(
                 partition, prunable=prunable_evaluations(cutoff=cutoff)[0]
             )
             steps, size = steps + emptied.steps, size + emptied.bytes
+            # Their steps are gone with the month: marked at once, no row-by-row look.
+            whole.extend(emptied.whole)
+            evaluations += _mark_pruned(emptied.whole)
         candidates, protected = prunable_evaluations(cutoff=cutoff, waiting=waiting)
+        candidates = candidates.exclude(id__in=whole)
         for evaluation_id in list(candidates.values_list("id", flat=True)):
             # Checked again: a promotion or export may have come to reference it meanwhile.
             if not prunable_evaluations(cutoff=cutoff)[0].filter(id=evaluation_id).exists():
                 continue
             n, b = _evaluation_prune(evaluation_id=evaluation_id, batch_size=batch_size)
             evaluations, steps, size = evaluations + 1, steps + n, size + b
+        if due:
+            # Monthly, when a month went: the planner's view of the whole table changed.
+            trace_partitions.partitions_analyze()
     names = tuple(p.name for p in due)
     report = PruneReport(False, cutoff, evaluations, steps, size, protected, names)
     logger.info("trace retention: %s", report.describe())
     return report
 
 
+def _mark_pruned(evaluation_ids: Sequence[Any]) -> int:
+    """Record that these evaluations' trace bodies are gone; returns how many were marked.
+    Compare-and-swap on the final state: a resumed evaluation keeps its new traces unmarked."""
+    if not evaluation_ids:
+        return 0
+    return Evaluation.objects.filter(
+        id__in=evaluation_ids, state__in=EVALUATION_FINAL_STATES
+    ).update(traces_pruned_at=timezone.now())
+
+
 def _evaluation_prune(*, evaluation_id: Any, batch_size: int) -> tuple[int, int]:
     """Delete one evaluation's trace steps in batches, then mark it pruned."""
     steps = size = 0
-    mine = TraceStep.objects.filter(rollout__evaluation_id=evaluation_id)
+    # No ordering: the default one (rollout, then its task) joins the tasks and sorts for nothing.
+    mine = TraceStep.objects.filter(rollout__evaluation_id=evaluation_id).order_by()
     while True:
         ids = list(mine.values_list("id", flat=True)[:batch_size])
         if not ids:
@@ -246,9 +265,6 @@ def _evaluation_prune(*, evaluation_id: Any, batch_size: int) -> tuple[int, int]
         n, b = _step_sizes(batch)
         batch.delete()
         steps, size = steps + n, size + b
-    # Compare-and-swap on the final state: a resumed evaluation keeps its new traces unmarked.
-    Evaluation.objects.filter(id=evaluation_id, state__in=EVALUATION_FINAL_STATES).update(
-        traces_pruned_at=timezone.now()
-    )
+    _mark_pruned([evaluation_id])
     logger.info("evaluation %s: pruned %d trace steps (%d bytes)", evaluation_id, steps, size)
     return steps, size
