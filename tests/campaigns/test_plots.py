@@ -160,3 +160,29 @@ def test_it_picks_round_ticks():
     assert nice_ticks(0, 130, 6) == [0, 20, 40, 60, 80, 100, 120]
     assert nice_ticks(3, 3) == [3]
     assert nice_ticks(float("nan"), 1) == []
+
+
+def test_the_pareto_sweep_agrees_with_comparing_every_pair():
+    import random
+
+    from coevo.campaigns.selectors import pareto_front
+
+    def brute(points):
+        return {
+            p
+            for p in points
+            if not any(
+                q[0] >= p[0] and q[1] <= p[1] and (q[0] > p[0] or q[1] < p[1]) for q in points
+            )
+        }
+
+    rng = random.Random(7)
+    for _ in range(300):
+        # Few distinct values: ties in score, in cost and whole duplicates are common.
+        points = [
+            (rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]), rng.choice([10, 20, 30, 40]), i)
+            for i in range(rng.randint(0, 25))
+        ]
+        front = pareto_front(points, score=lambda p: p[0], cost=lambda p: p[1])
+        assert set(front) == brute(points)
+        assert [p[0] for p in front] == sorted((p[0] for p in front), reverse=True)
