@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from django.db import connection
 from django.db.models import Q, QuerySet
 
 from coevo.audit.models import AuditEvent, Webhook, WebhookDelivery
@@ -82,10 +83,21 @@ def audit_event_page(
 
 
 def audit_target_types(*, project: Project | None) -> list[str]:
-    events = AuditEvent.objects.all()
     if project is not None:
-        events = events.filter(project_id=project.pk)
-    return sorted(set(events.values_list("target_type", flat=True).distinct()))
+        events = AuditEvent.objects.filter(project_id=project.pk).order_by()
+        return sorted(set(events.values_list("target_type", flat=True).distinct()))
+    # The whole log (a million events and more): hop from one type to the next along the
+    # target_type index (a loose index scan), a few index lookups instead of reading it all.
+    table = connection.ops.quote_name(AuditEvent._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE types(t) AS ("
+            f" (SELECT target_type FROM {table} ORDER BY target_type LIMIT 1)"
+            f" UNION ALL SELECT (SELECT target_type FROM {table} WHERE target_type > types.t"
+            f" ORDER BY target_type LIMIT 1) FROM types WHERE types.t IS NOT NULL"
+            f") SELECT t FROM types WHERE t IS NOT NULL"
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def webhook_list(*, project: Project) -> QuerySet[Webhook]:

@@ -3,8 +3,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum, Window
 from django.db.models.fields.json import KT
+from django.db.models.functions import RowNumber
 
 from coevo.db import keyset_slice
 from coevo.errors import InvalidInput, NotFound
@@ -391,19 +392,24 @@ def evaluation_errors(*, evaluation: Evaluation) -> list[ErrorCount]:
         state=RolloutState.DONE,
         outcome__in=[Outcome.HARNESS_ERROR, Outcome.INFRA_ERROR],
     )
-    example = (
-        errors.filter(outcome=OuterRef("outcome"), error_kind=OuterRef("error_kind"))
-        .order_by("task__position", "epoch")
-        .values("detail")[:1]
-    )
+    # Window functions: one pass over the error rollouts. (An example subquery next to a GROUP
+    # BY is grouped by, and ran once per error rollout: 900 ms on a 5,000-rollout evaluation.)
+    group = [F("outcome"), F("error_kind")]
     rows = (
-        errors.values("outcome", "error_kind")
-        .annotate(n=Count("id"), example=Subquery(example))
-        .order_by("outcome", "-n", "error_kind")
+        errors.annotate(
+            n=Window(Count("id"), partition_by=group),
+            rank=Window(
+                RowNumber(), partition_by=group, order_by=[F("task__position"), F("epoch")]
+            ),
+        )
+        .filter(rank=1)
+        .order_by()
+        .values("outcome", "error_kind", "n", "detail")
     )
+    ordered = sorted(rows, key=lambda row: (row["outcome"], -row["n"], row["error_kind"]))
     return [
-        ErrorCount(row["outcome"], row["error_kind"] or "other", row["n"], row["example"] or "")
-        for row in rows
+        ErrorCount(row["outcome"], row["error_kind"] or "other", row["n"], row["detail"] or "")
+        for row in ordered
     ]
 
 

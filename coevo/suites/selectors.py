@@ -26,11 +26,24 @@ def suite_summaries(*, project: Project) -> QuerySet[Suite]:
         .annotate(n=Count("evaluations"))
         .values("n")
     )
+
+    # The task counts are subqueries too: next to a GROUP BY of the joined tasks, the evaluation
+    # count would be grouped by and run once per task (measured: 1,300 runs for 13 suites).
+    def tasks(split: Q) -> Coalesce:
+        counted = (
+            Task.objects.filter(split, suite=OuterRef("pk"))
+            .order_by()
+            .values("suite")
+            .annotate(n=Count("id"))
+            .values("n")
+        )
+        return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
     return Suite.objects.filter(project=project).annotate(
-        task_count=Count("tasks"),
-        search_count=Count("tasks", filter=Q(tasks__split=Split.SEARCH)),
-        validation_count=Count("tasks", filter=Q(tasks__split=Split.VALIDATION)),
-        heldout_count=Count("tasks", filter=Q(tasks__split=Split.HELDOUT)),
+        task_count=tasks(Q()),
+        search_count=tasks(Q(split=Split.SEARCH)),
+        validation_count=tasks(Q(split=Split.VALIDATION)),
+        heldout_count=tasks(Q(split=Split.HELDOUT)),
         evaluation_count=Coalesce(Subquery(evaluations, output_field=IntegerField()), Value(0)),
     )
 

@@ -12,7 +12,7 @@ from coevo.audit.models import AuditEvent
 from coevo.audit.selectors import audit_event_list, audit_event_page
 from coevo.audit.services import audit_record
 from coevo.errors import InvalidState, NotFound
-from coevo.projects.models import Role
+from coevo.projects.models import Project, Role
 from coevo.projects.services import membership_remove, membership_set
 from coevo.suites.services import suite_delete, suite_import_humaneval
 
@@ -144,3 +144,17 @@ def test_it_pages_with_a_cursor_without_repeating_rows(project):
             break
     assert sorted(seen) == [f"test.e{n}" for n in range(7)]
     assert len(seen) == 7
+
+
+def test_the_target_types_are_every_type_once_sorted(project, owner, reviewer):
+    from coevo.audit.selectors import audit_target_types
+
+    other = Project.objects.create(slug="other-types", name="other")
+    audit_record(actor=None, project=other, action="x.y", target=other)
+    everywhere = sorted(set(AuditEvent.objects.values_list("target_type", flat=True)))
+    mine = sorted(
+        set(AuditEvent.objects.filter(project=project).values_list("target_type", flat=True))
+    )
+    # The global list hops along the index (a recursive query): the same answer as reading all.
+    assert audit_target_types(project=None) == everywhere and len(everywhere) >= 2
+    assert audit_target_types(project=project) == mine
