@@ -159,14 +159,21 @@ def campaign_rounds(*, campaign: Campaign) -> list[CampaignRound]:
     return [CampaignRound(batch=b, proposals=rounds[b]) for b in sorted(rounds, reverse=True)]
 
 
-def campaign_pareto_front(*, campaign: Campaign) -> list[Proposal]:
-    """Evaluated proposals no other beats on both validation score (↑) and tokens per task (↓)."""
-    points = [
-        p
-        for p in proposal_list(campaign=campaign).filter(
+def campaign_pareto_front(
+    *, campaign: Campaign, proposals: Sequence[Proposal] | None = None
+) -> list[Proposal]:
+    """Evaluated proposals no other beats on both validation score (↑) and tokens per task (↓).
+    ``proposals``: the campaign's, when the caller has them loaded already (no second query)."""
+    if proposals is None:
+        proposals = proposal_list(campaign=campaign).filter(
             state=ProposalState.EVALUATED, validation_score__isnull=False
         )
-        if p.tokens_per_task is not None
+    points = [
+        p
+        for p in proposals
+        if p.state == ProposalState.EVALUATED
+        and p.validation_score is not None
+        and p.tokens_per_task is not None
     ]
     return pareto_front(
         points, score=lambda p: p.validation_score, cost=lambda p: p.tokens_per_task
@@ -229,18 +236,12 @@ def campaign_best_series(*, campaign: Campaign) -> list[dict[str, Any]]:
     is no improvement, and the plot must say what the table and the stop rules say."""
     series = []
     best = None
-    for p in proposal_list(campaign=campaign).filter(state__in=PROPOSAL_FINAL_STATES):
-        if p.improved and p.validation_score is not None:
-            best = p.validation_score
-        series.append(
-            {
-                "sequence": p.sequence,
-                "search_score": p.search_score,
-                "validation_score": p.validation_score,
-                "improved": p.improved,
-                "best_validation_score": best,
-            }
-        )
+    # Four columns (a 2,000-proposal campaign: whole proposals with their candidates took 2.6 s).
+    ended = proposal_list(campaign=campaign).filter(state__in=PROPOSAL_FINAL_STATES)
+    for row in ended.values("sequence", "search_score", "validation_score", "improved"):
+        if row["improved"] and row["validation_score"] is not None:
+            best = row["validation_score"]
+        series.append({**row, "best_validation_score": best})
     return series
 
 

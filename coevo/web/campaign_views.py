@@ -108,7 +108,7 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
     campaign = campaign_get(project=project, campaign_id=campaign_id)
     best = campaign_best_proposal(campaign=campaign)
     proposals = list(proposal_list(campaign=campaign).select_related("candidate", "policy_version"))
-    front = campaign_pareto_front(campaign=campaign)
+    front = campaign_pareto_front(campaign=campaign, proposals=proposals)
     progress = campaign_progress(campaign=campaign)
     lineage = campaign_lineage(project=project, campaign=campaign, proposals=proposals)
     window = proposal_window(proposals=proposals, before=request.GET.get("before"))
