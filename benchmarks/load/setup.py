@@ -32,7 +32,6 @@ import os
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,22 +40,13 @@ from urllib.parse import quote, urlencode
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from workers.steps import Step  # noqa: E402  (the worker's own step, as TraceWriter takes it)
+
 TOKEN_NAME = "load benchmark"
 
 
 def say(message: str) -> None:
     print(f"[load setup] {message}", flush=True)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One trace step as TraceWriter takes it (coevo.evaluations.traces.StepLike)."""
-
-    kind: str
-    payload: dict[str, Any]
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_ms: int = 0
 
 
 def game_step(i: int) -> Step:
