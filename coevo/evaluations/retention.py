@@ -205,10 +205,10 @@ def traces_prune(
     monthly = [p for p in trace_partitions.partitions() if p.monthly and not p.pruned]
     due = [p for p in monthly if p.hi is not None and p.hi <= cutoff]
     waiting = [p for p in monthly if p not in due]
+    names = tuple(p.name for p in due)
     if dry_run:
         candidates, protected = prunable_evaluations(cutoff=cutoff, waiting=waiting)
         steps, size = _step_sizes(TraceStep.objects.filter(rollout__evaluation__in=candidates))
-        names = tuple(p.name for p in due)
         return PruneReport(True, cutoff, candidates.count(), steps, size, protected, names)
     evaluations = steps = size = 0
     with trace_partitions.prune_lock() as locked:
@@ -236,7 +236,6 @@ def traces_prune(
         if due:
             # Monthly, when a month went: the planner's view of the whole table changed.
             trace_partitions.partitions_analyze()
-    names = tuple(p.name for p in due)
     report = PruneReport(False, cutoff, evaluations, steps, size, protected, names)
     logger.info("trace retention: %s", report.describe())
     return report

@@ -100,8 +100,8 @@ def partitions() -> list[TracePartition]:
         if match is None:
             raise ValueError(f"trace partition {name}: unexpected bound {bound!r}")
         found.append(TracePartition(name, _bound(match[1]), _bound(match[2]), pruned))
-    far = datetime.max.replace(tzinfo=UTC)
-    return sorted(found, key=lambda p: (p.hi is None, p.hi or far))
+    # The default partition (no bound) sorts last.
+    return sorted(found, key=lambda p: (p.hi is None, p.hi or datetime.max.replace(tzinfo=UTC)))
 
 
 def _bound(text: str) -> datetime | None:
@@ -112,7 +112,8 @@ def _bound(text: str) -> datetime | None:
 
 def month_start(moment: datetime, *, months: int = 0) -> datetime:
     """The first instant (UTC) of ``moment``'s month, ``months`` months on."""
-    index = moment.astimezone(UTC).year * 12 + moment.astimezone(UTC).month - 1 + months
+    utc = moment.astimezone(UTC)
+    index = utc.year * 12 + utc.month - 1 + months
     return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC)
 
 
