@@ -61,6 +61,8 @@ FROM builder AS builder-embedded
 # instead (x86-64 with AVX2/FMA/F16C: every x86 server of the last decade). On arm64, or to
 # tune for the build host, pass e.g. --build-arg LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON".
 ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+# coevo serves text models only: the multimodal library (mtmd), a quarter of the compile, is
+# left out whatever the flags.
 
 # No pip cache here: pip's wheel cache does not know about CMAKE_ARGS and would hand back a
 # wheel compiled with other flags. The layer cache keeps the result instead. --verbose shows
@@ -68,7 +70,7 @@ ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['optional-dependencies']['embedded']))" \
         > /tmp/requirements-embedded.txt \
  && cat /tmp/requirements-embedded.txt \
- && CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+ && CMAKE_ARGS="${LLAMA_CMAKE_ARGS} -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
     pip install --no-cache-dir --verbose -r /tmp/requirements-embedded.txt
 
 # --------------------------------------------------------------------------------------------

@@ -41,11 +41,15 @@ ensure_venv() {
 # baseline, as the Dockerfile does (x86-64 with AVX2/FMA/F16C); COEVO_LLAMA_CMAKE_ARGS
 # overrides it (e.g. "-DGGML_NATIVE=ON" to tune for this machine). pip's own wheel cache does
 # not know about CMAKE_ARGS, so the built wheel is kept in a cache keyed by version and flags.
+# Whatever the flags, the multimodal library (mtmd, "llava") is left out: coevo serves text
+# models only, llama-cpp-python loads it only for an image chat handler, and it is 53 of the
+# build's 193 compile steps.
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 LLAMA_CMAKE_ARGS_PORTABLE="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+LLAMA_CMAKE_ARGS_ALWAYS="-DLLAVA_BUILD=OFF"
 
 ensure_llama_cpp() {
-    local cmake_args="${COEVO_LLAMA_CMAKE_ARGS:-$LLAMA_CMAKE_ARGS_PORTABLE}"
+    local cmake_args="${COEVO_LLAMA_CMAKE_ARGS:-$LLAMA_CMAKE_ARGS_PORTABLE} $LLAMA_CMAKE_ARGS_ALWAYS"
     local key
     key="$(printf '%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "$cmake_args" "$(uname -m)" | sha256sum | cut -c1-16)"
     local wheels="${XDG_CACHE_HOME:-$HOME/.cache}/coevo/wheels/llama-cpp-python-$key"
