@@ -86,7 +86,7 @@ def naive_seed_import(*, project: Project, user: Any, author: str) -> tuple[Any,
 def demo_textworld_suite(
     *, project: Project, games: int, max_steps: int, heldout_games: int | None = None
 ) -> Suite:
-    """A small TextWorld suite for the demo (also used by tests/integration/test_campaign_gemma.py
+    """A small TextWorld suite for the demo (also used by tests/integration/test_policy_step_gemma.py
     and benchmarks/evolution.py): ``games`` games of the search and validation splits of the
     full suite and ``heldout_games`` (default ``games``) of its held-out split, easy and medium
     cooking games in turn.

@@ -2,11 +2,14 @@
 the filesystem broker, a real prefork Celery worker, gunicorn and llama.cpp with Gemma 3 270M),
 in a fresh COEVO_HOME, as a separate process, on a small budget: the HumanEval evaluation, the
 campaign from the naive TextWorld seed, the promotion of its best candidate to production on
-the sealed held-out games; then, in headless Chromium, the second demo login (the reviewer)
-approves it and production moves, as a person following the demo's printout would."""
+the sealed held-out games (the campaign's own rules checked in its database: it stops by
+itself, every proposal is a sampled point, the best is chosen on validation); then, in headless
+Chromium, the second demo login (the reviewer) approves it and production moves, as a person
+following the demo's printout would."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -21,6 +24,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from coevo.campaigns.models import PROPOSAL_FINAL_STATES, ProposerKind
+from coevo.demo.campaign import CAMPAIGN_KNOBS
 from tests.support.net import free_port
 
 pytestmark = [pytest.mark.llm, pytest.mark.browser, pytest.mark.timeout(900)]
@@ -155,6 +160,26 @@ def test_the_demo_evolves_the_naive_seed_and_its_reviewer_approves_the_promotion
         # The demo's policy is the coevo llama.cpp host, registered as the kind that loads
         # LoRA adapters at run time (a policy step's adapters are served through it).
         assert db.execute("select kind from policies_policyendpoint").fetchall() == [("llamacpp",)]
+        # The campaign: finished by its own stop rule, the best chosen on validation.
+        ((state, stop_reason, best_score, best_candidate),) = db.execute(
+            "select state, stop_reason, best_validation_score, best_candidate_id"
+            " from campaigns_campaign"
+        ).fetchall()
+        proposals = db.execute(
+            "select kind, state, trial_number, params, validation_score, candidate_id"
+            " from campaigns_proposal order by sequence"
+        ).fetchall()
+    assert (state, stop_reason) == ("finished", "max proposals reached (2)")
+    assert [p[0] for p in proposals] == [ProposerKind.SEED] + [ProposerKind.CONFIG] * 2
+    assert all(p[1] in PROPOSAL_FINAL_STATES for p in proposals), proposals
+    validated = [p for p in proposals if p[4] is not None]
+    assert proposals[0] in validated, "the seed is evaluated on validation first"
+    # The best is the top validation score (the earliest one on ties), never a search score.
+    top = max(p[4] for p in validated)
+    assert best_score == top
+    assert best_candidate == next(p[5] for p in validated if p[4] == top)
+    for _, _, trial_number, params, _, _ in proposals[1:]:
+        assert trial_number is not None and set(json.loads(params)) == set(CAMPAIGN_KNOBS)
     assert rollouts and all(
         state == "done" and outcome in ("passed", "task_failure") for state, outcome in rollouts
     ), rollouts
