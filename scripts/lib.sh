@@ -55,7 +55,7 @@ ensure_llama_cpp() {
     local wheels="${XDG_CACHE_HOME:-$HOME/.cache}/coevo/wheels/llama-cpp-python-$key"
     if ! compgen -G "$wheels/llama_cpp_python-*.whl" >/dev/null; then
         echo "Building llama-cpp-python from source: this compiles llama.cpp and takes several"
-        echo "minutes (about 5 on 2 cores). The wheel is kept in $wheels for later installs."
+        echo "minutes (about 4 on 2 cores). The wheel is kept in $wheels for later installs."
         local log="${TMPDIR:-/tmp}/coevo-llama-build.$$.log"
         local started=$SECONDS
         rm -rf "$wheels.partial"
