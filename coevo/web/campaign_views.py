@@ -30,9 +30,11 @@ from coevo.campaigns.selectors import (
     campaign_get,
     campaign_list,
     campaign_pareto_front,
+    campaign_points,
     campaign_progress,
+    campaign_round_count,
     campaign_rounds,
-    proposal_list,
+    proposal_window,
 )
 from coevo.campaigns.services import (
     MAX_BATCH_SIZE,
@@ -56,12 +58,12 @@ from coevo.training.models import Trainer
 from coevo.training.selectors import trainer_list_enabled
 from coevo.web.access import project_view
 from coevo.web.presenters import (
+    PROPOSAL_TABLE_ROWS,
     bar_percent,
     campaign_lineage,
     campaign_spend_rows,
     pareto_points,
     proposal_rows,
-    proposal_window,
 )
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_get, candidate_list
@@ -70,6 +72,8 @@ _DONE = {"pause": "paused", "resume": "resumed", "stop": "stopped"}
 ACTIONS = {"pause": campaign_pause, "resume": campaign_resume}
 PATTERNS_TEMPLATE = "campaigns/_patterns.html"
 SEED_CHOICES = 200
+# The newest rounds a raced campaign's page lists (hundreds in a long campaign).
+ROUNDS_SHOWN = 20
 
 
 def can_run_campaigns(*, project: Project, user: Any) -> bool:
@@ -107,16 +111,23 @@ def _patterns_template() -> str | None:
 def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -> HttpResponse:
     campaign = campaign_get(project=project, campaign_id=campaign_id)
     best = campaign_best_proposal(campaign=campaign)
-    proposals = list(proposal_list(campaign=campaign).select_related("candidate", "policy_version"))
-    front = campaign_pareto_front(campaign=campaign, proposals=proposals)
+    # The plots, front and lineage read a dozen columns of every proposal; the table reads
+    # whole rows of one window only (a campaign may hold 2,000 proposals).
+    points = campaign_points(campaign=campaign)
+    front = campaign_pareto_front(campaign=campaign, proposals=points)
     progress = campaign_progress(campaign=campaign)
-    lineage = campaign_lineage(project=project, campaign=campaign, proposals=proposals)
-    window = proposal_window(proposals=proposals, before=request.GET.get("before"))
+    lineage = campaign_lineage(project=project, campaign=campaign, points=points)
+    window = proposal_window(
+        campaign=campaign, before=request.GET.get("before"), size=PROPOSAL_TABLE_ROWS
+    )
+    raced = campaign.batch_size > 1
     # Plots are built here from escaped data (coevo.campaigns.plots escapes every string).
     plots = {
-        "scores": mark_safe(scores_plot_svg(series=campaign_best_series(campaign=campaign))),
+        "scores": mark_safe(
+            scores_plot_svg(series=campaign_best_series(campaign=campaign, points=points))
+        ),
         "pareto": mark_safe(
-            pareto_plot_svg(points=pareto_points(project=project, proposals=proposals, front=front))
+            pareto_plot_svg(points=pareto_points(project=project, points=points, front=front))
         ),
         "lineage": mark_safe(lineage_svg(nodes=lineage.nodes)),
     }
@@ -139,7 +150,9 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
         "rows": proposal_rows(proposals=window.proposals),
         "window": window,
         "lineage_left_out": lineage.left_out,
-        "rounds": campaign_rounds(campaign=campaign) if campaign.batch_size > 1 else [],
+        "rounds": campaign_rounds(campaign=campaign, limit=ROUNDS_SHOWN) if raced else [],
+        "round_count": campaign_round_count(campaign=campaign) if raced else 0,
+        "rounds_shown": ROUNDS_SHOWN,
         "patterns_template": _patterns_template(),
         "can_run": can_run_campaigns(project=project, user=request.user),
         # What the runner does next (derived from the ended proposals, as the runner does).

@@ -11,7 +11,9 @@ import pytest
 from django.urls import reverse
 
 from coevo.campaigns.models import Campaign, Proposal
+from coevo.campaigns.plots import SCORE_BINS
 from coevo.suites.models import Split, Task
+from coevo.web.campaign_views import ROUNDS_SHOWN
 from coevo.web.presenters import LINEAGE_MAX_NODES, PROPOSAL_TABLE_ROWS
 from coevo.web.views import CANDIDATES_PER_PAGE, ROLLOUTS_PER_PAGE
 from tests.campaigns.support import set_best, started_campaign
@@ -110,6 +112,32 @@ def test_it_summarizes_the_lineage_and_pages_the_proposals_of_a_large_campaign(
     )
     left_out = candidates - LINEAGE_MAX_NODES
     assert re.search(rf'id="lineage-left-out">[^<]*{left_out} other candidates left out', body)
+
+    # The plots summarize: the scores plot draws columns of ranges (a point only for a new
+    # best), the Pareto plot its front point by point and the dominated ones in cells.
+    scores = re.search(r'<svg[^>]*id="plot-scores".*?</svg>', body, re.S).group(0)
+    assert 0 < scores.count('class="column ') <= 2 * SCORE_BINS
+    improved = Proposal.objects.filter(campaign=campaign, improved=True).count()
+    assert scores.count('class="point search"') == improved
+    assert "2,011 proposals: ranges per column" in scores
+    pareto = re.search(r'<svg[^>]*id="plot-pareto".*?</svg>', body, re.S).group(0)
+    assert 'class="point dominated"' not in pareto
+    cells = re.findall(r'class="cell dominated".*?<title>(\d+) dominated', pareto, re.S)
+    front = re.findall(r'<a href="/p/demo/c/([0-9a-f]{40})/"><circle class="point front"', pareto)
+    evaluated = Proposal.objects.filter(
+        campaign=campaign, state="evaluated", validation_score__isnull=False
+    ).count()
+    assert front and sum(int(n) for n in cells) + len(front) == evaluated
+    assert len(cells) < evaluated / 4
+    # The rounds table lists the newest rounds only.
+    rounds = (
+        Proposal.objects.filter(campaign=campaign, batch__isnull=False)
+        .values("batch")
+        .distinct()
+        .count()
+    )
+    assert len(re.findall(r'<tr id="round-\d+">', body)) == ROUNDS_SHOWN
+    assert f"The newest {ROUNDS_SHOWN} of {rounds} rounds." in body
 
     rows = re.findall(r'id="proposal-(\d+)"', body)
     assert [int(r) for r in rows] == list(range(2011 - PROPOSAL_TABLE_ROWS, 2011))

@@ -1,6 +1,8 @@
 """How much a scale fill writes. ``full`` is issue 21's figures (10,000 candidates, campaigns of
 2,000 proposals, ~1,000,000 rollouts in evaluations of up to 5,000, ~10,000,000 trace steps,
-1,000,000 audit events); ``medium`` about 1/20 of it, ``small`` about 1/1000 (for tests)."""
+1,000,000 audit events); ``medium`` about 1/20 of it, ``small`` about 1/1000 (for tests);
+``pages`` full's largest page subjects (one campaign of 2,000 proposals, two 5,000-rollout
+evaluations, promotions) with one trace step a rollout, for profiling those pages in minutes."""
 
 from __future__ import annotations
 
@@ -83,6 +85,25 @@ SCALES = {
         promotions=4,
         steps_per_rollout=10.0,
         audit_events=50_000,
+    ),
+    "pages": ScalePlan(
+        name="pages",
+        campaigns=1,
+        proposals_per_campaign=2_000,
+        mainline_candidates=20,
+        search_tasks=1_000,
+        validation_tasks=100,
+        heldout_tasks=200,
+        search_eval_tasks=40,
+        smoke_tasks=4,
+        validated_share=0.57,
+        full_evaluations=2,
+        full_epochs=5,
+        policies=2,
+        matrix_candidates=4,
+        promotions=4,
+        steps_per_rollout=1.0,
+        audit_events=10_000,
     ),
     "small": ScalePlan(
         name="small",

@@ -1,4 +1,4 @@
-"""``manage.py scale_fill --project SLUG --scale {small,medium,full} [--seed N] [--replace]``:
+"""``manage.py scale_fill --project SLUG --scale {small,pages,medium,full} [--seed N] [--replace]``:
 a busy team's year of data in PostgreSQL, for measuring pages and the API at scale."""
 
 from __future__ import annotations
