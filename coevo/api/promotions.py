@@ -85,7 +85,8 @@ class ApprovalOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
-# Context: heldout, whether the evidence goes out whole (ApiView.can_see_heldout).
+# Context: heldout, whether the evidence goes out whole (ApiView.can_see_heldout); summary,
+# whether it is a list's row (the evidence's summary, for everyone).
 class PromotionOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.CharField()
@@ -111,7 +112,8 @@ class PromotionOut(OutSerializer):
     evidence = MethodField(
         serializers.DictField(
             help_text="Scores, the paired held-out comparison, gap, cost, errors, held-out "
-            "looks; per-task held-out details only for reviewers' personal tokens."
+            "looks; per-task held-out details only for reviewers' personal tokens. In lists, "
+            "the summary: no per-task results, diff or lineage (GET the request's url)."
         )
     )
     approvals = MethodField(ApprovalOut(many=True))
@@ -129,6 +131,10 @@ class PromotionOut(OutSerializer):
         return f"{promotion.suite.name}@{promotion.suite.version}"
 
     def get_evidence(self, promotion: PromotionRequest) -> dict[str, Any]:
+        if self.context.get("summary"):
+            # Read by the database without the sealed, diff and lineage parts (the list's
+            # query: review_selectors.promotion_list_summaries).
+            return dict(promotion.evidence_summary or {})
         if self.context["heldout"]:
             return dict(promotion.evidence or {})
         return sealed_evidence(promotion.evidence)
@@ -187,9 +193,10 @@ class PromotionListView(ApiView):
     def get(self, request: Request, slug: str) -> Response:
         return paginate(
             self,
-            review_selectors.promotion_list_with_reviews(project=self.project),
+            review_selectors.promotion_list_summaries(project=self.project),
             PromotionOut,
-            heldout=self.can_see_heldout(),
+            heldout=False,
+            summary=True,
         )
 
     @extend_schema(

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import F, Prefetch, QuerySet
 
 from coevo.campaigns.models import Proposal
+from coevo.db import JSONWithout
 from coevo.errors import NotFound
 from coevo.evaluations.models import Evaluation
 from coevo.projects.models import Project
@@ -77,6 +78,29 @@ def promotion_list_with_reviews(*, project: Project) -> QuerySet[PromotionReques
         .prefetch_related(
             Prefetch("approvals", queryset=Approval.objects.select_related("reviewer"))
         )
+    )
+
+
+# What a list of requests carries of each one's evidence (coevo.api.promotions): not the
+# per-task held-out results (sealed outside the review pages), the diff or the lineage's
+# commits. Those are 90% of a request's evidence; a page of 40 whole ones was megabytes.
+EVIDENCE_SUMMARY_OMITS = (
+    ("heldout_tasks",),
+    ("diff",),
+    ("lineage",),
+    ("comparison", "flips"),
+    ("comparison", "flipped_tasks"),
+    ("comparison", "dropped"),
+)
+
+
+def promotion_list_summaries(*, project: Project) -> QuerySet[PromotionRequest]:
+    """promotion_list_with_reviews with the evidence left in the database and its summary
+    (``evidence_summary``: without ``EVIDENCE_SUMMARY_OMITS``) read instead."""
+    return (
+        promotion_list_with_reviews(project=project)
+        .defer("evidence")
+        .annotate(evidence_summary=JSONWithout("evidence", omit=EVIDENCE_SUMMARY_OMITS))
     )
 
 

@@ -283,6 +283,30 @@ def test_evidence_keeps_held_out_tasks_for_reviewers_personal_tokens(
     assert {row["task"] for row in comparison["flipped_tasks"]} == {"h-add", "h-mul"}
 
 
+def test_a_list_carries_each_evidence_summary_even_to_a_reviewer(ready, make_client, reviewer):
+    """Lists leave the per-task results, the diff and the lineage in the database (a page of 40
+    whole evidences was megabytes); the request's own URL has them for whom they are meant."""
+    whole = make_client(reviewer, scopes=["read"]).get(detail_url(ready)).json()["evidence"]
+    assert {"heldout_tasks", "diff", "lineage"} <= set(whole)
+
+    body = make_client(reviewer, scopes=["read"]).get(list_url(ready.project))
+    [listed] = body.json()["results"]
+    summary = listed["evidence"]
+    assert not {"heldout_tasks", "diff", "lineage"} & set(summary)
+    assert not set(SEALED) & set(summary["comparison"])
+    assert "h-mul" not in body.content.decode()
+    # Everything else is the evidence as stored.
+    kept = {key: value for key, value in whole.items() if key not in summary}
+    assert set(kept) == {"heldout_tasks", "diff", "lineage"}
+    assert {key: whole[key] for key in summary if key != "comparison"} == {
+        key: value for key, value in summary.items() if key != "comparison"
+    }
+    assert summary["comparison"] == {
+        key: value for key, value in whole["comparison"].items() if key not in SEALED
+    }
+    assert listed["url"].endswith(detail_url(ready))
+
+
 def test_an_outsider_reads_no_promotion(ready, make_client, outsider):
     client = make_client(outsider, scopes=["read"])
     assert client.get(detail_url(ready)).status_code == 404

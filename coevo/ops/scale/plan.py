@@ -101,7 +101,7 @@ SCALES = {
         full_epochs=5,
         policies=2,
         matrix_candidates=4,
-        promotions=4,
+        promotions=40,
         steps_per_rollout=1.0,
         audit_events=10_000,
     ),
