@@ -6,7 +6,7 @@ evaluations, promotions) with one trace step a rollout, for profiling those page
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 # A fixed year, so the same seed writes the same commits (a commit's SHA includes its date).
@@ -86,25 +86,6 @@ SCALES = {
         steps_per_rollout=10.0,
         audit_events=50_000,
     ),
-    "pages": ScalePlan(
-        name="pages",
-        campaigns=1,
-        proposals_per_campaign=2_000,
-        mainline_candidates=20,
-        search_tasks=1_000,
-        validation_tasks=100,
-        heldout_tasks=200,
-        search_eval_tasks=40,
-        smoke_tasks=4,
-        validated_share=0.57,
-        full_evaluations=2,
-        full_epochs=5,
-        policies=2,
-        matrix_candidates=4,
-        promotions=40,
-        steps_per_rollout=1.0,
-        audit_events=10_000,
-    ),
     "small": ScalePlan(
         name="small",
         campaigns=1,
@@ -127,3 +108,17 @@ SCALES = {
         chunk_events=300,
     ),
 }
+
+# Full's page subjects at their full size (a campaign of 2,000 proposals, 5,000-rollout
+# evaluations, 40 promotions), the rest of the project small.
+SCALES["pages"] = replace(
+    SCALES["full"],
+    name="pages",
+    campaigns=1,
+    mainline_candidates=20,
+    full_evaluations=2,
+    policies=2,
+    matrix_candidates=4,
+    steps_per_rollout=1.0,
+    audit_events=10_000,
+)
