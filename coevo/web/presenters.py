@@ -8,6 +8,7 @@ Every function takes an already permission-checked project (or a row reached thr
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from coevo.campaigns.plots import LineageNode, ParetoPoint
 from coevo.campaigns.selectors import CampaignProgress, ProposalPoint
 from coevo.evaluations.models import Rollout
 from coevo.evaluations.selectors import (
+    EvaluationComparison,
+    FlipRow,
     rollout_call_tree,
     rollout_trace,
     search_validation_gap,
@@ -266,12 +269,20 @@ def campaign_lineage(
     return Lineage(shown, len(nodes) - len(shown))
 
 
+def route_href(*, project: Project, route: str, placeholder: str) -> Callable[[Any], str]:
+    """``key -> the project page's URL`` for a route taking the project's slug and one key,
+    reversing it once (``placeholder``: a valid key): pages that link thousands of rows spent
+    a quarter of their time in ``reverse``."""
+    head, tail = reverse(route, args=[project.slug, placeholder]).rsplit(placeholder, 1)
+    return lambda key: f"{head}{key}{tail}"
+
+
 def candidate_href(*, project: Project) -> Callable[[str], str]:
-    """``sha -> the candidate page's URL``, reversing the route once: the campaign page links
-    thousands of points, and ``reverse`` per link was a quarter of its time."""
-    placeholder = "0" * 40
-    head, tail = reverse("web:candidate", args=[project.slug, placeholder]).rsplit(placeholder, 1)
-    return lambda sha: f"{head}{sha}{tail}"
+    return route_href(project=project, route="web:candidate", placeholder="0" * 40)
+
+
+def rollout_href(*, project: Project) -> Callable[[Any], str]:
+    return route_href(project=project, route="web:rollout", placeholder=str(uuid.UUID(int=0)))
 
 
 def lineage_nodes(
@@ -339,6 +350,52 @@ def pareto_points(
         and p.validation_score is not None
         and p.tokens_per_task is not None
     ]
+
+
+# --- comparisons -----------------------------------------------------------------------------
+
+# The most flipped tasks the comparison page lists unless asked for all (two evaluations of
+# 1,000 tasks can flip 700).
+FLIP_TABLE_ROWS = 200
+FLIP_NAMES = ("fixed", "broken", "improved", "regressed")
+
+
+@dataclass(frozen=True)
+class FlipLine:
+    row: FlipRow
+    reference_href: str | None
+    candidate_href: str | None
+
+
+@dataclass(frozen=True)
+class FlipTable:
+    lines: list[FlipLine]
+    total: int  # the flipped tasks of ``flip`` (all kinds when None)
+    flip: str | None
+
+
+def flip_table(
+    *,
+    project: Project,
+    comparison: EvaluationComparison,
+    flip: str | None,
+    show_all: bool,
+    size: int = FLIP_TABLE_ROWS,
+) -> FlipTable:
+    """The comparison's flipped tasks of one kind (``flip``; all kinds when None or unknown),
+    the first ``size`` unless ``show_all``, each with links to a rollout of either side."""
+    flip = flip if flip in FLIP_NAMES else None
+    rows = [row for row in comparison.flips if flip is None or row.flip == flip]
+    href = rollout_href(project=project)
+    lines = [
+        FlipLine(
+            row,
+            href(row.reference_rollout) if row.reference_rollout else None,
+            href(row.candidate_rollout) if row.candidate_rollout else None,
+        )
+        for row in (rows if show_all else rows[:size])
+    ]
+    return FlipTable(lines, len(rows), flip)
 
 
 # --- suites ----------------------------------------------------------------------------------

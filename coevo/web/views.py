@@ -40,6 +40,8 @@ from coevo.suites.selectors import suite_list, task_is_sealed
 from coevo.web.access import project_view
 from coevo.web.highlight import diff_files, file_view
 from coevo.web.presenters import (
+    FLIP_NAMES,
+    flip_table,
     membership_role,
     project_summaries_for_user,
     task_prompt,
@@ -276,5 +278,20 @@ def evaluation_comparison(request: HttpRequest, project: Project) -> HttpRespons
         comparison = evaluation_compare(reference=reference, candidate=candidate)
     except CoevoError as exc:
         return render(request, "web/comparison.html", {**context, "error": str(exc)}, status=400)
-    context.update(comparison=comparison, statistics=comparison.statistics)
+    table = flip_table(
+        project=project,
+        comparison=comparison,
+        flip=request.GET.get("flip"),
+        show_all=request.GET.get("all") == "1",
+    )
+    query = {"reference": reference.id, "candidate": candidate.id}
+    context.update(
+        comparison=comparison,
+        statistics=comparison.statistics,
+        flips=table,
+        flip_names=FLIP_NAMES,
+        # Links that keep the pair: one kind of flip, or all of the shown kind.
+        flip_query=urlencode(query),
+        all_query=urlencode({**query, **({"flip": table.flip} if table.flip else {}), "all": 1}),
+    )
     return render(request, "web/comparison.html", context)

@@ -127,6 +127,13 @@ def test_it_compares_two_evaluations_with_links_to_both_traces(
     theirs = candidate.rollouts.get(task=fixed_task.task)
     assert reverse("web:rollout", args=[project.slug, fixed_task.id]) in html
     assert reverse("web:rollout", args=[project.slug, theirs.id]) in html
+    # Each kind of flip is a filter; the table then lists that kind only.
+    assert re.search(r'class="flip-filter" href="\?reference=[^"]+flip=fixed"', html)
+    query = {"reference": reference.id, "candidate": candidate.id, "flip": "fixed"}
+    filtered = text(client.get(url, query))
+    assert filtered.count('<tr class="flip-fixed">') == 2
+    assert '<tr class="flip-broken">' not in filtered
+    assert "All 2" in plain(client.get(url, query))
     # The evaluation page offers the comparison.
     page = text(client.get(reverse("web:evaluation", args=[project.slug, candidate.id])))
     assert 'id="compare-form"' in page
