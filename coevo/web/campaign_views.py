@@ -147,7 +147,7 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
         ),
         "front": front,
         "plots": plots,
-        "rows": proposal_rows(proposals=window.proposals),
+        "rows": proposal_rows(project=project, proposals=window.proposals),
         "window": window,
         "lineage_left_out": lineage.left_out,
         "rounds": campaign_rounds(campaign=campaign, limit=ROUNDS_SHOWN) if raced else [],
