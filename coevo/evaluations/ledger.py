@@ -131,8 +131,11 @@ def budget_reserve(
 def budget_settle(
     *, budget: Budget, reserved: Amount, actual: Amount, rollout: Rollout | None, note: str = ""
 ) -> None:
-    """Release a reservation and record what was actually spent (may differ either way)."""
-    with transaction.atomic():
+    """Release a reservation and record what was actually spent (may differ either way).
+
+    Inside a caller's transaction it takes no savepoint of its own (it raises nothing a caller
+    could want to go on after): a worker settles every rollout it finishes."""
+    with transaction.atomic(savepoint=False):
         for account in _chain(budget):
             Budget.objects.filter(id=account.id).update(
                 **{f"reserved_{f}": F(f"reserved_{f}") - getattr(reserved, f) for f in _FIELDS},

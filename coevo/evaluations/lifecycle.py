@@ -65,7 +65,7 @@ def evaluation_advance(*, evaluation_id: Any) -> None:
             _finish_if_done(evaluation)
             return
         stage_rollouts = Rollout.objects.filter(evaluation=evaluation, stage=stage.index)
-        open_in_stage = stage_rollouts.filter(state__in=_OPEN_ROLLOUT).count()
+        open_in_stage = stage_rollouts.filter(state__in=_OPEN_ROLLOUT).exists()
 
         decision = _early_stop_decision(evaluation, stage)
         if decision is not None:
@@ -110,6 +110,29 @@ def evaluation_advance(*, evaluation_id: Any) -> None:
         ).exists()
     ):
         evaluation_advance(evaluation_id=evaluation_id)
+
+
+def evaluation_rollout_ended(*, rollout: Rollout) -> None:
+    """``evaluation_advance`` after one of the evaluation's rollouts ended, skipped (one query,
+    no lock) when it could not move anything: the evaluation is not paced, cannot stop early,
+    and another rollout of the same stage is still open.
+
+    Of the last two rollouts of a stage, the later to commit always sees the other one done
+    (each looks only after its own ending committed), so one of them advances.
+    """
+    evaluation = rollout.evaluation  # plan, reference and pacing are fixed at creation
+    may_stop_early = (
+        bool(evaluation.reference_id) and EvaluationPlan.from_dict(evaluation.plan).early_stop
+    )
+    if (
+        not evaluation.paced
+        and not may_stop_early
+        and Rollout.objects.filter(
+            evaluation_id=evaluation.id, stage=rollout.stage, state__in=_OPEN_ROLLOUT
+        ).exists()
+    ):
+        return
+    evaluation_advance(evaluation_id=evaluation.id)
 
 
 def evaluation_cancel(*, evaluation: Evaluation, reason: str = "cancelled by a user") -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from coevo.errors import (
@@ -126,11 +126,18 @@ def policy_version_create(
 
 
 def policy_version_endpoints(*, version: PolicyVersion) -> list[PolicyEndpoint]:
-    """The endpoints serving a version: its primary endpoint first, then its replicas."""
-    endpoints = [version.endpoint]
-    if version.pk is not None and not version._state.adding:
-        endpoints += [e for e in version.replicas.all() if e.pk != version.endpoint_id]
-    return endpoints
+    """The endpoints serving a version, as written now (health included, however long ago the
+    version was loaded): its primary endpoint first, then its replicas by name. One query: a
+    worker asks for every rollout."""
+    if version.pk is None or version._state.adding:  # a version not saved: its endpoint alone
+        endpoint = version.endpoint
+        if endpoint.pk is not None and not endpoint._state.adding:
+            endpoint = PolicyEndpoint.objects.filter(pk=endpoint.pk).first() or endpoint
+        return [endpoint]
+    serving = PolicyEndpoint.objects.filter(
+        Q(pk=version.endpoint_id) | Q(replica_versions=version)
+    ).distinct()
+    return sorted(serving, key=lambda e: (e.pk != version.endpoint_id, e.name))
 
 
 # Round robin among healthy endpoints, per worker process (so replicas share the load).
@@ -147,9 +154,6 @@ def policy_client_for(*, version: PolicyVersion) -> RoutedPolicyClient:
     it sends there.
     """
     endpoints = policy_version_endpoints(version=version)
-    # Health as written now (the version may have been loaded long before, with its endpoint).
-    fresh = PolicyEndpoint.objects.in_bulk([e.pk for e in endpoints if e.pk is not None])
-    endpoints = [fresh.get(e.pk, e) for e in endpoints]
     healthy = [e for e in endpoints if e.healthy]
     if healthy:
         shift = next(_turn) % len(healthy)

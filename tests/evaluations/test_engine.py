@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from coevo.errors import BudgetExceeded, InvalidInput, InvalidState
@@ -101,6 +103,38 @@ def test_it_runs_a_staged_plan_one_stage_at_a_time(seed_candidate, humaneval_sui
     assert evaluation.state == EvaluationState.FINISHED
     assert evaluation.stop_reason == ""
     assert [s.state for s in evaluation.stages.order_by("index")] == [StageState.PASSED] * 3
+
+
+def test_a_rollout_ending_before_the_rest_of_its_stage_takes_no_lock(
+    seed_candidate, humaneval_suite, policy_version
+):
+    # Workers end rollouts by the thousand: only an ending that can move the evaluation (the
+    # stage's last open rollout) locks its row; the others look once and leave it alone.
+    evaluation = create(
+        seed_candidate,
+        humaneval_suite,
+        policy_version,
+        task_limit=6,
+        plan=EvaluationPlan(smoke_tasks=2),
+    )
+    first, second = (
+        rollout_claim(rollout_id=r.id, worker="test") for r in stage_rollouts(evaluation, 0)
+    )
+
+    def finish(rollout: Rollout) -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            rollout_finish(rollout=rollout, outcome=Outcome.PASSED, score=1.0, detail="ok")
+        return [q["sql"] for q in captured.captured_queries]
+
+    assert not any("FOR UPDATE" in sql for sql in finish(first))
+    evaluation.refresh_from_db()
+    assert evaluation.stage == 0
+    assert any("FOR UPDATE" in sql for sql in finish(second))
+    evaluation.refresh_from_db()
+    assert evaluation.stage == 1
+    assert evaluation.stages.get(index=0).state == StageState.PASSED
+    assert first.state == second.state == RolloutState.DONE  # the instances as written
+    assert Rollout.objects.get(id=first.id).finished_at == first.finished_at
 
 
 def test_it_stops_after_a_harness_error_in_the_smoke_stage(

@@ -70,9 +70,10 @@ def rollout_claim(*, rollout_id: Any, worker: str) -> Rollout | None:
     )
     if claimed != 1:
         return None
+    # The policy's endpoints are read when its client is made (their health as written now).
     rollout = Rollout.objects.select_related(
         "evaluation__candidate__project",
-        "evaluation__policy_version__endpoint",
+        "evaluation__policy_version",
         "evaluation__suite",
         "task",
     ).get(id=rollout_id)
@@ -182,7 +183,6 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
         model_calls=result.model_calls,
         latency_ms=latency_ms,
     )
-    rollout.refresh_from_db()
     return rollout
 
 
@@ -260,24 +260,27 @@ def rollout_finish(
     it went wrong (workers/outcomes.py); ``detail`` is for people and is never parsed.
     The swap also matches the attempt: a worker the watchdog gave up on (its rollout was
     requeued and claimed again) cannot overwrite the result of the newer attempt.
+    ``rollout`` ends up as written: the values set here, or the row read again when the swap
+    did not match.
     """
     error_kind = _stored_error_kind(outcome, error_kind)
+    written = {
+        "state": RolloutState.DONE,
+        "outcome": outcome,
+        "error_kind": error_kind,
+        "score": score,
+        "detail": detail[:10000],
+        "answer": answer,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "model_calls": model_calls,
+        "latency_ms": latency_ms,
+        "finished_at": timezone.now(),
+    }
     with transaction.atomic():
         finished = Rollout.objects.filter(
             id=rollout.id, state=RolloutState.RUNNING, attempts=rollout.attempts
-        ).update(
-            state=RolloutState.DONE,
-            outcome=outcome,
-            error_kind=error_kind,
-            score=score,
-            detail=detail[:10000],
-            answer=answer,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            model_calls=model_calls,
-            latency_ms=latency_ms,
-            finished_at=timezone.now(),
-        )
+        ).update(**written)
         if finished:
             budget = Budget.objects.filter(evaluation_id=rollout.evaluation_id).first()
             if budget is not None:
@@ -297,10 +300,15 @@ def rollout_finish(
         detail[:200],
     )
     if finished:
+        for field, value in written.items():
+            setattr(rollout, field, value)
+    else:
+        rollout.refresh_from_db()
+    if finished:
         metrics.rollout_finished(outcome=outcome, error_kind=error_kind, seconds=latency_ms / 1000)
-        from coevo.evaluations.lifecycle import evaluation_advance
+        from coevo.evaluations.lifecycle import evaluation_rollout_ended
 
-        evaluation_advance(evaluation_id=rollout.evaluation_id)
+        evaluation_rollout_ended(rollout=rollout)
     return finished == 1
 
 
