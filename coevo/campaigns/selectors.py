@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -80,6 +81,7 @@ class ProposalPoint:
     sha: str | None
     candidate_parents: list[str]  # the commit's own parents
     subject: str
+    rollouts_saved: int = 0
 
     @property
     def is_final(self) -> bool:
@@ -104,6 +106,7 @@ _POINT_COLUMNS = (
     "candidate__sha",
     "candidate__parent_shas",
     "message_head",
+    "rollouts_saved",
 )
 # Enough of a commit message for its subject line (a proposer's message may run to pages).
 _SUBJECT_CHARS = 200
@@ -133,6 +136,7 @@ def campaign_points(*, campaign: Campaign) -> list[ProposalPoint]:
             sha=row[10],
             candidate_parents=list(row[11] or []),
             subject=_subject(row[12] or ""),
+            rollouts_saved=row[13],
         )
         for row in rows
     ]
@@ -220,20 +224,26 @@ def _scaled(value: int, scale: int) -> int | float:
     return value // scale if value % scale == 0 else round(value / scale, 1)
 
 
-def campaign_progress(*, campaign: Campaign) -> CampaignProgress:
-    counts = dict(
-        Proposal.objects.filter(campaign=campaign)
-        .exclude(kind=ProposerKind.SEED)
-        .values_list("state")
-        .annotate(n=Count("id"))
-        .values_list("state", "n")
-    )
+def campaign_progress(
+    *, campaign: Campaign, points: list[ProposalPoint] | None = None
+) -> CampaignProgress:
+    """Proposals by state (the seed not counted), the budget and what racing saved; from
+    ``points`` when the caller has read them (``campaign_points``), else two aggregates."""
+    if points is None:
+        counts = dict(
+            Proposal.objects.filter(campaign=campaign)
+            .exclude(kind=ProposerKind.SEED)
+            .values_list("state")
+            .annotate(n=Count("id"))
+            .values_list("state", "n")
+        )
+        saved = campaign_rollouts_saved(campaign=campaign)
+    else:
+        counts = dict(Counter(p.state for p in points if p.kind != ProposerKind.SEED))
+        saved = sum(p.rollouts_saved for p in points)
     budget = Budget.objects.get(id=campaign.budget_id)
     return CampaignProgress(
-        proposals=sum(counts.values()),
-        by_state=counts,
-        budget=budget,
-        rollouts_saved=campaign_rollouts_saved(campaign=campaign),
+        proposals=sum(counts.values()), by_state=counts, budget=budget, rollouts_saved=saved
     )
 
 

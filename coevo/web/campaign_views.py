@@ -115,7 +115,7 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
     # whole rows of one window only (a campaign may hold 2,000 proposals).
     points = campaign_points(campaign=campaign)
     front = campaign_pareto_front(campaign=campaign, proposals=points)
-    progress = campaign_progress(campaign=campaign)
+    progress = campaign_progress(campaign=campaign, points=points)
     lineage = campaign_lineage(project=project, campaign=campaign, points=points)
     window = proposal_window(
         campaign=campaign, before=request.GET.get("before"), size=PROPOSAL_TABLE_ROWS

@@ -12,7 +12,11 @@ import pytest
 from coevo.campaigns.models import CampaignState, Proposal, ProposalState
 from coevo.campaigns.racing import RACE_AHEAD_TASKS
 from coevo.campaigns.runner import campaign_advance
-from coevo.campaigns.selectors import campaign_progress, campaign_rollouts_saved
+from coevo.campaigns.selectors import (
+    campaign_points,
+    campaign_progress,
+    campaign_rollouts_saved,
+)
 from coevo.campaigns.services import (
     campaign_create,
     campaign_pause,
@@ -83,7 +87,11 @@ def test_it_eliminates_the_clearly_worse_proposal_and_validates_the_survivors(
     assert ran <= meh.eliminated_after_tasks + RACE_AHEAD_TASKS
     assert meh.rollouts_saved == SEARCH_TASKS - ran > 0
     assert campaign_rollouts_saved(campaign=campaign) == meh.rollouts_saved
-    assert campaign_progress(campaign=campaign).rollouts_saved == meh.rollouts_saved
+    progress = campaign_progress(campaign=campaign)
+    assert progress.rollouts_saved == meh.rollouts_saved
+    # The campaign page counts from the points it already read: the same figures.
+    from_points = campaign_progress(campaign=campaign, points=campaign_points(campaign=campaign))
+    assert from_points == progress and from_points.by_state == progress.by_state
     search = Evaluation.objects.get(id=meh.search_evaluation_id)
     assert search.state == EvaluationState.CANCELLED
     assert not Rollout.objects.filter(
