@@ -4,9 +4,12 @@ the seed harness and a child of it, and HumanEval. Builders: tests/support/facto
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from celery.contrib.testing.worker import start_worker
 from django.db import connection
+from django.db.backends.signals import connection_created
 
 from coevo.celery import app
 from coevo.projects.models import Project, Role
@@ -154,16 +157,33 @@ def celery_worker_threads(transactional_db, settings):
 def _worker(settings, *, pool: str, concurrency: int):
     assert not settings.CELERY_BROKER_URL.startswith("filesystem"), "tests need CELERY_BROKER_URL"
     app.control.purge()
-    with start_worker(
-        app,
-        pool=pool,
-        concurrency=concurrency,
-        perform_ping_check=False,
-        queues=["rollouts", "default", "training"],
-        loglevel="WARNING",
-        shutdown_timeout=30,
-    ) as worker:
-        yield worker
+    # A worker's threads keep their database connections from task to task (as in
+    # production, where they live as long as the process): close them when this worker
+    # stops, or each test's worker would leave its connections open until garbage collection.
+    opened = []
+
+    def track(sender, connection, **_):
+        if threading.current_thread() is not threading.main_thread():
+            opened.append((threading.current_thread(), connection))
+
+    connection_created.connect(track, weak=False)
+    try:
+        with start_worker(
+            app,
+            pool=pool,
+            concurrency=concurrency,
+            perform_ping_check=False,
+            queues=["rollouts", "default", "training"],
+            loglevel="WARNING",
+            shutdown_timeout=30,
+        ) as worker:
+            yield worker
+    finally:
+        connection_created.disconnect(track)
+        for thread, wrapper in opened:
+            raw = wrapper.connection
+            if not thread.is_alive() and raw is not None and not raw.closed:
+                raw.close()  # its thread has ended: closed from here
     connection.close()
 
 

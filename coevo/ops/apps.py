@@ -7,5 +7,6 @@ class OpsConfig(AppConfig):
 
     def ready(self) -> None:
         # Worker start and stop: the heartbeat row and thread, the worker metrics server, and
-        # log ids per task (Celery signals; every worker loads the Django apps first).
-        from coevo.ops import heartbeats  # noqa: F401
+        # log ids per task; database connections kept across tasks, closed when old or broken
+        # (Celery signals; every worker loads the Django apps first).
+        from coevo.ops import heartbeats, task_connections  # noqa: F401

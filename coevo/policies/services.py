@@ -126,10 +126,19 @@ def policy_version_create(
 
 
 def policy_version_endpoints(*, version: PolicyVersion) -> list[PolicyEndpoint]:
-    """The endpoints serving a version, as written now (health included, however long ago the
-    version was loaded): its primary endpoint first, then its replicas by name. One query: a
-    worker asks for every rollout."""
-    if version.pk is None or version._state.adding:  # a version not saved: its endpoint alone
+    """The endpoints serving a version: its primary endpoint first (as loaded with the
+    version), then its replicas."""
+    endpoints = [version.endpoint]
+    if version.pk is not None and not version._state.adding:
+        endpoints += [e for e in version.replicas.all() if e.pk != version.endpoint_id]
+    return endpoints
+
+
+def _endpoints_now(*, version: PolicyVersion) -> list[PolicyEndpoint]:
+    """The endpoints serving a saved version as written now (health included, however long
+    ago the version was loaded): its primary endpoint first, then its replicas by name. One
+    query: a worker asks for every rollout."""
+    if version.pk is None or version._state.adding:  # a version not saved: its endpoint
         endpoint = version.endpoint
         if endpoint.pk is not None and not endpoint._state.adding:
             endpoint = PolicyEndpoint.objects.filter(pk=endpoint.pk).first() or endpoint
@@ -153,7 +162,7 @@ def policy_client_for(*, version: PolicyVersion) -> RoutedPolicyClient:
     vLLM or llama.cpp endpoint gets the adapter loaded (and verified) before the first request
     it sends there.
     """
-    endpoints = policy_version_endpoints(version=version)
+    endpoints = _endpoints_now(version=version)
     healthy = [e for e in endpoints if e.healthy]
     if healthy:
         shift = next(_turn) % len(healthy)

@@ -1,0 +1,26 @@
+"""Database connections across a worker's tasks: kept, as Django keeps them across requests.
+
+Celery's Django fixup would close every connection before and after each task; with
+``CELERY_DB_REUSE_MAX`` set (coevo.settings) it does not, and these handlers do what Django
+does around a request instead: close a connection that is past ``CONN_MAX_AGE`` or that saw an
+error and no longer answers, and keep the rest. A worker thread then opens one PostgreSQL
+connection and uses it for many rollouts, instead of one connection (and one backend process)
+per rollout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.signals import task_postrun, task_prerun
+from django.db import close_old_connections
+
+
+@task_prerun.connect
+def _before_task(**_: Any) -> None:
+    close_old_connections()
+
+
+@task_postrun.connect
+def _after_task(**_: Any) -> None:
+    close_old_connections()
