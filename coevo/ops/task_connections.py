@@ -17,10 +17,18 @@ from django.db import close_old_connections
 
 
 @task_prerun.connect
-def _before_task(**_: Any) -> None:
-    close_old_connections()
+def _before_task(task: Any = None, **_: Any) -> None:
+    if not _eager(task):
+        close_old_connections()
 
 
 @task_postrun.connect
-def _after_task(**_: Any) -> None:
-    close_old_connections()
+def _after_task(task: Any = None, **_: Any) -> None:
+    if not _eager(task):
+        close_old_connections()
+
+
+def _eager(task: Any) -> bool:
+    """A task run in its caller's thread (``apply()``): the connection is the caller's, maybe
+    inside its transaction, and not the worker's to close."""
+    return bool(getattr(getattr(task, "request", None), "is_eager", False))
