@@ -299,17 +299,16 @@ def rollout_finish(
         outcome,
         detail[:200],
     )
-    if finished:
-        for field, value in written.items():
-            setattr(rollout, field, value)
-    else:
+    if not finished:
         rollout.refresh_from_db()
-    if finished:
-        metrics.rollout_finished(outcome=outcome, error_kind=error_kind, seconds=latency_ms / 1000)
-        from coevo.evaluations.lifecycle import evaluation_rollout_ended
+        return False
+    for field, value in written.items():
+        setattr(rollout, field, value)
+    metrics.rollout_finished(outcome=outcome, error_kind=error_kind, seconds=latency_ms / 1000)
+    from coevo.evaluations.lifecycle import evaluation_rollout_ended
 
-        evaluation_rollout_ended(rollout=rollout)
-    return finished == 1
+    evaluation_rollout_ended(rollout=rollout)
+    return True
 
 
 def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> Any:
