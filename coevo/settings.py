@@ -175,6 +175,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
+    # kombu's filesystem transport with its two races closed (a message read before it was
+    # written, a message taken by two workers): coevo/fs_broker.py.
+    CELERY_BROKER_TRANSPORT = "coevo.fs_broker:Transport"
 else:
     # Above the rollout hard time limit, so a task held by a live worker is never redelivered.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 3600}

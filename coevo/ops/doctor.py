@@ -213,6 +213,7 @@ def check_broker() -> CheckResult:
     try:
         with Connection(
             url,
+            transport=getattr(settings, "CELERY_BROKER_TRANSPORT", None),
             transport_options=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}),
             connect_timeout=3,
         ) as conn:
