@@ -212,6 +212,8 @@ class WarmPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._zygotes: dict[tuple[Any, ...], Zygote] = {}
+        # Out of the pool, their bwrap processes not yet reaped (closed outside the lock).
+        self._closing: set[Zygote] = set()
         self._starting: dict[tuple[Any, ...], threading.Event] = {}
         self.unavailable = ""
         # Zygotes start from one long-lived thread: bwrap's --die-with-parent follows the
@@ -245,10 +247,11 @@ class WarmPool:
         return process
 
     def zygote_pids(self) -> list[int]:
-        """The live zygotes' bwrap processes (children of this process that outlive rollouts)."""
+        """The zygotes' bwrap processes (children of this process that outlive rollouts): the
+        live ones, and any still being closed."""
         self._evict()
         with self._lock:
-            return [z.process.pid for z in self._zygotes.values()]
+            return [z.process.pid for z in [*self._zygotes.values(), *self._closing]]
 
     def in_flight(self) -> int:
         with self._lock:
@@ -258,20 +261,39 @@ class WarmPool:
         """Close every zygote (tests; a worker's zygotes otherwise die with it)."""
         with self._lock:
             zygotes, self._zygotes = list(self._zygotes.values()), {}
+            self._closing.update(zygotes)
+        self._close_out_of_pool(zygotes)
+
+    def _close_out_of_pool(self, zygotes: list[Zygote]) -> None:
+        """Close zygotes already taken out of the pool (and put in ``_closing``, so that they
+        are still counted as zygotes until their bwrap processes are reaped): outside the
+        lock, since closing waits for the process."""
         for zygote in zygotes:
-            zygote.close()
+            try:
+                zygote.close()
+            finally:
+                with self._lock:
+                    self._closing.discard(zygote)
 
     def _zygote(self, key: tuple[Any, ...], **options: Any) -> Zygote | None:
         while True:
+            dead = None
             with self._lock:
                 zygote = self._zygotes.get(key)
                 if zygote is not None and not zygote.closed:
                     zygote.last_used = time.monotonic()
                     return zygote
-                starting = self._starting.get(key)
-                if starting is None:
-                    self._starting[key] = threading.Event()
-                    break
+                if zygote is not None:  # it died under its rollouts: reaped before replaced
+                    dead = self._zygotes.pop(key)
+                    self._closing.add(dead)
+                else:
+                    starting = self._starting.get(key)
+                    if starting is None:
+                        self._starting[key] = threading.Event()
+                        break
+            if dead is not None:
+                self._close_out_of_pool([dead])
+                continue
             starting.wait(START_TIMEOUT_S + 5)
             if self.unavailable:
                 return None
@@ -351,8 +373,8 @@ class WarmPool:
             ]
             for zygote in doomed:
                 self._zygotes.pop(zygote.key, None)
-        for zygote in dead + doomed:
-            zygote.close()
+            self._closing.update(dead + doomed)
+        self._close_out_of_pool(dead + doomed)
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or not self._reaper.is_alive():

@@ -256,6 +256,9 @@ def test_a_dead_zygote_ends_its_rollouts_and_the_next_rollout_starts_another(
     assert rollout(harness, scripted_policy.url).outcome == Outcome.PASSED
     (again,) = warm.pool().zygote_pids()
     assert again != zygote
+    # The dead one was reaped, not left a zombie (kill(pid, 0) still finds a zombie).
+    with pytest.raises(ProcessLookupError):
+        os.kill(zygote, 0)
 
 
 def test_where_a_zygote_cannot_start_rollouts_run_cold_after_one_warning(

@@ -5,7 +5,7 @@ The zygote runs inside a bubblewrap sandbox of the candidate's tree (read-only s
 and tree, no network), as root of the worker's user namespace with only the capabilities
 it needs to make sandboxes: CAP_SYS_ADMIN (namespaces and mounts), CAP_SETUID/CAP_SETGID (the
 drop to the rollout's uid), CAP_NET_ADMIN (the new loopback) and CAP_KILL (B's parent-death
-signal comes from A, root, to B, the rollout's uid: the kernel checks it as it checks kill(2)). It never runs harness code
+signal comes from the zygote, root, to B, the rollout's uid: the kernel checks it as it checks kill(2)). It never runs harness code
 and imports nothing but the standard library and this runtime, so every rollout starts from
 the same state: none of a rollout's code, files, processes or memory can reach the next.
 
@@ -13,15 +13,21 @@ The worker speaks to it over its stdin, a SOCK_SEQPACKET socket: ``spawn`` reque
 object plus the rollout's stdin, stdout and stderr pipes as SCM_RIGHTS) and ``kill``; it
 answers ``ready`` once, then ``exited`` for each rollout. Each rollout:
 
-- A (forked here) unshares new mount, PID, network, IPC and UTS namespaces, forks B and
-  waits for it, then exits as B did (so the zygote can kill A and everything dies);
-- B, PID 1 of the new PID namespace, dies with A (PR_SET_PDEATHSIG), makes its mounts
-  private, mounts a new /proc, a fresh size-capped /tmp and /dev/shm and a new devpts, brings
-  up its own loopback, applies the rollout's rlimits and nice level, switches to the rollout's
-  uid (which clears every capability: bwrap set no_new_privs, so none comes back), forks C and
-  reaps orphans until C exits;
+- the zygote makes its next child's PID namespace a new one (unshare, then setns back to its
+  own right after the fork) and forks B;
+- B, PID 1 of the new PID namespace, dies with the zygote (PR_SET_PDEATHSIG), unshares new
+  mount, network, IPC and UTS namespaces, makes its mounts private, mounts a new /proc, a
+  fresh size-capped /tmp and /dev/shm and a new devpts, brings up its own loopback, applies
+  the rollout's rlimits and nice level, switches to the rollout's uid (which clears every
+  capability: bwrap set no_new_privs, so none comes back), forks C and reaps orphans until C
+  exits; the zygote kills a rollout by killing B, which ends its PID namespace and everything
+  in it;
 - C takes the pipes as its stdin, stdout and stderr, closes every other descriptor and runs
   ``coevo_runtime``'s ``main`` in its own session.
+
+A rollout is two forks of the zygote's interpreter, not three (an intermediate process that
+unshared the namespaces and waited for B cost a fork, its copy-on-write faults and its exit:
+about a fifth of a warm sandbox's CPU).
 
 Failures before the harness runs are written to the rollout's stderr as ``bwrap: ...`` (the
 channel reports them as the sandbox failing, an infra_error), as bwrap's own are.
@@ -57,6 +63,7 @@ _CLONE_NEWNET = 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MS_REC, _MS_PRIVATE = 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
+_SYS_PIDFD_OPEN = 434  # the same number on every architecture (Linux 5.3)
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _CAPABILITY_VERSION_3 = 0x20080522
 
@@ -97,7 +104,11 @@ class Zygote:
     def __init__(self, control: socket.socket, probe_uid: int) -> None:
         self.control = control
         self.probe_uid = probe_uid
-        self.children: dict[int, int] = {}  # A's pid -> the request's id
+        self.children: dict[int, int] = {}  # B's pid -> the request's id
+        # The zygote's own PID namespace, to go back to after each rollout's new one, and a
+        # pidfd of the zygote, which each B polls to learn whether the zygote is still alive.
+        self.pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.pidfd = _pidfd_open(os.getpid())
         self.wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
@@ -126,9 +137,14 @@ class Zygote:
         """Make one rollout sandbox that runs nothing: None when it worked, else why not."""
         err_r, err_w = os.pipe()
         null = os.open(os.devnull, os.O_RDWR)
-        pid = self.fork_rollout({"uid": self.probe_uid, "probe": True}, [null, null, err_w])
-        os.close(err_w)
-        os.close(null)
+        try:
+            pid = self.fork_rollout({"uid": self.probe_uid, "probe": True}, [null, null, err_w])
+        except (SetupFailed, OSError) as exc:
+            os.close(err_r)
+            return f"bwrap: coevo's warm sandbox failed: {exc}"
+        finally:
+            os.close(err_w)
+            os.close(null)
         _, status = os.waitpid(pid, 0)
         error = os.read(err_r, 4096).decode(errors="replace").strip()
         os.close(err_r)
@@ -154,7 +170,8 @@ class Zygote:
         elif request.get("op") == "spawn" and len(fds) == 3:
             try:
                 pid = self.fork_rollout(request, fds)
-            except OSError as exc:  # out of processes or memory: the worker retries elsewhere
+            except (OSError, SetupFailed) as exc:  # out of processes or memory: the worker
+                # retries elsewhere
                 self.send({"op": "exited", "id": request["id"], "status": -1, "error": str(exc)})
             else:
                 self.children[pid] = request["id"]
@@ -164,7 +181,14 @@ class Zygote:
         return True
 
     def fork_rollout(self, request: dict[str, Any], fds: list[int]) -> int:
-        pid = os.fork()
+        # The next child (and only it) is PID 1 of a new PID namespace: unshare sets the
+        # namespace for children, setns puts it back for the zygote.
+        _check(_libc.unshare(_CLONE_NEWPID), "unshare")
+        try:
+            pid = os.fork()
+        except BaseException:
+            _check(_libc.setns(self.pid_ns, _CLONE_NEWPID), "setns")
+            raise
         if pid == 0:
             code = 126
             try:
@@ -172,10 +196,12 @@ class Zygote:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 self.control.close()
                 os.close(self.wakeup_r)
-                code = _rollout_parent(request, fds)
+                os.close(self.pid_ns)
+                code = _rollout_init(request, fds, self.pidfd)
             except BaseException:
                 _write_error(fds[2], f"bwrap: coevo's warm sandbox failed: {_last_error()}")
             os._exit(code)
+        _check(_libc.setns(self.pid_ns, _CLONE_NEWPID), "setns")
         return pid
 
     def reap(self) -> None:
@@ -218,45 +244,14 @@ def _write_error(fd: int, text: str) -> None:
         os.write(fd, text.encode(errors="replace")[:4000] + b"\n")
 
 
-# --- A: the new namespaces ------------------------------------------------------------------
-
-
-def _rollout_parent(request: dict[str, Any], fds: list[int]) -> int:
-    """In A: new namespaces, then B; A ends as B ended."""
-    _check(
-        _libc.unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS),
-        "unshare",
-    )
-    alive_r, alive_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 126
-        try:
-            os.close(alive_w)
-            code = _rollout_init(request, fds, alive_r)
-        except BaseException:
-            _write_error(fds[2], f"bwrap: coevo's warm sandbox failed: {_last_error()}")
-        os._exit(code)
-    os.close(alive_r)
-    _close(fds)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    if os.WIFSIGNALED(status):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(status))
-    return os.waitstatus_to_exitcode(status) & 0xFF
-
-
 # --- B: PID 1 of the rollout's sandbox --------------------------------------------------------
 
 
-def _rollout_init(request: dict[str, Any], fds: list[int], alive_r: int) -> int:
+def _rollout_init(request: dict[str, Any], fds: list[int], zygote: int) -> int:
+    """In B: PID 1 of the rollout's PID namespace; ``zygote`` is the zygote's pidfd."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    _exit_if_orphaned(alive_r)
+    _exit_if_orphaned(zygote)
+    _check(_libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS), "unshare")
     limits = request.get("limits", {})
     _mount("", "/", None, _MS_REC | _MS_PRIVATE, None)
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
@@ -278,9 +273,11 @@ def _rollout_init(request: dict[str, Any], fds: list[int], alive_r: int) -> int:
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
     _clear_inheritable_capabilities()
-    # A change of uid clears the parent-death signal: set it again, and check A is still there.
+    # A change of uid clears the parent-death signal: set it again, and check the zygote is
+    # still there.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    _exit_if_orphaned(alive_r)
+    _exit_if_orphaned(zygote)
+    os.close(zygote)
     if request.get("probe"):
         return 0 if _capabilities_gone() else 125
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -288,7 +285,6 @@ def _rollout_init(request: dict[str, Any], fds: list[int], alive_r: int) -> int:
     if pid == 0:
         code = 126
         try:
-            os.close(alive_r)
             code = _rollout_harness(request, fds)
         except BaseException:
             _write_error(fds[2], f"bwrap: coevo's warm sandbox failed: {_last_error()}")
@@ -308,11 +304,19 @@ def _rollout_init(request: dict[str, Any], fds: list[int], alive_r: int) -> int:
             return os.WEXITSTATUS(status)
 
 
-def _exit_if_orphaned(alive_r: int) -> None:
-    """A holds the other end of ``alive_r``: a hang-up means it is gone."""
-    ready, _, _ = select.select([alive_r], [], [], 0)
+def _exit_if_orphaned(zygote: int) -> None:
+    """The zygote's pidfd is readable once the zygote has exited: B was orphaned before its
+    parent-death signal was set, so none will come."""
+    ready, _, _ = select.select([zygote], [], [], 0)
     if ready:
         os._exit(137)
+
+
+def _pidfd_open(pid: int) -> int:
+    fd = _libc.syscall(_SYS_PIDFD_OPEN, pid, 0)
+    if fd < 0:
+        raise SetupFailed(f"pidfd_open: {os.strerror(ctypes.get_errno())}")
+    return fd
 
 
 def _loopback_up() -> None:
