@@ -8,5 +8,6 @@ class OpsConfig(AppConfig):
     def ready(self) -> None:
         # Worker start and stop: the heartbeat row and thread, the worker metrics server, and
         # log ids per task; database connections kept across tasks, closed when old or broken
-        # (Celery signals; every worker loads the Django apps first).
-        from coevo.ops import heartbeats, task_connections  # noqa: F401
+        # (Celery signals; every worker loads the Django apps first); the worker's start-up
+        # objects frozen out of the garbage collector's full collections.
+        from coevo.ops import heartbeats, task_connections, worker_gc  # noqa: F401
