@@ -30,6 +30,7 @@ import httpx
 
 from coevo.errors import AdapterLoadFailed, PolicyRequestRejected, PolicyUnavailable
 from coevo.policies.concurrency import EndpointLimiter, limiter_slot
+from coevo.policies.http import JsonHttp, TransportError
 from workers import metrics
 from workers.policy import Completion, Sampling
 
@@ -76,7 +77,6 @@ class PolicyClient:
         timeout_s: float = 300.0,
         retries: int = 4,
         backoff_s: float = 0.5,
-        transport: httpx.BaseTransport | None = None,
         limiter: EndpointLimiter | None = None,
     ) -> None:
         self.base_url = normalize_base_url(base_url)
@@ -84,11 +84,8 @@ class PolicyClient:
         self.model = model
         self.retries = retries
         self.backoff_s = backoff_s
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
-            transport=transport,
-            verify=tls_context(),
+        self._http = JsonHttp(
+            self.base_url, timeout_s=timeout_s, connect_timeout_s=10.0, tls=_tls_if(self.base_url)
         )
 
     def close(self) -> None:
@@ -173,11 +170,11 @@ class PolicyClient:
     ) -> dict[str, Any] | None:
         """One try, no retry: the JSON object answered, or None (any error, status or body)."""
         try:
-            response = self._http.request(method, path, timeout=timeout_s, **kwargs)
-        except httpx.HTTPError as exc:
+            response = self._http.request(method, path, timeout_s=timeout_s, **kwargs)
+        except TransportError as exc:
             logger.info("policy probe %s %s: %s", method, path, exc)
             return None
-        if response.status_code != 200:
+        if response.status != 200:
             return None
         try:
             body = response.json()
@@ -256,20 +253,20 @@ class PolicyClient:
                 time.sleep(delay)
             try:
                 response = self._http.request(method, path, **kwargs)
-            except httpx.TransportError as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
+            except TransportError as exc:
+                last_error = str(exc)
                 continue
-            if response.status_code in _RETRY_STATUSES:
-                last_error = f"HTTP {response.status_code}: {response.text[:200]}"
+            if response.status in _RETRY_STATUSES:
+                last_error = f"HTTP {response.status}: {response.text[:200]}"
                 continue
-            if response.status_code >= 400:
+            if response.status >= 400:
                 metrics.policy_request_failed(
                     endpoint=self.base_url, model=self.model, path=path, reason="rejected"
                 )
                 raise PolicyRequestRejected(
                     f"The policy server at {self.base_url} rejected {method} {path} with "
-                    f"HTTP {response.status_code}: {response.text[:500]}",
-                    status=response.status_code,
+                    f"HTTP {response.status}: {response.text[:500]}",
+                    status=response.status,
                     reply=response.text[:500],
                 )
             if text:
@@ -287,6 +284,10 @@ class PolicyClient:
             f"{self.retries + 1} tries (last error: {last_error}). Check that it is running "
             "(COEVO_POLICY_URL)."
         )
+
+
+def _tls_if(base_url: str) -> ssl.SSLContext | None:
+    return tls_context() if base_url.startswith("https:") else None
 
 
 def normalize_base_url(url: str) -> str:
