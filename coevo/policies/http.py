@@ -7,6 +7,7 @@ pool), more than the rest of a model call's handling together. The policy client
 thing of HTTP: send a JSON body, read a reply whole. ``http.client`` does that for a fraction.
 
 What httpx did and this keeps: a connect timeout apart from the timeout of each read and write;
+credentials in the URL sent as Basic auth;
 TLS with the process's one context (``tls_context``); the proxy environment variables
 (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``; https through a CONNECT tunnel);
 no redirects followed; connections safe to share between threads (a program harness's calls
@@ -83,7 +84,11 @@ class JsonHttp:
         max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.origin = _Origin.of(urllib.parse.urlsplit(self.base_url))
+        parsed = urllib.parse.urlsplit(self.base_url)
+        self.origin = _Origin.of(parsed)
+        # Credentials in the URL (``http://user:token@host/v1``) go as Basic auth, as httpx
+        # sent them; never in the request line.
+        self._authorization = _basic(parsed.username, parsed.password)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_reply_bytes = max_reply_bytes
@@ -105,6 +110,8 @@ class JsonHttp:
             raise TransportError(self._proxy_error)
         target = self._target(path)
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if self._authorization:
+            headers["Authorization"] = self._authorization
         body = None
         if json is not None:
             body = _json_body(json)
@@ -149,7 +156,10 @@ class JsonHttp:
         if _Origin.of(url) != self.origin:
             raise ValueError(f"{path!r} is not on {self.base_url}")
         if self._proxy is not None and self.origin.scheme == "http":
-            return url.geturl()
+            host = f"[{url.hostname}]" if ":" in (url.hostname or "") else url.hostname
+            netloc = f"{host}:{url.port}" if url.port is not None else host
+            # The absolute URL without the credentials: they go in the Authorization header.
+            return urllib.parse.urlunsplit((url.scheme, netloc, url.path or "/", url.query, ""))
         return urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
 
     def _exchange(
@@ -226,12 +236,15 @@ def _proxy_for(origin: _Origin) -> _Proxy | None:
             f"{parsed.scheme or 'schemeless'}:// one "
             "(set in the environment: HTTP_PROXY, HTTPS_PROXY or ALL_PROXY)"
         )
-    authorization = ""
-    if parsed.username is not None:
-        user = urllib.parse.unquote(parsed.username)
-        password = urllib.parse.unquote(parsed.password or "")
-        authorization = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-    return _Proxy(parsed.hostname, parsed.port or 80, authorization)
+    return _Proxy(parsed.hostname, parsed.port or 80, _basic(parsed.username, parsed.password))
+
+
+def _basic(username: str | None, password: str | None) -> str:
+    """The Basic authorization header value for a URL's credentials, or "" without them."""
+    if username is None:
+        return ""
+    user, secret = urllib.parse.unquote(username), urllib.parse.unquote(password or "")
+    return "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
 
 
 def _json_body(value: Any) -> bytes:

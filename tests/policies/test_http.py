@@ -95,6 +95,24 @@ def test_it_sends_json_and_reads_the_reply_on_one_kept_alive_connection(server: 
     assert server.connections == 1
 
 
+def test_credentials_in_the_url_go_as_basic_auth_and_never_in_the_request_line(
+    server: _Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = server.server_address[1]
+    client = JsonHttp(f"http://coevo:t%40ken@127.0.0.1:{port}/v1", timeout_s=5)
+    client.request("POST", "/completions", json={})
+    client.request("GET", f"http://coevo:t%40ken@127.0.0.1:{port}/props")
+    for _, path, headers, _ in server.requests:
+        assert headers["Authorization"] == "Basic Y29ldm86dEBrZW4="  # coevo:t@ken
+        assert "ken" not in path
+    # Through a plain proxy too: the absolute URL in the request line has no credentials.
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+    JsonHttp("http://coevo:t%40ken@policy.invalid:8000/v1", timeout_s=5).request("GET", "/models")
+    _, path, headers, _ = server.requests[-1]
+    assert path == "http://policy.invalid:8000/v1/models"
+    assert headers["Authorization"] == "Basic Y29ldm86dEBrZW4="
+
+
 def test_a_connection_the_server_closed_is_replaced_without_a_failure(server: _Server) -> None:
     server.close_after_reply = True
     client = JsonHttp(server.url, timeout_s=5)

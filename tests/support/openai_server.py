@@ -35,6 +35,8 @@ class ScriptedPolicy:
     tools_when: str | None = None
     default: str = "    pass\n"
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # The HTTP headers of each of those requests, in the same order.
+    headers: list[dict[str, str]] = field(default_factory=list)
     fail_next: int = 0
     latency_s: float = 0.0
     model: str = "scripted"
@@ -114,6 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.policy._lock:
             self.policy.requests.append({"path": self.path, **body})
+            self.policy.headers.append(dict(self.headers))
             if self.policy.fail_next > 0:
                 self.policy.fail_next -= 1
                 self._json(503, {"error": "overloaded"})
