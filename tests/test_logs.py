@@ -220,8 +220,6 @@ def test_it_never_logs_held_out_contents_or_a_token(
     )
     rollout = Rollout.objects.get(evaluation=evaluation)
 
-    httpx_logger = logging.getLogger("httpx")
-    monkeypatch.setattr(httpx_logger, "level", logging.INFO)
     try:
         with Capture(JsonFormatter()) as as_json, Capture(PlainFormatter()) as as_plain:
             rollout_execute(rollout_id=rollout.id, worker="test-worker")

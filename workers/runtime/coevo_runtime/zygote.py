@@ -201,7 +201,11 @@ class Zygote:
             except BaseException:
                 _write_error(fds[2], f"bwrap: coevo's warm sandbox failed: {_last_error()}")
             os._exit(code)
-        _check(_libc.setns(self.pid_ns, _CLONE_NEWPID), "setns")
+        if _libc.setns(self.pid_ns, _CLONE_NEWPID) != 0:
+            # Every later unshare would fail: end the zygote (and with it this rollout); the
+            # worker starts another.
+            _kill(pid)
+            raise SystemExit(f"coevo zygote: setns: {os.strerror(ctypes.get_errno())}")
         return pid
 
     def reap(self) -> None:
