@@ -22,6 +22,7 @@ import logging
 import random
 import ssl
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,8 @@ class PolicyClient:
         limiter: EndpointLimiter | None = None,
     ) -> None:
         self.base_url = normalize_base_url(base_url)
+        # What messages, metrics and traces name: the URL without any credentials in it.
+        self.shown_url = url_without_credentials(self.base_url)
         self.limiter = limiter
         self.model = model
         self.retries = retries
@@ -172,7 +175,7 @@ class PolicyClient:
         try:
             response = self._http.request(method, path, timeout_s=timeout_s, **kwargs)
         except TransportError as exc:
-            logger.info("policy probe %s %s: %s", method, path, exc)
+            logger.info("policy probe %s %s: %s", method, url_without_credentials(path), exc)
             return None
         if response.status != 200:
             return None
@@ -213,7 +216,7 @@ class PolicyClient:
             raise PolicyUnavailable(f"The policy server answered {path} with {str(reply)[:200]}")
         choice = _first_choice(reply)
         metrics.policy_request_observed(
-            endpoint=self.base_url,
+            endpoint=self.shown_url,
             model=self.model,
             api="completions" if api == "completions" else "chat",
             seconds=latency_ms / 1000,
@@ -229,7 +232,7 @@ class PolicyClient:
             latency_ms=latency_ms,
             model=reply.get("model", self.model),
             raw=reply,
-            endpoint=self.base_url,
+            endpoint=self.shown_url,
             **_usage(reply),
         )
 
@@ -238,7 +241,7 @@ class PolicyClient:
         for attempt in range(self.retries + 1):
             if attempt:
                 metrics.policy_request_failed(
-                    endpoint=self.base_url, model=self.model, path=path, reason="retried"
+                    endpoint=self.shown_url, model=self.model, path=path, reason="retried"
                 )
                 delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
                 logger.warning(
@@ -261,10 +264,10 @@ class PolicyClient:
                 continue
             if response.status >= 400:
                 metrics.policy_request_failed(
-                    endpoint=self.base_url, model=self.model, path=path, reason="rejected"
+                    endpoint=self.shown_url, model=self.model, path=path, reason="rejected"
                 )
                 raise PolicyRequestRejected(
-                    f"The policy server at {self.base_url} rejected {method} {path} with "
+                    f"The policy server at {self.shown_url} rejected {method} {path} with "
                     f"HTTP {response.status}: {response.text[:500]}",
                     status=response.status,
                     reply=response.text[:500],
@@ -277,10 +280,10 @@ class PolicyClient:
                 last_error = f"response is not JSON: {response.text[:200]!r}"
                 continue
         metrics.policy_request_failed(
-            endpoint=self.base_url, model=self.model, path=path, reason="unavailable"
+            endpoint=self.shown_url, model=self.model, path=path, reason="unavailable"
         )
         raise PolicyUnavailable(
-            f"The policy server at {self.base_url} did not answer {method} {path} after "
+            f"The policy server at {self.shown_url} did not answer {method} {path} after "
             f"{self.retries + 1} tries (last error: {last_error}). Check that it is running "
             "(COEVO_POLICY_URL)."
         )
@@ -288,6 +291,15 @@ class PolicyClient:
 
 def _tls_if(base_url: str) -> ssl.SSLContext | None:
     return tls_context() if base_url.startswith("https:") else None
+
+
+def url_without_credentials(url: str) -> str:
+    """``url`` with any ``user:password@`` taken out (for anything people or metrics see)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def normalize_base_url(url: str) -> str:

@@ -154,7 +154,8 @@ class JsonHttp:
         """The request target: a path for the origin, an absolute URL for a plain proxy."""
         url = urllib.parse.urlsplit(path if "://" in path else self.base_url + path)
         if _Origin.of(url) != self.origin:
-            raise ValueError(f"{path!r} is not on {self.base_url}")
+            origin = f"{self.origin.scheme}://{self.origin.host}:{self.origin.port}"
+            raise ValueError(f"a request off {origin}: {url.scheme}://{url.hostname}:{url.port}")
         if self._proxy is not None and self.origin.scheme == "http":
             host = f"[{url.hostname}]" if ":" in (url.hostname or "") else url.hostname
             netloc = f"{host}:{url.port}" if url.port is not None else host

@@ -259,6 +259,21 @@ def test_it_raises_policy_unavailable_when_nothing_listens(make_client):
     assert isinstance(caught.value, CoevoError)
 
 
+def test_what_people_and_metrics_see_names_the_server_without_its_credentials(
+    scripted_policy, make_client
+):
+    host = scripted_policy.url.removeprefix("http://")
+    client = make_client(f"http://coevo:s3cret-token@{host}", model="scripted")
+    completion = client.complete("x", Sampling())
+    assert completion.endpoint == normalize_base_url(f"http://{host}")
+
+    down = make_client(f"http://coevo:s3cret-token@127.0.0.1:{_free_port()}", retries=0)
+    with pytest.raises(PolicyUnavailable) as caught:
+        down.complete("x", Sampling())
+    assert "s3cret-token" not in str(caught.value)
+    assert "127.0.0.1" in str(caught.value)
+
+
 @pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504])
 def test_it_retries_transient_statuses(sequence_server, make_client, status):
     server = sequence_server([(status, '{"error": "busy"}'), (200, _OK)])
