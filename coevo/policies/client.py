@@ -22,7 +22,6 @@ import logging
 import random
 import ssl
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ import httpx
 
 from coevo.errors import AdapterLoadFailed, PolicyRequestRejected, PolicyUnavailable
 from coevo.policies.concurrency import EndpointLimiter, limiter_slot
-from coevo.policies.http import JsonHttp, TransportError
+from coevo.policies.http import JsonHttp, TransportError, url_without_credentials
 from workers import metrics
 from workers.policy import Completion, Sampling
 
@@ -291,15 +290,6 @@ class PolicyClient:
 
 def _tls_if(base_url: str) -> ssl.SSLContext | None:
     return tls_context() if base_url.startswith("https:") else None
-
-
-def url_without_credentials(url: str) -> str:
-    """``url`` with any ``user:password@`` taken out (for anything people or metrics see)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def normalize_base_url(url: str) -> str:

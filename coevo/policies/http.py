@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import socket
 import ssl
 import threading
 import urllib.parse
@@ -157,10 +156,9 @@ class JsonHttp:
             origin = f"{self.origin.scheme}://{self.origin.host}:{self.origin.port}"
             raise ValueError(f"a request off {origin}: {url.scheme}://{url.hostname}:{url.port}")
         if self._proxy is not None and self.origin.scheme == "http":
-            host = f"[{url.hostname}]" if ":" in (url.hostname or "") else url.hostname
-            netloc = f"{host}:{url.port}" if url.port is not None else host
             # The absolute URL without the credentials: they go in the Authorization header.
-            return urllib.parse.urlunsplit((url.scheme, netloc, url.path or "/", url.query, ""))
+            absolute = url._replace(path=url.path or "/", fragment="")
+            return url_without_credentials(urllib.parse.urlunsplit(absolute))
         return urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
 
     def _exchange(
@@ -248,12 +246,21 @@ def _basic(username: str | None, password: str | None) -> str:
     return "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
 
 
+def url_without_credentials(url: str) -> str:
+    """``url`` with any ``user:password@`` taken out (for request lines, and anything people
+    or metrics see)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def _json_body(value: Any) -> bytes:
     """As httpx encodes a JSON body (NaN and infinities are not JSON: ValueError)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, socket.timeout | TimeoutError):
+    if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError
         return f"timed out ({exc})" if str(exc) else "timed out"
     return f"{type(exc).__name__}: {exc}"

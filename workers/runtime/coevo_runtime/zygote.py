@@ -170,8 +170,8 @@ class Zygote:
         elif request.get("op") == "spawn" and len(fds) == 3:
             try:
                 pid = self.fork_rollout(request, fds)
-            except (OSError, SetupFailed) as exc:  # out of processes or memory: the worker
-                # retries elsewhere
+            # Out of processes or memory, or a namespace refused: the worker retries elsewhere.
+            except (OSError, SetupFailed) as exc:
                 self.send({"op": "exited", "id": request["id"], "status": -1, "error": str(exc)})
             else:
                 self.children[pid] = request["id"]
