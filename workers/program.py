@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 BOUNDARY_DIR = "/run/coevo"
 # How often the rollout's thread records the calls the boundary's threads made.
 _POLL_S = 0.2
+# How long the end of a rollout waits for a helper call to finish once its command is killed.
+_HELPER_DRAIN_S = 10.0
 
 
 def converse_program(runner: _Runner, manifest: Manifest, knobs: dict[str, Any]) -> Any:
@@ -166,6 +168,13 @@ class _ProgramRollout:
             self._stop()
             if self.channel is not None:
                 self.channel.close()
+            if runner.workspace is not None:
+                # Commands the program started through the exec helper run on the boundary's
+                # threads, not in its sandbox: killed here, before anything reads /app back.
+                runner.workspace.seal()
+            # A helper call that was running has recorded its step by the time it lets go.
+            if self.env_lock.acquire(timeout=_HELPER_DRAIN_S):
+                self.env_lock.release()
             boundary.close()
             runner.sink = None
             self._drain()

@@ -42,7 +42,7 @@ from workers.channel import HarnessChannel
 from workers.environments import adapter_has_workspace, adapter_helpers, adapter_is_multi_step
 from workers.environments.base import Episode, InvalidHelperCall, Verdict
 from workers.environments.workspace import MAX_VERIFIER_OUTPUT_CHARS, Workspace
-from workers.environments.workspace_files import WorkspaceTooLarge
+from workers.environments.workspace_files import WorkspaceRefused
 from workers.limits import LimitMeter
 from workers.outcomes import (
     ErrorKind,
@@ -229,8 +229,11 @@ class _Runner:
             if self.episode is not None:
                 self.episode.close()
             owned = self.environment is None or self.environment.workspace is None
-            if self.workspace is not None and owned:
-                self.workspace.close()
+            if self.workspace is not None:
+                # Whoever reads it next (the verifier, a proposer's stages) reads it sealed.
+                self.workspace.seal()
+                if owned:
+                    self.workspace.close()
 
     @property
     def has_workspace(self) -> bool:
@@ -283,7 +286,7 @@ class _Runner:
             return True
         try:
             final = self.workspace.final()
-        except WorkspaceTooLarge as exc:
+        except WorkspaceRefused as exc:
             self.workspace_fault = LimitExceeded(str(exc))
             self.record(Step("workspace_diff", {"error": str(exc)}))
             return False

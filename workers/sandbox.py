@@ -86,6 +86,8 @@ SANDBOX_NICE = 10
 
 # How often ``run`` calls its ``watch``.
 WATCH_INTERVAL_S = 0.5
+# How soon ``run`` sees its cancel event (sealing a workspace waits that long at most).
+CANCEL_INTERVAL_S = 0.05
 
 # PATH inside the sandbox unless the caller sets one (workers/harness_env.py puts a harness's
 # own scripts first).
@@ -132,6 +134,8 @@ class SandboxRun:
     output_exceeded: bool = False
     # ``run``'s watch asked to stop it (a workspace over its size).
     watch_stopped: bool = False
+    # ``run``'s cancel event was set: killed because its rollout is over.
+    cancelled: bool = False
 
 
 def sandbox_mode() -> str:
@@ -349,6 +353,7 @@ def run(
     rw_binds: Mapping[Path, str] | None = None,
     uid: int | None = None,
     watch: Callable[[], bool] | None = None,
+    cancel: threading.Event | None = None,
 ) -> SandboxRun:
     """Run to completion (or the timeout) and return the tail of stdout and stderr.
 
@@ -356,6 +361,8 @@ def run(
     ``output_limit_bytes`` in all is killed (``output_exceeded``), so a flood costs the worker
     neither memory nor the rest of the timeout. ``watch``, called every ``WATCH_INTERVAL_S``
     while it runs, kills it when it returns True (``watch_stopped``): a workspace over its size.
+    ``cancel``, when set (by another thread), kills it as soon as it is seen (``cancelled``):
+    the command's rollout is over.
     """
     proc = spawn(
         argv, ro_binds=ro_binds, env=env, cwd=cwd, limits=limits, rw_binds=rw_binds, uid=uid
@@ -394,17 +401,27 @@ def run(
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout_s
-    timed_out = watch_stopped = False
+    timed_out = watch_stopped = cancelled = False
+    next_watch = time.monotonic() + WATCH_INTERVAL_S
+    polled = watch is not None or cancel is not None
     while True:
         try:
-            step = WATCH_INTERVAL_S if watch is not None else timeout_s
+            step = WATCH_INTERVAL_S if polled else timeout_s
+            if cancel is not None:
+                step = min(step, CANCEL_INTERVAL_S)
             proc.wait(timeout=max(0.0, min(step, deadline - time.monotonic())))
             break
         except subprocess.TimeoutExpired:
-            if watch is not None and watch():
-                watch_stopped = True
+            if cancel is not None and cancel.is_set():
+                cancelled = True
                 terminate(proc)
                 break
+            if watch is not None and time.monotonic() >= next_watch:
+                next_watch = time.monotonic() + WATCH_INTERVAL_S
+                if watch():
+                    watch_stopped = True
+                    terminate(proc)
+                    break
             if time.monotonic() >= deadline:
                 timed_out = not exceeded.is_set()
                 terminate(proc)
@@ -421,6 +438,7 @@ def run(
         timed_out=timed_out,
         output_exceeded=exceeded.is_set(),
         watch_stopped=watch_stopped,
+        cancelled=cancelled,
     )
     return metrics.sandbox_run_observed(result)  # timeouts, output floods, kills by signal
 
@@ -587,6 +605,38 @@ def _warn_shared_process_limit() -> None:
         "own uid) or one rollout per worker to isolate them.",
         os.getuid(),
     )
+
+
+def uid_kill(uid: int, *, timeout_s: float) -> None:
+    """Kill every process whose real, effective or saved uid is ``uid`` (a root worker's
+    sandbox uid, which nothing else runs as), until none is left; raises RuntimeError if some
+    still is after ``timeout_s``. Zombies are dead already: they run nothing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = _processes_of_uid(uid)
+        if not alive:
+            return
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"processes of the sandbox uid {uid} survived SIGKILL: {alive[:8]}")
+        time.sleep(0.01)
+
+
+def _processes_of_uid(uid: int) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, KeyError, ValueError, IndexError):
+            status = Path(entry.path, "status").read_text()
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if fields["State"].split()[0] in ("Z", "X"):
+                continue
+            if uid in {int(value) for value in fields["Uid"].split()[:3]}:
+                pids.append(int(entry.name))
+    return pids
 
 
 def _tasks_of_uid(uid: int) -> int:

@@ -45,7 +45,8 @@ from workers import sandbox
 from workers.environments.base import InvalidHelperCall, Verdict
 from workers.environments.workspace_files import (
     FinalTree,
-    WorkspaceTooLarge,
+    WorkspaceRefused,
+    tree_changes,
     tree_chown,
     tree_copy,
     tree_diff,
@@ -72,6 +73,12 @@ MAX_VERIFIER_OUTPUT_CHARS = 32 * 1024
 DEFAULT_EXEC_TIMEOUT_S = 60.0
 # How often the workspace's size is checked while the harness runs.
 WATCH_S = 0.5
+# Size checks in a row that the harness may spoil by renaming or removing what they were
+# measuring (a build tool's churn does, now and then); more and it is stopped, since a tree
+# that cannot be measured cannot be bounded.
+MAX_INCOMPLETE_CHECKS = 10
+# How long sealing waits for the workspace's commands to die after they are killed.
+SEAL_TIMEOUT_S = 30.0
 MAX_EXEC_TIMEOUT_S = 600.0
 # pytest's last line ("2 failed, 3 passed in 0.1s"), shown as the verdict's detail.
 _PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error)[^=\n]*?)\s*=*$", re.M)
@@ -116,10 +123,20 @@ def limits() -> tuple[int, int]:
     return settings.COEVO_WORKSPACE_MAX_FILES, settings.COEVO_WORKSPACE_MAX_BYTES
 
 
+class WorkspaceSealed(Exception):
+    """A command was asked of a workspace whose rollout is over (its sandboxes are dead)."""
+
+
 @dataclass
 class Workspace:
     """One rollout's workspace on the worker's disk; every sandbox of the rollout runs as
-    ``uid`` (root workers), so each may change what another wrote."""
+    ``uid`` (root workers), so each may change what another wrote.
+
+    It is read back only once sealed (``seal``): no command may start on it any more, every
+    command still running on it has been killed and has returned, and on a root worker no
+    process of the rollout's uid is left anywhere. The harness's own sandbox is killed by its
+    runner before; a command started through the exec helper is not the harness's process and
+    may outlive it, which is why the workspace, not the harness, keeps the list."""
 
     root: Path
     start: Mapping[str, Mapping[str, Any]]
@@ -127,6 +144,12 @@ class Workspace:
     # Read-only material beside the workspace, in the harness's sandbox only (a proposer's
     # history: coevo/campaigns/proposers/agentic.py): host directory -> where it appears.
     ro_binds: dict[Path, str] = field(default_factory=dict)
+    _state: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _running: int = field(default=0, repr=False)
+    _sealed: bool = field(default=False, repr=False)
+    # Set on sealing: every command's sandbox.run kills its sandbox when it sees it.
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _incomplete_checks: int = field(default=0, repr=False)
 
     @classmethod
     def create(
@@ -162,7 +185,8 @@ class Workspace:
 
     def watch(self, stop: Callable[[LimitExceeded], None]) -> threading.Event:
         """Poll the size every ``WATCH_S`` while the harness runs: past the limits, ``stop``
-        once (with the fault) and no more polling. Set the returned event to end it."""
+        once (with the fault) and no more polling. Set the returned event to end it. Nothing
+        ends the poll but these two: a check that fails counts as over the limits."""
         done = threading.Event()
 
         def poll() -> None:
@@ -176,21 +200,75 @@ class Workspace:
         return done
 
     def over_limit(self) -> str:
-        """Why the workspace is over its limits, or "" (lstat only: cheap enough to poll)."""
+        """Why the workspace is over its limits, or "" (lstat only: cheap enough to poll).
+
+        Never raises: a tree that cannot be measured (too deep, a directory made unreadable, a
+        check spoiled by renames ``MAX_INCOMPLETE_CHECKS`` times in a row) is over them."""
         max_files, max_bytes = limits()
-        usage = tree_usage(self.root, max_files=max_files)
+        try:
+            usage = tree_usage(self.root, max_files=max_files)
+        except WorkspaceRefused as exc:
+            return f"limit exceeded: {exc}"
+        except OSError as exc:
+            return f"limit exceeded: the workspace's size could not be checked ({exc.strerror})"
         if usage.files > max_files:
             return f"limit exceeded: the workspace holds more than {max_files} files"
         if usage.bytes > max_bytes:
             return (
                 f"limit exceeded: the workspace holds more than {max_bytes // 1024**2} MiB of files"
             )
+        with self._state:
+            self._incomplete_checks = self._incomplete_checks + 1 if usage.incomplete else 0
+            spoiled = self._incomplete_checks >= MAX_INCOMPLETE_CHECKS
+        if spoiled:
+            return (
+                "limit exceeded: the workspace changed under every size check for "
+                f"{MAX_INCOMPLETE_CHECKS * WATCH_S:.0f}s, so its size could not be bounded"
+            )
         return ""
 
+    def run(self, argv: list[str], **options: Any) -> sandbox.SandboxRun:
+        """``sandbox.run`` on this workspace, as a command sealing will kill and wait for;
+        raises WorkspaceSealed once the rollout is over."""
+        with self._state:
+            if self._sealed:
+                raise WorkspaceSealed("the rollout is over: no command may run in its workspace")
+            self._running += 1
+        try:
+            return sandbox.run(argv, cancel=self._cancel, **options)
+        finally:
+            with self._state:
+                self._running -= 1
+                self._state.notify_all()
+
+    def seal(self) -> None:
+        """Make sure nothing of the rollout can change the workspace any more (see the class
+        doc); idempotent. Raises RuntimeError if a command outlives ``SEAL_TIMEOUT_S``: then
+        the worker itself is broken, and nothing is read back."""
+        with self._state:
+            self._sealed = True
+            self._cancel.set()
+            if not self._state.wait_for(lambda: self._running == 0, timeout=SEAL_TIMEOUT_S):
+                raise RuntimeError(
+                    f"a command in the workspace was still running {SEAL_TIMEOUT_S:.0f}s after "
+                    "it was killed"
+                )
+        if self.uid is not None:
+            # A root worker's sandboxes of one rollout, and nothing else, run as this uid: when
+            # none is left, nothing the harness started is.
+            sandbox.uid_kill(self.uid, timeout_s=SEAL_TIMEOUT_S)
+
     def final(self) -> FinalTree:
-        """The state the harness left (raises WorkspaceTooLarge)."""
+        """The state the harness left (raises WorkspaceRefused), once sealed."""
+        self.seal()
         max_files, max_bytes = limits()
         return tree_read_final(self.root, max_files=max_files, max_bytes=max_bytes)
+
+    def changes(self, *, max_files: int, max_bytes: int) -> dict[str, bytes | None]:
+        """What the workspace holds that its starting tree did not (``tree_changes``), once
+        sealed."""
+        self.seal()
+        return tree_changes(self.start, self.root, max_files=max_files, max_bytes=max_bytes)
 
     def diff(self, final: FinalTree) -> dict[str, Any]:
         return tree_diff(self.start, final)
@@ -208,7 +286,9 @@ def exec_command(*, workspace: Workspace, params: dict[str, Any], timeout_s: flo
     most; ``params["timeout_s"]`` may ask for less).
 
     Returns ``{"exit_code", "stdout", "stderr", "timed_out", "duration_ms"}`` (the output's
-    tails, at most 16 KiB each); ``exit_code`` is None when it was killed.
+    tails, at most 16 KiB each); ``exit_code`` is None when it was killed, and ``killed``
+    says so when the rollout's end killed it. Raises InvalidHelperCall once the rollout is
+    over (its workspace sealed).
     """
     unknown = set(params) - {"command", "timeout_s"}
     if unknown:
@@ -236,27 +316,35 @@ def exec_command(*, workspace: Workspace, params: dict[str, Any], timeout_s: flo
         stopped[0] = workspace.over_limit()
         return bool(stopped[0])
 
-    result = sandbox.run(
-        argv,
-        timeout_s=timeout,
-        rw_binds=workspace.binds,
-        uid=workspace.uid,
-        env=workspace.env(),
-        cwd=MOUNT,
-        limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 1, processes=64),
-        max_output_bytes=MAX_OUTPUT_CHARS,
-        watch=watch,
-    )
+    try:
+        result = workspace.run(
+            argv,
+            timeout_s=timeout,
+            rw_binds=workspace.binds,
+            uid=workspace.uid,
+            env=workspace.env(),
+            cwd=MOUNT,
+            limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 1, processes=64),
+            max_output_bytes=MAX_OUTPUT_CHARS,
+            watch=watch,
+        )
+    except WorkspaceSealed as exc:
+        raise InvalidHelperCall(str(exc)) from None
     if result.watch_stopped:
         # The command filled the workspace: the rollout ends (a limit), as for the harness.
         raise LimitExceeded(stopped[0])
-    return {
-        "exit_code": None if result.timed_out or result.output_exceeded else result.returncode,
+    killed = result.timed_out or result.output_exceeded or result.cancelled
+    reply = {
+        "exit_code": None if killed else result.returncode,
         "stdout": result.stdout.decode(errors="replace")[-MAX_OUTPUT_CHARS:],
         "stderr": result.stderr.decode(errors="replace")[-MAX_OUTPUT_CHARS:],
         "timed_out": result.timed_out,
         "duration_ms": int((time.monotonic() - started) * 1000),
     }
+    if result.cancelled:
+        # Only a program's command can still run when its rollout ends: the trace says so.
+        reply["killed"] = "the rollout ended while the command ran"
+    return reply
 
 
 HELPERS = {"exec": exec_command}
@@ -269,7 +357,8 @@ def verify(
     *, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any, workspace: Workspace
 ) -> Verdict:
     """Run the task's tests on a copy of the final workspace (the answer is not used: the
-    workspace is what is judged)."""
+    workspace is what is judged), once nothing of the rollout can change it."""
+    workspace.seal()
     return verify_tree(verifier=verifier, source=workspace.root)
 
 
@@ -284,7 +373,7 @@ def verify_tree(*, verifier: Mapping[str, Any], source: Path) -> Verdict:
             directory.mkdir()
         try:
             tree_copy(source, app, owner=uid, max_files=max_files, max_bytes=max_bytes)
-        except WorkspaceTooLarge as exc:
+        except WorkspaceRefused as exc:
             return Verdict(False, 0.0, f"not verified: {exc}")
         tree_write(verifier["tests"], tests)
         if uid is not None:
@@ -296,8 +385,12 @@ def verify_tree(*, verifier: Mapping[str, Any], source: Path) -> Verdict:
         stopped = [""]
 
         def watch() -> bool:
-            usage_app = tree_usage(app, max_files=max_files)
-            usage_logs = tree_usage(logs, max_files=max_files)
+            try:
+                usage_app = tree_usage(app, max_files=max_files)
+                usage_logs = tree_usage(logs, max_files=max_files)
+            except (WorkspaceRefused, OSError):
+                stopped[0] = "the tests left a tree whose size could not be checked"
+                return True
             over = (
                 usage_app.files + usage_logs.files > 2 * max_files
                 or usage_app.bytes + usage_logs.bytes > 2 * max_bytes
@@ -423,7 +516,7 @@ def solution_check(*, inputs: Mapping[str, Any], verifier: Mapping[str, Any]) ->
         solution_dir.chmod(0o755)  # whatever the worker's umask
         tree_write(solution, solution_dir)
         timeout = float(task_wall_s(dict(inputs)) or settings.COEVO_WORKSPACE_VERIFIER_TIMEOUT_S)
-        result = sandbox.run(
+        result = workspace.run(
             [BASH, f"{SOLUTION_MOUNT}/solve.sh"],
             timeout_s=timeout,
             ro_binds={solution_dir: SOLUTION_MOUNT},
@@ -441,6 +534,7 @@ def solution_check(*, inputs: Mapping[str, Any], verifier: Mapping[str, Any]) ->
             if result.watch_stopped:
                 how = "filled the workspace past its limits"
             return SolutionCheck(untouched, Verdict(False, 0.0, f"solve.sh {how}", output), output)
+        workspace.seal()
         return SolutionCheck(
             untouched, verify_tree(verifier=verifier, source=workspace.root), output
         )

@@ -7,22 +7,29 @@ execute bit. Paths use ``/``, are relative, and have no ``.``/``..`` parts. Task
 starting files and their tests this way in the database (workers share no disk with the web
 process); the worker writes them out for each rollout.
 
-What a harness leaves in its workspace is hostile input: everything here that reads a
-workspace after a rollout works from ``lstat`` and never follows a symbolic link (a link is
-recorded as a link, with its target as text), opens regular files with ``O_NOFOLLOW``, skips
-FIFOs, sockets and devices instead of opening them (a FIFO would block the worker), and stops
-at a bound on files and bytes. Every sandbox that wrote into the tree is dead before it is read,
-so nothing changes it underneath.
+What a harness leaves in its workspace is hostile input, read by a worker that may be root.
+Every walk here is descriptor-relative: it opens the root once, then each directory with
+``openat(parent, name, O_DIRECTORY | O_NOFOLLOW)`` and each file with ``openat(parent, name,
+O_NOFOLLOW)``, so no path is ever resolved again and no component of one is ever followed (a
+directory swapped for a link to a host directory fails to open instead of being read), and no
+path grows past the kernel's PATH_MAX however deep the tree nests (up to ``MAX_TREE_DEPTH``). A
+link is recorded as a link, with its target as text; FIFOs, sockets and devices are skipped
+instead of opened (a FIFO would block the worker); a file whose identity changed between its
+``lstat`` and its ``open`` is refused; every read stops at a bound on files and bytes. And every
+sandbox that could write into the tree is dead before it is read back
+(``workers/environments/workspace.py``, ``Workspace.seal``), so nothing changes it underneath.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import difflib
+import errno
 import hashlib
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -37,12 +44,31 @@ MAX_DIFF_FILE_BYTES = 512 * 1024
 MAX_DIFF_CHARS = 256 * 1024
 
 
+# How deep a tree's directories may nest: past any real project's tree, and a walk holds one
+# descriptor per level.
+MAX_TREE_DEPTH = 128
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# What a live tree's walk meets when the harness renames or removes an entry it had listed.
+_VANISHED = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
 class TreeError(ValueError):
     """A tree is malformed or over its bounds; the message names the path and the rule."""
 
 
-class WorkspaceTooLarge(Exception):
-    """What a harness left in its workspace is over the limits (files or bytes)."""
+class WorkspaceRefused(Exception):
+    """What a harness left in its workspace cannot be taken (the message says why)."""
+
+
+class WorkspaceTooLarge(WorkspaceRefused):
+    """What a harness left in its workspace is over the limits (files, bytes or depth)."""
+
+
+class WorkspaceUnreadable(WorkspaceRefused):
+    """What a harness left in its workspace cannot be read (a directory it made unreadable,
+    a file that changed while it was read)."""
 
 
 # --- stored trees -------------------------------------------------------------------------
@@ -143,27 +169,31 @@ def tree_from_dir(root: Path, *, label: str) -> dict[str, dict[str, Any]]:
     """A directory as a stored tree (an import): regular files and directories only."""
     tree: dict[str, dict[str, Any]] = {}
     total = 0
-    for entry, relative in _walk(root):
-        mode = entry.stat(follow_symlinks=False).st_mode
-        if stat.S_ISDIR(mode):
-            continue
-        if stat.S_ISLNK(mode):
-            raise TreeError(f"{label}: {relative} is a symbolic link; only plain files are taken")
-        if not stat.S_ISREG(mode):
-            raise TreeError(f"{label}: {relative} is not a regular file")
-        size = entry.stat(follow_symlinks=False).st_size
-        total += size
-        if total > MAX_TREE_BYTES or len(tree) >= MAX_TREE_FILES:
-            raise TreeError(
-                f"{label}: over the limit of {MAX_TREE_FILES} files or "
-                f"{MAX_TREE_BYTES // 1024**2} MiB"
-            )
-        try:
-            path_check(relative)
-        except TreeError as exc:
-            raise TreeError(f"{label}: {exc}") from None
-        data = _read_regular(Path(entry.path), limit=size)
-        tree[relative] = spec_for_bytes(data, executable=bool(mode & stat.S_IXUSR))
+    try:
+        for entry in _walk(root):
+            mode = entry.st.st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            if stat.S_ISLNK(mode):
+                raise TreeError(
+                    f"{label}: {entry.relative} is a symbolic link; only plain files are taken"
+                )
+            if not stat.S_ISREG(mode):
+                raise TreeError(f"{label}: {entry.relative} is not a regular file")
+            total += entry.st.st_size
+            if total > MAX_TREE_BYTES or len(tree) >= MAX_TREE_FILES:
+                raise TreeError(
+                    f"{label}: over the limit of {MAX_TREE_FILES} files or "
+                    f"{MAX_TREE_BYTES // 1024**2} MiB"
+                )
+            try:
+                path_check(entry.relative)
+            except TreeError as exc:
+                raise TreeError(f"{label}: {exc}") from None
+            data = _read_regular(entry, limit=entry.st.st_size)
+            tree[entry.relative] = spec_for_bytes(data, executable=bool(mode & stat.S_IXUSR))
+    except WorkspaceRefused as exc:
+        raise TreeError(f"{label}: {exc}") from None
     return tree
 
 
@@ -174,19 +204,26 @@ def tree_from_dir(root: Path, *, label: str) -> dict[str, dict[str, Any]]:
 class Usage:
     files: int = 0
     bytes: int = 0
+    # Entries listed but gone (renamed, removed) before they could be measured: the harness
+    # changed the tree during the count, so the figures may be short.
+    incomplete: bool = False
 
 
 def tree_usage(root: Path, *, max_files: int) -> Usage:
-    """Entries and bytes of a live workspace (lstat only); stops counting past ``max_files``."""
+    """Entries and bytes of a live workspace (lstat only); stops counting past ``max_files``.
+
+    The harness may be changing the tree meanwhile: an entry that vanishes between its listing
+    and its measure marks the count ``incomplete``; any other OSError (a directory it made
+    unreadable) and a tree deeper than ``MAX_TREE_DEPTH`` (WorkspaceTooLarge) raise."""
     usage = Usage()
-    for entry, _relative in _walk(root):
+
+    def vanished() -> None:
+        usage.incomplete = True
+
+    for entry in _walk(root, vanished=vanished):
         usage.files += 1
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
         # Blocks, not the apparent size: a sparse file costs what it holds.
-        usage.bytes += st.st_blocks * 512
+        usage.bytes += entry.st.st_blocks * 512
         if usage.files > max_files:
             break
     return usage
@@ -210,35 +247,38 @@ class FinalTree:
 def tree_read_final(root: Path, *, max_files: int, max_bytes: int) -> FinalTree:
     """What a harness left: every entry by its path, never following a link (see module doc).
 
-    Raises WorkspaceTooLarge past ``max_files`` entries or ``max_bytes`` of regular files.
+    Raises WorkspaceTooLarge past ``max_files`` entries, ``max_bytes`` of regular files or
+    ``MAX_TREE_DEPTH`` levels, WorkspaceUnreadable for what cannot be read.
     """
     final = FinalTree()
     total = 0
-    for entry, relative in _walk(root):
-        if len(final.files) >= max_files:
-            raise WorkspaceTooLarge(f"the workspace holds more than {max_files} files")
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISDIR(st.st_mode):
-            continue
-        if stat.S_ISLNK(st.st_mode):
-            final.files[relative] = FinalFile("symlink", target=os.readlink(entry.path))
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            final.files[relative] = FinalFile("special")
-            continue
-        total += st.st_size
-        if total > max_bytes:
-            raise WorkspaceTooLarge(
-                f"the workspace holds more than {max_bytes // 1024**2} MiB of files"
+    with _reading(root):
+        for entry in _walk(root):
+            if len(final.files) >= max_files:
+                raise WorkspaceTooLarge(f"the workspace holds more than {max_files} files")
+            mode = entry.st.st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            if stat.S_ISLNK(mode):
+                target = os.readlink(entry.name, dir_fd=entry.parent)
+                final.files[entry.relative] = FinalFile("symlink", target=target)
+                continue
+            if not stat.S_ISREG(mode):
+                final.files[entry.relative] = FinalFile("special")
+                continue
+            total += entry.st.st_size
+            if total > max_bytes:
+                raise WorkspaceTooLarge(
+                    f"the workspace holds more than {max_bytes // 1024**2} MiB of files"
+                )
+            digest, data = _hash_regular(entry, keep=MAX_DIFF_FILE_BYTES)
+            final.files[entry.relative] = FinalFile(
+                "file",
+                size=entry.st.st_size,
+                executable=bool(mode & stat.S_IXUSR),
+                sha256=digest,
+                data=data,
             )
-        digest, data = _hash_regular(Path(entry.path), keep=MAX_DIFF_FILE_BYTES)
-        final.files[relative] = FinalFile(
-            "file",
-            size=st.st_size,
-            executable=bool(st.st_mode & stat.S_IXUSR),
-            sha256=digest,
-            data=data,
-        )
     return final
 
 
@@ -246,39 +286,27 @@ def tree_copy(src: Path, dst: Path, *, owner: int | None, max_files: int, max_by
     """Copy a workspace a harness left (``dst`` exists, empty): directories, regular files and
     symbolic links as links; FIFOs, sockets and devices are left out. With ``owner`` (a root
     worker), everything copied belongs to that uid and gid, so the sandbox that gets the copy
-    may write in it."""
-    count = total = 0
-    for entry, relative in _walk(src):
-        count += 1
-        if count > max_files:
-            raise WorkspaceTooLarge(f"the workspace holds more than {max_files} files")
-        st = entry.stat(follow_symlinks=False)
-        target = dst.joinpath(*relative.split("/"))
-        if stat.S_ISDIR(st.st_mode):
-            target.mkdir()
-            target.chmod(0o755)
-        elif stat.S_ISLNK(st.st_mode):
-            os.symlink(os.readlink(entry.path), target)
-        elif stat.S_ISREG(st.st_mode):
-            total += st.st_size
-            if total > max_bytes:
-                raise WorkspaceTooLarge(
-                    f"the workspace holds more than {max_bytes // 1024**2} MiB of files"
-                )
-            _copy_regular(Path(entry.path), target, mode=st.st_mode & 0o777)
-        else:
-            continue
-        if owner is not None:
-            os.lchown(target, owner, owner)
-    if owner is not None:
-        os.lchown(dst, owner, owner)
+    may write in it. Both sides are walked by descriptor (see the module doc)."""
+    budget = _Budget(max_files=max_files, max_bytes=max_bytes)
+    with _reading(src):
+        source = os.open(src, _DIR_FLAGS)
+        try:
+            target = os.open(dst, _DIR_FLAGS)
+            try:
+                _copy_dir(source, target, "", 1, owner=owner, budget=budget)
+                if owner is not None:
+                    os.fchown(target, owner, owner)
+            finally:
+                os.close(target)
+        finally:
+            os.close(source)
 
 
 def tree_chown(root: Path, owner: int) -> None:
     """Give a freshly written tree (and its root) to ``owner`` (a root worker's sandbox uid)."""
     os.lchown(root, owner, owner)
-    for entry, _relative in _walk(root):
-        os.lchown(entry.path, owner, owner)
+    for entry in _walk(root):
+        os.chown(entry.name, owner, owner, dir_fd=entry.parent, follow_symlinks=False)
 
 
 def tree_changes(
@@ -289,20 +317,21 @@ def tree_changes(
     TreeError (what is proposed is plain files); past the bounds, WorkspaceTooLarge."""
     final: dict[str, bytes] = {}
     total = 0
-    for entry, relative in _walk(root):
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISDIR(st.st_mode):
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-            raise TreeError(f"{relative} is {kind}; only plain files can be proposed")
-        total += st.st_size
-        if len(final) >= max_files or total > max_bytes:
-            raise WorkspaceTooLarge(
-                f"the workspace holds more than {max_files} files or "
-                f"{max_bytes // 1024**2} MiB of files"
-            )
-        final[relative] = _read_regular(Path(entry.path), limit=st.st_size)
+    with _reading(root):
+        for entry in _walk(root):
+            mode = entry.st.st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+                raise TreeError(f"{entry.relative} is {kind}; only plain files can be proposed")
+            total += entry.st.st_size
+            if len(final) >= max_files or total > max_bytes:
+                raise WorkspaceTooLarge(
+                    f"the workspace holds more than {max_files} files or "
+                    f"{max_bytes // 1024**2} MiB of files"
+                )
+            final[entry.relative] = _read_regular(entry, limit=entry.st.st_size)
     changes: dict[str, bytes | None] = {path: None for path in start if path not in final}
     for path, data in final.items():
         if path not in start or spec_bytes(start[path]) != data:
@@ -388,26 +417,156 @@ def _diff_text(path: str, old: bytes | None, after: FinalFile | None) -> tuple[s
 # --- the walk -------------------------------------------------------------------------------
 
 
-def _walk(root: Path) -> Iterator[tuple[os.DirEntry[str], str]]:
-    """Every entry under ``root``, depth first, sorted, without following links."""
-    stack: list[tuple[str, str]] = [(str(root), "")]
-    while stack:
-        directory, prefix = stack.pop()
-        with os.scandir(directory) as entries:
-            listed = sorted(entries, key=lambda e: e.name)
-        for entry in listed:
-            relative = f"{prefix}{entry.name}"
-            yield entry, relative
-            if entry.is_dir(follow_symlinks=False):
-                stack.append((entry.path, relative + "/"))
+@dataclass(frozen=True)
+class _Entry:
+    """One entry of a walk: ``name`` in the directory open as ``parent`` (valid only while the
+    walk is at this entry), its path from the root, and its ``lstat``."""
+
+    parent: int
+    name: str
+    relative: str
+    st: os.stat_result
 
 
-def _open_regular(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+@dataclass
+class _Budget:
+    max_files: int
+    max_bytes: int
+    files: int = 0
+    bytes: int = 0
+
+    def take(self, st: os.stat_result) -> None:
+        self.files += 1
+        if self.files > self.max_files:
+            raise WorkspaceTooLarge(f"the workspace holds more than {self.max_files} files")
+        if stat.S_ISREG(st.st_mode):
+            self.bytes += st.st_size
+            if self.bytes > self.max_bytes:
+                raise WorkspaceTooLarge(
+                    f"the workspace holds more than {self.max_bytes // 1024**2} MiB of files"
+                )
 
 
-def _read_regular(path: Path, *, limit: int) -> bytes:
-    fd = _open_regular(path)
+@contextlib.contextmanager
+def _reading(root: Path) -> Iterator[None]:
+    """A read-back's OSErrors (a directory the harness left unreadable, an entry that changed
+    while read) as WorkspaceUnreadable: the harness's doing, never the worker's failure."""
+    try:
+        yield
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        reason = exc.strerror or type(exc).__name__
+        raise WorkspaceUnreadable(f"the workspace could not be read ({reason}{where})") from None
+
+
+def _walk(root: Path, *, vanished: Callable[[], None] | None = None) -> Iterator[_Entry]:
+    """Every entry under ``root``, depth first, sorted, parents before their entries, by
+    descriptor (see the module doc). With ``vanished`` (a live tree), an entry that is gone,
+    or is no longer a directory, when it is measured or opened is skipped after calling it;
+    without, that raises."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        yield from _walk_dir(fd, "", 1, vanished)
+    finally:
+        os.close(fd)
+
+
+def _walk_dir(
+    fd: int, prefix: str, depth: int, vanished: Callable[[], None] | None
+) -> Iterator[_Entry]:
+    for name in _names(fd):
+        relative = prefix + name
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError as exc:
+            if vanished is None or exc.errno not in _VANISHED:
+                raise
+            vanished()
+            continue
+        yield _Entry(fd, name, relative, st)
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        if depth >= MAX_TREE_DEPTH:
+            raise WorkspaceTooLarge(
+                f"the workspace nests directories more than {MAX_TREE_DEPTH} levels deep "
+                f"({relative[:120]}...)"
+            )
+        try:
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            if vanished is None or exc.errno not in _VANISHED:
+                raise
+            vanished()
+            continue
+        try:
+            yield from _walk_dir(child, relative + "/", depth + 1, vanished)
+        finally:
+            os.close(child)
+
+
+def _names(fd: int) -> list[str]:
+    # scandir duplicates the descriptor and rewinds it: ``fd`` stays usable for openat.
+    with os.scandir(fd) as entries:
+        return sorted(entry.name for entry in entries)
+
+
+def _copy_dir(
+    source: int, target: int, prefix: str, depth: int, *, owner: int | None, budget: _Budget
+) -> None:
+    for name in _names(source):
+        st = os.stat(name, dir_fd=source, follow_symlinks=False)
+        relative = prefix + name
+        if stat.S_ISDIR(st.st_mode):
+            budget.take(st)
+            if depth >= MAX_TREE_DEPTH:
+                raise WorkspaceTooLarge(
+                    f"the workspace nests directories more than {MAX_TREE_DEPTH} levels deep "
+                    f"({relative[:120]}...)"
+                )
+            os.mkdir(name, 0o700, dir_fd=target)
+            inner_source = os.open(name, _DIR_FLAGS, dir_fd=source)
+            try:
+                inner_target = os.open(name, _DIR_FLAGS, dir_fd=target)
+                try:
+                    os.fchmod(inner_target, 0o755)  # whatever the worker's umask
+                    if owner is not None:
+                        os.fchown(inner_target, owner, owner)
+                    _copy_dir(
+                        inner_source,
+                        inner_target,
+                        relative + "/",
+                        depth + 1,
+                        owner=owner,
+                        budget=budget,
+                    )
+                finally:
+                    os.close(inner_target)
+            finally:
+                os.close(inner_source)
+        elif stat.S_ISLNK(st.st_mode):
+            budget.take(st)
+            os.symlink(os.readlink(name, dir_fd=source), name, dir_fd=target)
+            if owner is not None:
+                os.chown(name, owner, owner, dir_fd=target, follow_symlinks=False)
+        elif stat.S_ISREG(st.st_mode):
+            budget.take(st)
+            entry = _Entry(source, name, relative, st)
+            _copy_regular(entry, target, owner=owner)
+
+
+def _open_regular(entry: _Entry) -> int:
+    """The entry's file, opened without following a link; it must still be the file the walk
+    measured (a harness's sandbox is dead by now: a change means something is wrong)."""
+    fd = os.open(entry.name, _FILE_FLAGS, dir_fd=entry.parent)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (entry.st.st_dev, entry.st.st_ino):
+        os.close(fd)
+        raise WorkspaceUnreadable(f"{entry.relative} changed while the workspace was read")
+    return fd
+
+
+def _read_regular(entry: _Entry, *, limit: int) -> bytes:
+    fd = _open_regular(entry)
     try:
         chunks, left = [], limit
         while left > 0 and (chunk := os.read(fd, min(left, 1024**2))):
@@ -418,8 +577,8 @@ def _read_regular(path: Path, *, limit: int) -> bytes:
         os.close(fd)
 
 
-def _hash_regular(path: Path, *, keep: int) -> tuple[str, bytes | None]:
-    fd = _open_regular(path)
+def _hash_regular(entry: _Entry, *, keep: int) -> tuple[str, bytes | None]:
+    fd = _open_regular(entry)
     digest = hashlib.sha256()
     kept = bytearray()
     size = 0
@@ -434,13 +593,17 @@ def _hash_regular(path: Path, *, keep: int) -> tuple[str, bytes | None]:
     return digest.hexdigest(), bytes(kept) if size <= keep else None
 
 
-def _copy_regular(source: Path, target: Path, *, mode: int) -> None:
-    fd = _open_regular(source)
+def _copy_regular(entry: _Entry, target: int, *, owner: int | None) -> None:
+    fd = _open_regular(entry)
     try:
-        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode | 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        out = os.open(entry.name, flags, 0o600, dir_fd=target)
         try:
             while chunk := os.read(fd, 1024**2):
                 os.write(out, chunk)
+            os.fchmod(out, (entry.st.st_mode & 0o777) | 0o600)
+            if owner is not None:
+                os.fchown(out, owner, owner)
         finally:
             os.close(out)
     finally:

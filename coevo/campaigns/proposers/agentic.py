@@ -50,9 +50,8 @@ from workers.environments import proposing
 from workers.environments.workspace import Workspace
 from workers.environments.workspace_files import (
     TreeError,
-    WorkspaceTooLarge,
+    WorkspaceRefused,
     spec_bytes,
-    tree_changes,
     tree_from_dir,
 )
 from workers.harness_env import harness_env_prepare
@@ -328,13 +327,11 @@ class AgenticProposer:
     ) -> None:
         """The edited working copy as the draft's changes, held to the edits' rules."""
         try:
-            changes = tree_changes(
-                start, workspace.root, max_files=MAX_PROPOSAL_FILES, max_bytes=MAX_PROPOSAL_BYTES
-            )
+            changes = workspace.changes(max_files=MAX_PROPOSAL_FILES, max_bytes=MAX_PROPOSAL_BYTES)
             changes_check(
                 changes=changes, manifest_text=manifest_text, components=manifest.components
             )
-        except (TreeError, WorkspaceTooLarge, EditRejected) as exc:
+        except (TreeError, WorkspaceRefused, EditRejected) as exc:
             draft.stages.append(stage("applies", False, str(exc)))
             return
         if not changes:
