@@ -26,6 +26,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from coevo.evaluations.models import Rollout, TraceStep
+from coevo.evaluations.storable import MAX_DEPTH, Unstorable, storable_json
 
 logger = logging.getLogger(__name__)
 
@@ -68,27 +69,29 @@ def _pack(payload: dict[str, Any]) -> tuple[dict[str, Any], str, bytes | None]:
 
 
 def _payload_json(payload: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The payload and its JSON text. PostgreSQL's jsonb refuses the NUL character (a harness
-    may well print one) and text cannot hold a lone surrogate (JSON's "\\ud800" parses to one,
-    which UTF-8 cannot encode), so both become U+FFFD rather than failing the whole batch."""
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
-    if "\\u0000" in text or _SURROGATE.search(text):
-        payload = _without_nul(payload)
-        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
+    """The payload as stored and its JSON text. A payload PostgreSQL would refuse (a NUL, a
+    lone surrogate, NaN: coevo.evaluations.storable says why each) is stored with those
+    replaced, rather than failing the whole batch; one nested too deep to store at all becomes
+    a note saying so. Most payloads need neither, and skip the walk."""
+    try:
+        text = json.dumps(
+            payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str
+        )
+    except (TypeError, ValueError, RecursionError):  # a key json refuses; NaN; too deep
+        text = None
+    if text is None or "\\u0000" in text or _SURROGATE.search(text):
+        try:
+            payload = storable_json(payload, max_depth=_PAYLOAD_MAX_DEPTH)
+        except Unstorable as exc:
+            payload = {"unstorable": f"this step cannot be stored: {exc}"}
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return payload, text
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _without_nul(value: Any) -> Any:
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value.replace("\x00", "\ufffd"))
-    if isinstance(value, dict):
-        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_without_nul(item) for item in value]
-    return value
+# A step wraps the harness's values a few levels deep (a model call's messages, their content
+# parts): an answer the rollout can store is never refused in its trace.
+_PAYLOAD_MAX_DEPTH = MAX_DEPTH + 8
 
 
 def payload_unpack(payload: dict[str, Any], payload_zlib: bytes | memoryview | None) -> Any:
@@ -102,13 +105,16 @@ def trace_step_payload(step: TraceStep) -> Any:
     return payload_unpack(step.payload, step.payload_zlib)
 
 
-def _excerpt(value: Any) -> Any:
+def _excerpt(value: Any, depth_left: int = _PAYLOAD_MAX_DEPTH) -> Any:
     if isinstance(value, str):
         return value if len(value) <= EXCERPT_CHARS else value[:EXCERPT_CHARS] + " …"
+    if isinstance(value, dict | list | tuple) and depth_left <= 0:
+        # A payload json could encode may still be too deep to walk here (or to store whole).
+        return "…"
     if isinstance(value, dict):
-        return {key: _excerpt(item) for key, item in value.items()}
+        return {key: _excerpt(item, depth_left - 1) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        items = [_excerpt(item) for item in value[:50]]
+        items = [_excerpt(item, depth_left - 1) for item in value[:50]]
         return items + ([f"… {len(value) - 50} more"] if len(value) > 50 else [])
     return value
 

@@ -4,6 +4,7 @@ and that the rollout runner loses no step when a rollout is cancelled or crashes
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 import threading
 import time
@@ -131,6 +132,34 @@ def test_it_stores_a_lone_surrogate_a_harness_sent_as_a_replacement_character(ro
     fixed = "half \ufffd of a pair"
     assert first.payload == {"message": fixed, "fields": {fixed: [fixed]}}
     assert trace_step_payload(second)["message"].startswith(fixed)
+
+
+@pytest.mark.django_db
+def test_it_stores_non_finite_numbers_a_harness_sent_by_name(rollout):
+    # Python's json reads NaN and Infinity from a harness; jsonb refuses them.
+    with TraceWriter(rollout_id=rollout.id, attempt=1) as writer:
+        writer.add(FakeStep("answer", {"answer": [math.nan, math.inf, -math.inf]}))
+        writer.add(
+            FakeStep("log", {"fields": {"x": math.nan}, "message": "m" * COMPRESS_OVER_BYTES})
+        )
+    first, second = TraceStep.objects.filter(rollout=rollout).order_by("index")
+    assert first.payload == {"answer": ["NaN", "Infinity", "-Infinity"]}
+    assert trace_step_payload(second)["fields"] == {"x": "NaN"}
+
+
+@pytest.mark.django_db
+def test_it_stores_a_note_in_place_of_a_step_nested_too_deep_to_store(rollout):
+    deep: Any = "leaf"
+    for _ in range(50_000):
+        deep = [deep]
+    with TraceWriter(rollout_id=rollout.id, attempt=1) as writer:
+        writer.add(FakeStep("answer", {"answer": deep}))
+        writer.add(FakeStep("log", {"message": "after"}))
+    first, second = TraceStep.objects.filter(rollout=rollout).order_by("index")
+    assert first.kind == "answer"
+    assert set(first.payload) == {"unstorable"}
+    assert first.payload["unstorable"].startswith("this step cannot be stored: it is nested more")
+    assert second.payload == {"message": "after"}
 
 
 @pytest.mark.django_db

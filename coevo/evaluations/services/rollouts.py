@@ -28,6 +28,7 @@ from coevo.evaluations.models import (
     Rollout,
     RolloutState,
 )
+from coevo.evaluations.storable import Unstorable, storable_json, storable_text
 from coevo.evaluations.traces import TraceWriter
 from coevo.logs import log_bind, log_context, rollout_log_ids
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
@@ -194,6 +195,7 @@ def _handle_infra_error(*, rollout: Rollout, detail: str) -> None:
     the server answers again (the watchdog resumes it). Other infra errors use up an attempt.
     """
     evaluation = rollout.evaluation
+    detail = storable_text(detail)  # it may quote the harness, and lands in text columns
     if not policy_endpoint_reachable(version=evaluation.policy_version):
         Evaluation.objects.filter(id=evaluation.id).update(policy_outages=F("policy_outages") + 1)
         outages = Evaluation.objects.values_list("policy_outages", flat=True).get(id=evaluation.id)
@@ -262,7 +264,19 @@ def rollout_finish(
     requeued and claimed again) cannot overwrite the result of the newer attempt.
     ``rollout`` ends up as written: the values set here, or the row read again when the swap
     did not match.
+
+    The answer and the detail are the harness's (or quote it): they are stored as
+    coevo.evaluations.storable makes them, and an answer the database cannot hold even so ends
+    the rollout as a harness_error, so that no harness can make its rollouts fail to finish.
     """
+    detail = storable_text(detail)
+    try:
+        answer = storable_json(answer)
+    except Unstorable as exc:
+        answer = None
+        if outcome in SCORED_OUTCOMES:
+            outcome, score, error_kind = Outcome.HARNESS_ERROR, 0.0, ErrorKind.LIMIT
+            detail = f"limit exceeded: the answer cannot be stored: {exc}; return a flatter value"
     error_kind = _stored_error_kind(outcome, error_kind)
     written = {
         "state": RolloutState.DONE,
