@@ -9,8 +9,10 @@ failing later, somewhere else, with a message that names neither.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -145,11 +147,61 @@ def _check_range(name: str, value: float, minimum: float | None, maximum: float 
         raise ImproperlyConfigured(f"{name}={value} is above its maximum of {maximum}.")
 
 
+# Group and other permission bits. Nothing under COEVO_HOME is for other local users: the
+# SQLite database holds sessions and token hashes, the broker folders queued tasks.
+OTHERS_BITS = 0o077
+
+
+def _tighten(path: Path) -> None:
+    """Take group and other permissions off ``path`` when this user owns it. Another owner's
+    file is left alone (root must not rewrite what an operator chose): ``coevo doctor`` names
+    it."""
+    try:
+        status = path.stat()
+    except OSError:
+        return
+    if status.st_uid == os.geteuid() and status.st_mode & OTHERS_BITS:
+        with contextlib.suppress(OSError):  # a read-only filesystem: the doctor reports it
+            path.chmod(stat.S_IMODE(status.st_mode) & ~OTHERS_BITS)
+
+
+def private_dir(path: Path) -> None:
+    """``path`` as a directory only its owner can enter: created 0700 (its parents as the
+    umask makes them), or tightened when an earlier version made it open."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _tighten(path)
+
+
+def private_file(path: Path) -> None:
+    """``path`` as a file only its owner can read: created empty with mode 0600 before anything
+    opens it (the umask does not widen an ``open`` mode), or tightened when it exists."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        _tighten(path)
+    except OSError:
+        pass  # a missing or read-only directory: whoever opens the file reports it
+
+
+def sqlite_private(name: str) -> None:
+    """Keep a SQLite database and its journals private. SQLite creates a database 0644 (less
+    the umask), but its ``-wal``, ``-shm`` and ``-journal`` files with the database's own
+    mode, so a database created 0600 keeps them all private."""
+    if not name or name == ":memory:" or name.startswith("file:"):
+        return
+    private_file(Path(name))
+    for suffix in ("-wal", "-shm", "-journal"):
+        _tighten(Path(name + suffix))
+
+
 def home_dir() -> Path:
-    """Where the embedded default keeps its state (database, broker folders, harness store)."""
+    """Where the embedded default keeps its state (database, broker folders, harness store):
+    a directory only coevo's user can enter, whatever the umask. That directory is the
+    boundary, not a 077 umask: harness trees and environments under it are bound into
+    sandboxes whose uid is another one, which must still read them."""
     home = env_path("COEVO_HOME", BASE_DIR / "var")
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        private_dir(home)
     except OSError as exc:
         raise ImproperlyConfigured(
             f"COEVO_HOME={str(home)!r} cannot be created ({exc.strerror}): point it at a "

@@ -35,7 +35,8 @@ _PARTIAL_SUFFIX = ".partial"
 def _write_aside(folder: str | Path, data: bytes) -> str:
     """Write data to a new file in folder, under a name no reader takes; return its path."""
     path = os.path.join(folder, f".{uuid.uuid4().hex}{_PARTIAL_SUFFIX}")
-    with open(path, "xb", buffering=0) as f:
+    # 0600 whatever the umask: a message names the work it asks for, for coevo's user only.
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb", buffering=0) as f:
         f.write(data)
     return path
 

@@ -21,7 +21,9 @@ from coevo.config import (
     env_str,
     env_url,
     home_dir,
+    private_dir,
     secret_key,
+    sqlite_private,
 )
 
 COEVO_HOME = home_dir()
@@ -126,6 +128,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
+    # Sessions, token hashes and held-out data: created 0600 before the first connection.
+    sqlite_private(str(DATABASES["default"]["NAME"]))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -166,8 +170,10 @@ CELERY_BROKER_URL = env_url(
 )
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = COEVO_HOME / "broker"
+    # Queued tasks name evaluations and campaigns: private, like the home around them.
+    private_dir(_broker_dir)
     for _sub in ("queue", "processed", "control"):
-        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
+        private_dir(_broker_dir / _sub)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),

@@ -121,7 +121,7 @@ def campaign_create(
         raise InvalidInput("epochs must be between 1 and 100.")
     plan = plan or DEFAULT_PLAN
     manifest = _manifest_of(seed_candidate)
-    cleaned = strategy_validate(strategy=strategy, manifest=manifest)
+    cleaned = strategy_validate(strategy=strategy, manifest=manifest, project=project)
     name = name.strip() or campaign_default_name(seed_candidate=seed_candidate, strategy=cleaned)
     alternation = alternation_validate(raw=alternation, campaign_patience=patience)
     if alternation and policy_version.endpoint.kind not in ADAPTER_ENDPOINT_KINDS:

@@ -9,6 +9,7 @@ that do not load as a failed ``configuration`` check instead of a traceback).
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from coevo.config import OTHERS_BITS
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GIB = 1024**3
@@ -340,6 +343,50 @@ def check_disk() -> CheckResult:
     return CheckResult("disk", worst, ", ".join(details), fix)
 
 
+def _home_secrets(home: Path, database: str) -> list[Path]:
+    """What in COEVO_HOME holds secrets, and the SQLite database wherever it is: sessions and
+    token hashes, the key that signs sessions, the demo's passwords, queued tasks."""
+    paths = [home, home / "secret_key", *sorted(home.glob("*-password"))]
+    broker = home / "broker"
+    paths += [broker, *(broker / sub for sub in ("queue", "processed", "control"))]
+    for name in sorted({str(home / "coevo.sqlite3"), database} - {"", ":memory:"}):
+        paths += [Path(name + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
+    return paths
+
+
+def check_home_permissions() -> CheckResult:
+    """Another local user who can read COEVO_HOME reads the sessions in its SQLite database
+    and logs in as whoever holds one (a superuser). coevo makes a new home 0700 and its
+    database 0600, and tightens what it owns at start-up; this names what is still open."""
+    from django.conf import settings
+
+    home = Path(settings.COEVO_HOME)
+    db = settings.DATABASES["default"]
+    database = str(db["NAME"]) if db["ENGINE"].endswith("sqlite3") else ""
+    open_paths = []
+    for path in _home_secrets(home, database):
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue  # not made yet, or another owner's directory hides it
+        if mode & OTHERS_BITS:
+            open_paths.append((path, mode & 0o777))
+    if not open_paths:
+        return CheckResult(
+            "home permissions", OK, f"COEVO_HOME {home} and its secrets are private to its owner"
+        )
+    shown = ", ".join(f"{path} ({mode:04o})" for path, mode in open_paths)
+    # Not chmod -R: harness trees under the home are read by sandboxes running as other uids.
+    command = "chmod go= " + " ".join(shlex.quote(str(path)) for path, _ in open_paths)
+    return CheckResult(
+        "home permissions",
+        WARN,
+        f"open to the owner's group or other local users: {shown}. A user who reads the "
+        "SQLite database logs in with its sessions",
+        f"Run: {command} (as their owner: only coevo's own user needs them).",
+    )
+
+
 # Checks that need the database; skipped (not failed again) when it is unreachable.
 _NEEDS_DB = (check_migrations, check_harness_store, check_policy_endpoints)
 CHECKS: tuple[Callable[[], CheckResult], ...] = (
@@ -353,6 +400,7 @@ CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_harness_store,
     check_policy_endpoints,
     check_disk,
+    check_home_permissions,
 )
 
 

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ def adapter_file_resolve(*, root: Path, path: str) -> Path:
     Refused (400) unless it resolves inside ``root`` after following every symlink and ``..``,
     exists, and starts with the GGUF magic: the host must not read files the operator did not
     put under the adapter root, and a broken file is better refused here than by llama.cpp.
+    Every refusal reads the same: whoever reaches the host learns nothing of its files (where
+    a path resolves, whether it exists, how it starts); the host's log says which check failed.
     """
     if not path or len(path) > MAX_PATH_CHARS:
         raise Refused(400, f"lora_path must be a path of 1 to {MAX_PATH_CHARS} characters.")
@@ -82,26 +85,24 @@ def adapter_file_resolve(*, root: Path, path: str) -> Path:
     if resolved.is_dir():
         resolved = (resolved / ADAPTER_GGUF).resolve()
     if not resolved.is_relative_to(root):
-        raise Refused(
-            400,
-            f"{path} resolves to {resolved}, outside the adapter root {root}: install adapters "
-            "under the root (COEVO_ADAPTER_DIR) or start the host with --adapter-root above it.",
-        )
+        _adapter_refused(path, f"it resolves to {resolved}, outside the adapter root {root}")
     if not resolved.is_file():
-        raise Refused(
-            400,
-            f"No adapter found for {path}: {resolved} does not exist. An adapter served by "
-            f"llama.cpp needs its GGUF conversion, {ADAPTER_GGUF}, in its directory.",
-        )
+        _adapter_refused(path, f"{resolved} does not exist")
     with resolved.open("rb") as f:
         magic = f.read(len(GGUF_MAGIC))
     if magic != GGUF_MAGIC:
-        raise Refused(
-            400,
-            f"{resolved} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}): "
-            "convert the PEFT adapter to a GGUF LoRA first.",
-        )
+        _adapter_refused(path, f"{resolved} starts with {magic!r}, not {GGUF_MAGIC!r}")
     return resolved
+
+
+def _adapter_refused(path: str, why: str) -> NoReturn:
+    logger.warning("refused to load lora_path %r: %s", path, why)
+    raise Refused(
+        400,
+        f"The adapter at {path} was refused: the host loads only a GGUF LoRA under its adapter "
+        f"root (COEVO_ADAPTER_DIR), and an installed adapter needs its GGUF conversion, "
+        f"{ADAPTER_GGUF}, in its directory. The host's log says why this one was refused.",
+    )
 
 
 @dataclass
@@ -229,7 +230,7 @@ class ChildPool:
             # vLLM answers a second load, so the caller checks /v1/models and finds it there.
             existing.settled.wait(self.config.start_timeout_s)
             if existing.state == "failed":
-                raise Refused(400, f"Loading lora {name} failed: {existing.reason}.")
+                raise Refused(400, _load_failed(name))  # its reason was logged as it failed
             raise Refused(400, f"The lora adapter '{name}' has already been loaded.")
         if evicted is not None:
             logger.info("evicting adapter %s (least recently used) to load %s", evicted.name, name)
@@ -239,9 +240,7 @@ class ChildPool:
             with self._lock:
                 if self._children.get(name) is child:
                     del self._children[name]
-            raise Refused(
-                400, f"Loading lora {name} failed: {child.reason}. Its log: {child.log_path}"
-            )
+            raise Refused(400, _load_failed(name))  # _start logged the reason and the log
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def adapter_unload(self, *, name: str) -> str:
@@ -323,7 +322,10 @@ class ChildPool:
         child.settled.set()
         elapsed = time.monotonic() - started
         if reason:
-            logger.warning("child %s failed to start after %.1fs: %s", child.name, elapsed, reason)
+            logger.warning(
+                "child %s failed to start after %.1fs: %s (log %s)",
+                child.name, elapsed, reason, child.log_path,
+            )  # fmt: skip
             self._stop(child, quiet=True)
         elif closing:
             self._stop(child)  # stopped or unloaded while it was starting
@@ -391,6 +393,15 @@ class ChildPool:
                     break
             time.sleep(0.1)
         self._stop(child)
+
+
+def _load_failed(name: str) -> str:
+    # llama.cpp's words name the adapter's resolved path and the child's log: the host's log
+    # keeps them for the operator, the body says only that the load failed.
+    return (
+        f"Loading lora {name} failed: llama.cpp could not load the adapter. The llama.cpp "
+        "host's log says why."
+    )
 
 
 def _free_port() -> int:

@@ -9,7 +9,9 @@ on vLLM (coevo/policies/services.py, policy_adapter_ensure):
 
 - ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}``: ``lora_path`` is an installed
   adapter directory (its ``adapter.gguf`` is loaded) or a ``.gguf`` file inside
-  ``--adapter-root``; answers once the adapter serves (200, text) or why not (400/503, JSON).
+  ``--adapter-root``; answers once the adapter serves (200, text) or why not (400/503, JSON),
+  except that why a path was refused, or why llama.cpp could not load a file, goes only to
+  the host's log: the caller learns nothing of the host's files.
 - ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``.
 - ``GET /v1/models``: the base alias and the loaded adapters (``parent``: the base);
   ``GET /health``: 200 while the base model serves.

@@ -7,6 +7,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from coevo.campaigns.models import Campaign, CampaignState, Proposal
+from coevo.projects.services import project_get_or_create
 from harness_store.derive import candidate_derive
 from tests.api.conftest import assert_error
 from tests.campaigns.support import (
@@ -17,6 +18,7 @@ from tests.campaigns.support import (
     raced_campaign,
     styled_seed,
 )
+from tests.campaigns.test_agentic_proposer import proposer_program
 from tests.campaigns.test_pages import make_campaign_data
 
 BASE = "/api/v1/projects/demo/campaigns/"
@@ -159,6 +161,25 @@ def test_it_refuses_bad_starts_without_creating_anything(make_client, researcher
     assert_error(
         client.post(BASE, {**start_body, "max_proposals": 0}, format="json"), 400, "invalid_input"
     )
+    assert not Campaign.objects.exists()
+
+
+def test_it_refuses_an_agentic_program_of_another_project(
+    make_client, researcher, start_body, tmp_path
+):
+    foreign = proposer_program(project_get_or_create(slug="other", name="Other"), tmp_path)
+    strategy = [{"kind": "agentic", "options": {"program": foreign.sha}}]
+
+    error = assert_error(
+        make_client(researcher, ["campaigns:run"]).post(
+            BASE, {**start_body, "strategy": strategy}, format="json"
+        ),
+        400,
+        "invalid_input",
+    )
+
+    expected = f"program {foreign.sha}: no candidate of this project has that commit"
+    assert expected in error["message"]
     assert not Campaign.objects.exists()
 
 

@@ -12,12 +12,13 @@ import time
 
 import pytest
 
-from coevo.campaigns.models import CampaignState, ProposalState, ProposerKind
+from coevo.campaigns.models import Campaign, CampaignState, ProposalState, ProposerKind
 from coevo.campaigns.proposers import strategy_validate
 from coevo.campaigns.proposers.agentic import agentic_history_write
 from coevo.campaigns.services import campaign_create, campaign_start
 from coevo.errors import InvalidInput
 from coevo.evaluations.models import TraceStep
+from coevo.projects.services import project_get_or_create
 from harness_store.services import candidate_import_directory
 from tests.campaigns.support import MARKER, marked_suite, proposer_endpoint, styled_seed
 from tests.conftest import wait_until_final
@@ -205,12 +206,17 @@ def test_it_validates_agentic_options(project, tmp_path):
     from harness_store.manifest import load_manifest
 
     manifest = load_manifest(_export(styled_seed(project, tmp_path), tmp_path / "seed"))
+    program = proposer_program(project, tmp_path)
     (entry,) = strategy_validate(
-        strategy=[{"kind": "agentic", "options": {"program": "ABCDEF1234"}}], manifest=manifest
+        strategy=[{"kind": "agentic", "options": {"program": program.sha[:10].upper()}}],
+        manifest=manifest,
+        project=project,
     )
-    assert entry["options"]["program"] == "abcdef1234"
+    # Kept whole: a candidate imported later cannot make the prefix name two programs.
+    assert entry["options"]["program"] == program.sha
     assert entry["options"]["timeout_s"] == 240 and entry["options"]["history_candidates"] == 12
     for options, message in [
+        ({"program": "abcdef1"}, "program abcdef1: no candidate of this project has that commit"),
         ({}, "program must be the SHA"),
         ({"program": "xyz"}, "program must be the SHA"),
         ({"program": "abcdef1", "timeout_s": 600}, "timeout_s must be at most 270"),
@@ -220,5 +226,33 @@ def test_it_validates_agentic_options(project, tmp_path):
         ({"program": "abcdef1", "temperature": 1}, "unknown options ['temperature']"),
     ]:
         with pytest.raises(InvalidInput, match="agentic proposer") as caught:
-            strategy_validate(strategy=[{"kind": "agentic", "options": options}], manifest=manifest)
+            strategy_validate(
+                strategy=[{"kind": "agentic", "options": options}],
+                manifest=manifest,
+                project=project,
+            )
         assert message in str(caught.value), (options, caught.value)
+
+
+def test_it_refuses_a_program_of_another_project_when_the_campaign_is_created(
+    project, tmp_path, policy_version
+):
+    """It used to be accepted, and every draft then failed with "not a candidate"."""
+    other = project_get_or_create(slug="other", name="Other")
+    foreign = proposer_program(other, tmp_path)
+    seed = styled_seed(project, tmp_path)
+
+    with pytest.raises(InvalidInput) as caught:
+        campaign_create(
+            project=project,
+            name="agentic",
+            seed_candidate=seed,
+            policy_version=policy_version,
+            suite=marked_suite(project),
+            strategy=[{"kind": "agentic", "options": {"program": foreign.sha}}],
+        )
+
+    assert f"program {foreign.sha}: no candidate of this project has that commit" in str(
+        caught.value
+    )
+    assert not Campaign.objects.exists()

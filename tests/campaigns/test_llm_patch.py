@@ -191,6 +191,7 @@ def test_it_validates_llm_patch_options(project, tmp_path):
     cleaned = strategy_validate(
         strategy=[{"kind": "llm-patch", "options": {"endpoint": "big-model", "api": "chat"}}],
         manifest=manifest,
+        project=project,
     )
     assert cleaned[0]["options"]["api"] == "chat"
     assert cleaned[0]["options"]["endpoint"] == "big-model"
@@ -198,7 +199,9 @@ def test_it_validates_llm_patch_options(project, tmp_path):
     # A registered endpoint's URL is still accepted (clients written before endpoint names),
     # and stored as the endpoint's name.
     [entry] = strategy_validate(
-        strategy=[{"kind": "llm-patch", "options": {"base_url": "http://x:1"}}], manifest=manifest
+        strategy=[{"kind": "llm-patch", "options": {"base_url": "http://x:1"}}],
+        manifest=manifest,
+        project=project,
     )
     assert entry["options"]["endpoint"] == "big-model" and "base_url" not in entry["options"]
     for options, message in (
@@ -212,10 +215,12 @@ def test_it_validates_llm_patch_options(project, tmp_path):
     ):
         with pytest.raises(InvalidInput, match=message):
             strategy_validate(
-                strategy=[{"kind": "llm-patch", "options": options}], manifest=manifest
+                strategy=[{"kind": "llm-patch", "options": options}],
+                manifest=manifest,
+                project=project,
             )
     with pytest.raises(InvalidInput, match="manual candidates are submitted"):
-        strategy_validate(strategy=[{"kind": "manual"}], manifest=manifest)
+        strategy_validate(strategy=[{"kind": "manual"}], manifest=manifest, project=project)
 
 
 def test_it_asks_the_policy_endpoint_by_default_and_records_what_it_sent(

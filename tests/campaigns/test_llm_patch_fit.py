@@ -240,13 +240,16 @@ def test_text_is_asked_for_when_the_option_says_so(proposer, propose):
 
 def test_it_validates_the_context_and_answer_options(project, tmp_path):
     manifest = _manifest(styled_seed(project, tmp_path))
-    [entry] = strategy_validate(strategy=[{"kind": "llm-patch"}], manifest=manifest)
+    [entry] = strategy_validate(
+        strategy=[{"kind": "llm-patch"}], manifest=manifest, project=project
+    )
     assert entry["options"]["answer_format"] == "auto" and "context_tokens" not in entry["options"]
     [entry] = strategy_validate(
         strategy=[
             {"kind": "llm-patch", "options": {"context_tokens": 8192, "answer_format": "json"}}
         ],
         manifest=manifest,
+        project=project,
     )
     assert (entry["options"]["context_tokens"], entry["options"]["answer_format"]) == (8192, "json")
     for options, message in (
@@ -256,7 +259,9 @@ def test_it_validates_the_context_and_answer_options(project, tmp_path):
     ):
         with pytest.raises(InvalidInput, match=message):
             strategy_validate(
-                strategy=[{"kind": "llm-patch", "options": options}], manifest=manifest
+                strategy=[{"kind": "llm-patch", "options": options}],
+                manifest=manifest,
+                project=project,
             )
 
 

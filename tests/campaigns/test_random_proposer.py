@@ -19,6 +19,7 @@ from coevo.campaigns.proposers.random_search import (
 )
 from coevo.campaigns.services import campaign_create, campaign_start
 from coevo.errors import InvalidInput
+from coevo.projects.models import Project
 from harness_store.manifest import MANIFEST_NAME, parse_manifest
 from harness_store.selectors import candidate_read_file
 from tests.campaigns.support import drive
@@ -55,6 +56,8 @@ default = 1.0
 """
 
 MANIFEST = parse_manifest(tomllib.loads(KNOBS))
+# The random proposer's options name no row: the campaign's project is never read.
+UNSAVED_PROJECT = Project(slug="unsaved")
 SEED_POINT = {"depth": 2, "mode": "a", "verbose": False}
 
 
@@ -156,13 +159,16 @@ def test_it_is_a_strategy_entry():
     assert strategy_validate(
         strategy=[{"kind": "random"}, {"kind": "random", "options": {"knobs": ["mode"]}}],
         manifest=MANIFEST,
+        project=UNSAVED_PROJECT,
     ) == [
         {"kind": "random", "options": {}},
         {"kind": "random", "options": {"knobs": ["mode"]}},
     ]
     with pytest.raises(InvalidInput, match=r"random proposer: knobs \['nope'\]"):
         strategy_validate(
-            strategy=[{"kind": "random", "options": {"knobs": ["nope"]}}], manifest=MANIFEST
+            strategy=[{"kind": "random", "options": {"knobs": ["nope"]}}],
+            manifest=MANIFEST,
+            project=UNSAVED_PROJECT,
         )
 
 

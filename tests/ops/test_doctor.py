@@ -133,3 +133,31 @@ def test_a_bad_setting_is_a_configuration_failure_not_a_traceback(tmp_path):
     assert done.returncode == 1
     assert "configuration" in done.stdout and "COEVO_HEARTBEAT_S='soon'" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_it_warns_about_a_home_other_local_users_can_read_with_the_chmod_that_fixes_it(
+    settings, tmp_path, policy_version, capsys
+):
+    """As an earlier version left it (or a later chmod): with the usual umask, a 0755 home and
+    a 0644 database, whose sessions another local user could log in with."""
+    home = tmp_path / "home"
+    (home / "broker" / "queue").mkdir(parents=True)
+    database = home / "coevo.sqlite3"
+    database.write_bytes(b"")
+    for path, open_mode in ((home, 0o755), (home / "broker", 0o700), (database, 0o644)):
+        path.chmod(open_mode)
+    (home / "broker" / "queue").chmod(0o750)
+    settings.COEVO_HOME = home
+
+    code, checks = doctor(capsys)
+
+    home_check = checks["home permissions"]
+    assert code == 0 and home_check["status"] == "warn", home_check  # it works: a warning
+    assert f"{home} (0755)" in home_check["detail"]
+    assert f"{database} (0644)" in home_check["detail"]
+    assert f"{home / 'broker' / 'queue'} (0750)" in home_check["detail"]
+    assert f"chmod go= {home} {home / 'broker' / 'queue'} {database}" in home_check["fix"]
+
+    subprocess.run(["sh", "-c", home_check["fix"].split("Run: ")[1].split(" (")[0]], check=True)
+    code, checks = doctor(capsys)
+    assert checks["home permissions"]["status"] == "ok", checks["home permissions"]

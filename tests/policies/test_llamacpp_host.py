@@ -3,6 +3,7 @@ by model, vLLM's runtime-LoRA API, path checks, bounds, eviction, restarts, shut
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import sys
@@ -112,39 +113,39 @@ def test_it_answers_404_in_openais_format_for_a_model_it_does_not_serve(host):
     assert "`nobody` does not exist" in error["message"]
 
 
-@pytest.mark.parametrize(
-    "where, reason",
-    [
-        ("dotdot", "outside the adapter root"),
-        ("symlink", "outside the adapter root"),
-        ("missing", "does not exist"),
-        ("not-gguf", "is not a GGUF file"),
-        ("no-gguf-in-dir", "needs its GGUF conversion, adapter.gguf"),
-    ],
-)
-def test_it_refuses_adapter_paths_it_must_not_or_cannot_load(host, tmp_path, where, reason):
+def test_it_refuses_adapter_paths_alike_and_logs_why_for_the_operator(host, tmp_path, caplog):
+    """Whoever reaches the host learns nothing of its files from a refusal: not where a path
+    resolves, whether it exists, nor how a file starts. The operator's log says which."""
     outside = make_gguf_adapter(tmp_path / "elsewhere", "out")
     root = host.adapter_root
-    if where == "dotdot":
-        path = f"{root}/../elsewhere/out"
-    elif where == "symlink":
-        (root / "link").symlink_to(outside)
-        path = str(root / "link")
-    elif where == "missing":
-        path = str(root / "nothing")
-    elif where == "not-gguf":
-        (root / "peft").mkdir()
-        (root / "peft" / "adapter.gguf").write_bytes(b"PK\3\4 a zip, not GGUF")
-        path = str(root / "peft")
-    else:
-        (root / "peft").mkdir()
-        (root / "peft" / "adapter_config.json").write_text("{}")
-        path = str(root / "peft")
+    (root / "link").symlink_to(outside)
+    (root / "peft").mkdir()
+    (root / "peft" / "adapter.gguf").write_bytes(b"PK\3\4 a zip, not GGUF")
+    (root / "peft-only").mkdir()
+    (root / "peft-only" / "adapter_config.json").write_text("{}")
+    cases = {
+        f"{root}/../elsewhere/out": "outside the adapter root",
+        str(root / "link"): "outside the adapter root",
+        str(root / "nothing"): "nothing does not exist",
+        str(root / "peft"): "starts with b'PK\\x03\\x04', not b'GGUF'",
+        str(root / "peft-only"): "peft-only/adapter.gguf does not exist",
+    }
+    answers = set()
+    for path, reason in cases.items():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="coevo.policies.llamacpp_children"):
+            response = load(host, "ft1", path)
 
-    response = load(host, "ft1", path)
-
-    assert response.status_code == 400
-    assert reason in response.json()["error"]["message"]
+        assert response.status_code == 400
+        message = response.json()["error"]["message"]
+        assert message.startswith(f"The adapter at {path} was refused: "), message
+        answers.add(message.replace(path, "PATH"))
+        assert reason in caplog.text, (path, caplog.text)
+        assert caplog.records[-1].levelno == logging.WARNING
+    (answer,) = answers  # one answer for every reason
+    for leak in ("exist", "resolves", str(outside), "elsewhere", "PK", "starts with"):
+        assert leak not in answer
+    assert "adapter.gguf" in answer  # what an installed adapter needs, for the caller
     assert served(host) == ["base-model"]
     assert len(host.pool.ready()) == 1  # no child was started
 
@@ -173,15 +174,23 @@ def test_it_refuses_a_second_load_of_a_name_as_vllm_does(host):
     assert again.status_code == 400 and "already been loaded" in again.text
 
 
-def test_an_adapter_llama_cpp_cannot_load_is_refused_with_its_log(host):
+def test_an_adapter_llama_cpp_cannot_load_is_refused_and_its_log_kept_for_the_operator(
+    host, caplog
+):
     broken = make_gguf_adapter(host.adapter_root, "broken", content=b"BROKEN")
 
-    response = load(host, "broken", str(broken))
+    with caplog.at_level(logging.WARNING, logger="coevo.policies.llamacpp_children"):
+        response = load(host, "broken", str(broken))
 
-    message = response.json()["error"]["message"]
     assert response.status_code == 400
-    assert "exited with code 1" in message and "llama_adapter_lora_init: failed" in message
-    assert "broken.log" in message
+    assert response.json()["error"]["message"] == (
+        "Loading lora broken failed: llama.cpp could not load the adapter. The llama.cpp "
+        "host's log says why."
+    )
+    # llama.cpp's words (which name the resolved file) and the child's log, host-side only.
+    logged = caplog.text
+    assert "exited with code 1" in logged and "llama_adapter_lora_init: failed" in logged
+    assert str(broken / "adapter.gguf") in logged and "broken.log" in logged
     assert served(host) == ["base-model"]
 
 

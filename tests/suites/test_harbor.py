@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from io import StringIO
 
 import pytest
@@ -447,6 +448,30 @@ def test_it_checks_solutions_in_the_sandbox_and_refuses_the_ones_that_fail(proje
         "good",
         "unsolved",
     ]
+
+
+def test_a_solution_gets_no_more_time_than_a_harness_whatever_its_task_asks(
+    project, tmp_path, settings
+):
+    """A task's own ``[agent] timeout_sec`` is the importer's input: it used to run solve.sh for
+    as long as it said (a day, say)."""
+    settings.COEVO_ROLLOUT_WALL_S = 2
+    write_harbor_task(
+        tmp_path,
+        "slow",
+        task_toml="[agent]\ntimeout_sec = 86400\n",
+        solve_sh="#!/bin/bash\nsleep 20\necho 42 > /app/answer.txt\n",
+    )
+    write_harbor_task(tmp_path, "quick", solve_sh=SOLVE_42)
+    started = time.monotonic()
+
+    _, _, report = imported(project, tmp_path, check_solutions=True)
+
+    assert time.monotonic() - started < 15
+    assert report.taken == ["quick"]
+    assert refusals(report)["slow"].startswith(
+        "its solution does not pass its tests: solve.sh timed out"
+    ), report.refused
 
 
 # --- the command line -----------------------------------------------------------------------

@@ -515,7 +515,8 @@ def solution_check(*, inputs: Mapping[str, Any], verifier: Mapping[str, Any]) ->
         solution_dir.mkdir()
         solution_dir.chmod(0o755)  # whatever the worker's umask
         tree_write(solution, solution_dir)
-        timeout = float(task_wall_s(dict(inputs)) or settings.COEVO_WORKSPACE_VERIFIER_TIMEOUT_S)
+        wall = task_wall_s(dict(inputs)) or settings.COEVO_WORKSPACE_VERIFIER_TIMEOUT_S
+        timeout = float(min(wall, settings.COEVO_ROLLOUT_WALL_S))  # no more than a harness gets
         result = workspace.run(
             [BASH, f"{SOLUTION_MOUNT}/solve.sh"],
             timeout_s=timeout,

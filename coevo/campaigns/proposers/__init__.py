@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from coevo.campaigns.proposers.llm_patch import LlmPatchProposer, llm_patch_opti
 from coevo.campaigns.proposers.merge import MergeProposer, merge_options_validate
 from coevo.campaigns.proposers.random_search import RandomProposer, random_options_validate
 from coevo.errors import InvalidInput
+from coevo.projects.models import Project
 from harness_store.manifest import Manifest
 
 Validator = Callable[..., dict[str, Any]]
@@ -40,7 +42,7 @@ def available_kinds() -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _validator(kind: str) -> Validator:
+def _validator(kind: str, project: Project) -> Validator:
     if kind == ProposerKind.CONFIG:
         return config_options_validate
     if kind == ProposerKind.RANDOM:
@@ -48,7 +50,8 @@ def _validator(kind: str) -> Validator:
     if kind == ProposerKind.LLM_PATCH:
         return llm_patch_options_validate
     if kind == ProposerKind.AGENTIC:
-        return agentic_options_validate
+        # The only one whose options name a row: its program, a candidate of this project.
+        return functools.partial(agentic_options_validate, project=project)
 
     return merge_options_validate
 
@@ -67,8 +70,11 @@ def _build(kind: str, campaign: Campaign, options: dict[str, Any]) -> Proposer:
     raise InvalidInput(f"The {kind} proposer is not available.")
 
 
-def strategy_validate(*, strategy: Any, manifest: Manifest) -> list[dict[str, Any]]:
-    """``[{"kind": "config", "options": {...}}, ...]`` checked against the seed's manifest."""
+def strategy_validate(
+    *, strategy: Any, manifest: Manifest, project: Project
+) -> list[dict[str, Any]]:
+    """``[{"kind": "config", "options": {...}}, ...]`` checked against the seed's manifest and
+    the campaign's ``project``."""
     if strategy is None:
         strategy = [{"kind": ProposerKind.CONFIG.value}]
     if not isinstance(strategy, list) or not strategy:
@@ -99,7 +105,10 @@ def strategy_validate(*, strategy: Any, manifest: Manifest) -> list[dict[str, An
                 f"strategy[{i}]: unknown proposer {kind!r} (available: {', '.join(available)})."
             )
         cleaned.append(
-            {"kind": kind, "options": _validator(kind)(manifest=manifest, options=options)}
+            {
+                "kind": kind,
+                "options": _validator(kind, project)(manifest=manifest, options=options),
+            }
         )
     return cleaned
 

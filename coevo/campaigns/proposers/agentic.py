@@ -43,6 +43,7 @@ from coevo.campaigns.proposers.llm_patch import (
 )
 from coevo.campaigns.workspace import DEFAULT_BUDGET_CHARS, workspace_build
 from coevo.errors import InvalidInput, InvalidManifest, PolicyUnavailable
+from coevo.projects.models import Project
 from harness_store.manifest import MANIFEST_NAME, Manifest, load_manifest, parse_manifest
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_export, candidate_read_file
@@ -89,12 +90,15 @@ command in harness.toml. When done, exit; you may write your hypothesis, one lin
 string to $COEVO_ANSWER_FILE."""
 
 
-def agentic_options_validate(*, manifest: Manifest, options: dict[str, Any]) -> dict[str, Any]:
+def agentic_options_validate(
+    *, manifest: Manifest, options: dict[str, Any], project: Project
+) -> dict[str, Any]:
     """``program`` (required: the SHA, or a unique prefix of 7+ hex digits, of the project's
-    candidate holding the proposer program), ``knobs`` (overrides of the program's knobs),
-    ``history_candidates`` (0..50, default 12: candidate trees under /history/candidates),
-    ``timeout_s`` (1..270, default 240: the program's wall time), and llm-patch's ``endpoint``,
-    ``model``, ``parent`` and ``workspace_chars`` (the record's size)."""
+    candidate holding the proposer program; kept as the full SHA), ``knobs`` (overrides of the
+    program's knobs), ``history_candidates`` (0..50, default 12: candidate trees under
+    /history/candidates), ``timeout_s`` (1..270, default 240: the program's wall time), and
+    llm-patch's ``endpoint``, ``model``, ``parent`` and ``workspace_chars`` (the record's
+    size)."""
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
         raise InvalidInput(
@@ -125,7 +129,27 @@ def agentic_options_validate(*, manifest: Manifest, options: dict[str, Any]) -> 
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 50:
         raise InvalidInput("agentic proposer: history_candidates must be an integer in 0..50.")
     cleaned["history_candidates"] = count
+    # Refused now, not at every draft: a program of another project is never this campaign's.
+    # The full SHA: a prefix unique today may match a candidate imported later.
+    matches = _program_matches(project_id=project.id, program=cleaned["program"])
+    if not matches:
+        raise InvalidInput(
+            f"agentic proposer: program {cleaned['program']}: no candidate of this project has "
+            "that commit (import the proposer program into this project first, e.g. "
+            "examples/proposers/agentic)."
+        )
+    if len(matches) > 1:
+        raise InvalidInput(
+            f"agentic proposer: program {cleaned['program']} is the start of several candidates' "
+            "SHAs in this project: give more of its SHA."
+        )
+    cleaned["program"] = matches[0].sha
     return cleaned
+
+
+def _program_matches(*, project_id: Any, program: str) -> list[Candidate]:
+    """At most two of the project's candidates whose SHA starts with ``program``."""
+    return list(Candidate.objects.filter(project=project_id, sha__startswith=program)[:2])
 
 
 def llm_patch_keys() -> tuple[str, ...]:
@@ -249,10 +273,8 @@ class AgenticProposer:
         return None  # stateless: the next history reads every outcome from the records
 
     def _program(self) -> Candidate | None:
-        matches = list(
-            Candidate.objects.filter(
-                project=self.campaign.project_id, sha__startswith=self.options["program"]
-            )[:2]
+        matches = _program_matches(
+            project_id=self.campaign.project_id, program=self.options["program"]
         )
         return matches[0] if len(matches) == 1 else None
 
