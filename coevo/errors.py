@@ -24,13 +24,35 @@ class InvalidManifest(InvalidInput):
 
 
 class PolicyUnavailable(CoevoError):
-    """The policy server could not answer (after retries): an infra_error, never a score."""
+    """The policy server could not answer (after retries): an infra_error, never a score.
+
+    ``endpoint_down``: the server itself is failing (no connection, or its health probe failed
+    too), so its endpoint is marked unhealthy and gets no requests until a probe answers. False
+    when the server is up but could not serve this request now (it stayed busy, or a gateway in
+    front of it failed): still an infra_error, but one request's failure must not take the
+    endpoint from every other rollout.
+    """
 
     code = "policy_unavailable"
+    endpoint_down = True
+
+    def __init__(self, message: str, *, endpoint_down: bool | None = None) -> None:
+        super().__init__(message)
+        if endpoint_down is not None:
+            self.endpoint_down = endpoint_down
+
+
+class PolicySlotTimeout(PolicyUnavailable):
+    """No concurrency slot of the endpoint came free within COEVO_POLICY_SLOT_WAIT_S: its
+    capacity, not its server, is what failed (an infra_error; the endpoint stays healthy)."""
+
+    code = "policy_slot_timeout"
+    endpoint_down = False
 
 
 class PolicyRequestRejected(CoevoError):
-    """The policy server answered 4xx: the request itself was wrong."""
+    """The policy server answered 4xx, or failed on this request alone (PolicyRequestFailed):
+    the request itself was wrong."""
 
     code = "policy_request_rejected"
 
@@ -40,6 +62,15 @@ class PolicyRequestRejected(CoevoError):
         # The server's own answer (its body), without its address: what a program harness
         # that sent the request may be shown.
         self.reply = reply
+
+
+class PolicyRequestFailed(PolicyRequestRejected):
+    """The policy server answered HTTP 500 to this request on every try while its health probe
+    says it is up: what fails is the request (its content: a tool_choice the server cannot
+    serve, say), not the server. Handled as a refusal (the harness's fault, the endpoint stays
+    healthy); ``status`` is the 500."""
+
+    code = "policy_request_failed"
 
 
 class SandboxUnavailable(CoevoError):
@@ -106,3 +137,5 @@ class AdapterLoadFailed(PolicyUnavailable):
     """A policy version's LoRA adapter could not be loaded on a vLLM endpoint (infra_error)."""
 
     code = "adapter_load_failed"
+    # An adapter that will not load is not a dead server: the endpoint stays healthy.
+    endpoint_down = False

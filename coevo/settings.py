@@ -231,6 +231,11 @@ COEVO_POLICY_KIND = env_choice(
 COEVO_POLICY_BASE_MODEL = env_str("COEVO_POLICY_BASE_MODEL", "") or COEVO_POLICY_MODEL
 COEVO_POLICY_TIMEOUT_S = env_int("COEVO_POLICY_TIMEOUT_S", 300, minimum=1)
 COEVO_POLICY_RETRIES = env_int("COEVO_POLICY_RETRIES", 4, minimum=0)
+# Concurrency slots per endpoint (coevo/policies/concurrency.py): a slot's lease, renewed by its
+# holder every third of it, so a dead holder's slot is free within one lease; and how long a
+# request waits for a slot before its rollout ends as an infrastructure error.
+COEVO_POLICY_SLOT_LEASE_S = env_int("COEVO_POLICY_SLOT_LEASE_S", 30, minimum=3)
+COEVO_POLICY_SLOT_WAIT_S = env_int("COEVO_POLICY_SLOT_WAIT_S", 900, minimum=1)
 # The context window (tokens) an llm-patch proposer's prompt is fitted to when its server does
 # not report one (llama-cpp-python does not; vLLM and llama.cpp's server do) and the campaign
 # gives no context_tokens option. 4096 is the embedded server's n_ctx; a smaller guess only

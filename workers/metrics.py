@@ -22,7 +22,8 @@ POLICY_REQUESTS = Counter(
 )
 POLICY_REQUEST_ERRORS = Counter(
     "coevo_policy_request_errors",
-    "Failed policy requests: retried (one per failed try), rejected (4xx), unavailable (gave up).",
+    "Failed policy requests: retried (one per failed try), rejected (4xx), failed (a 500 on "
+    "every try while the server answers its health probe), unavailable (gave up).",
     ["endpoint", "model", "api", "reason"],
     registry=REGISTRY,
 )

@@ -51,8 +51,8 @@ class Completion:
 
 class Policy(Protocol):
     """A policy server as a rollout sees it. Raises PolicyUnavailable when it cannot answer
-    (an infra_error) and PolicyRequestRejected when it refuses the request (the harness's
-    fault)."""
+    (an infra_error) and PolicyRequestRejected when it refuses the request, or fails on that
+    request alone (PolicyRequestFailed): the harness's fault."""
 
     def complete(self, prompt: str, sampling: Sampling) -> Completion: ...
 

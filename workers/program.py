@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from coevo.errors import PolicyRequestRejected, PolicyUnavailable
+from coevo.errors import PolicyRequestFailed, PolicyRequestRejected, PolicyUnavailable
 from harness_store.manifest import Manifest
 from workers import openai_requests
 from workers.boundary import BoundaryRefusal, ModelBoundary
@@ -328,8 +328,18 @@ class _ProgramRollout:
                     )
             status = exc.status if isinstance(exc.status, int) and 400 <= exc.status < 500 else 400
             shown = f"The policy server refused the request (HTTP {exc.status})"
+            code = None
+            if isinstance(exc, PolicyRequestFailed):
+                # A 500 on every try while the server is up: this request is what fails. Told
+                # as a 400, which clients do not retry: a 5xx they would send again (each try
+                # a model call) to the same failure.
+                shown = (
+                    f"The policy server failed on this request (HTTP {exc.status} on every try, "
+                    "while it is up): change the request"
+                )
+                code = exc.code
             shown += f": {exc.reply}" if exc.reply else "."
-            raise BoundaryRefusal(status, error_body(shown[:2000])) from None
+            raise BoundaryRefusal(status, error_body(shown[:2000], code=code)) from None
         reply = dict(completion.raw)
         reply["model"] = self.model_name
         tokens = completion.prompt_tokens + completion.completion_tokens

@@ -254,7 +254,8 @@ class _Runner:
             return self._end(Outcome.INFRA_ERROR, ErrorKind.SANDBOX, str(exc), score=None)
         except PolicyRequestRejected as exc:
             # A 4xx from the policy server means the harness asked for something invalid
-            # (say, a prompt longer than the context window).
+            # (say, a prompt longer than the context window); so does a 500 it answers on
+            # every try while its health probe says it is up (PolicyRequestFailed).
             self._record_unscored_verdict()
             return self._end(Outcome.HARNESS_ERROR, ErrorKind.POLICY, str(exc))
         self.result.answer = answer

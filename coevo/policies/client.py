@@ -7,6 +7,16 @@ backoff; after the last try they raise PolicyUnavailable, which the worker recor
 ``infra_error`` — never as a score. ``Sampling`` and ``Completion`` are the runtime's
 (workers/policy.py): a rollout is handed a client and sees only that protocol.
 
+Whether a server is down is for its health probe (``health``: ``GET /v1/models``, the check
+beat runs) and for connections that fail, never for what one request was answered: a program
+harness chooses its requests, and one that a server answers with HTTP 500 (vLLM, for a
+``tool_choice`` it cannot serve) must not take the endpoint from every rollout. So when the
+server still answers an error status after the retries, the client probes it at once: a
+failed probe is PolicyUnavailable with ``endpoint_down`` (the server is failing); a server that
+answers its probe but 500 to this request raises PolicyRequestFailed (the request's fault,
+like a 4xx); one that answers its probe but stayed busy (408/429/502/503/504) is
+PolicyUnavailable without ``endpoint_down`` (an infra_error that leaves the endpoint healthy).
+
 ``server_info`` and ``token_count`` ask a server what it is, how long its context is and how
 many tokens a text takes, where it says (vLLM: ``max_model_len`` in ``/v1/models`` and
 ``POST /tokenize``; llama.cpp's server: ``/props`` and ``POST /tokenize``; llama-cpp-python:
@@ -28,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from coevo.errors import AdapterLoadFailed, PolicyRequestRejected, PolicyUnavailable
+from coevo.errors import PolicyRequestFailed, PolicyRequestRejected, PolicyUnavailable
 from coevo.policies.concurrency import EndpointLimiter, limiter_slot
 from coevo.policies.http import JsonHttp, TransportError, url_without_credentials
 from workers import metrics
@@ -48,6 +58,15 @@ class ServerFlavor:
     VLLM = "vllm"
     LLAMA_CPP = "llama.cpp"  # llama.cpp's own server (llama-server)
     LLAMA_CPP_PYTHON = "llama-cpp-python"  # llama_cpp.server (the embedded policy)
+
+
+@dataclass(frozen=True)
+class Health:
+    """One health probe's finding: ``up``, else ``reason``, what ``GET /v1/models`` got (a
+    connection refused, ``HTTP 503: …``)."""
+
+    up: bool
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +125,23 @@ class PolicyClient:
         """``GET /v1/models``'s entries (vLLM lists loaded LoRA adapters with a ``parent``)."""
         body = self._request("GET", "/models")
         return [m for m in body.get("data", []) if isinstance(m, dict)]
+
+    def health(self, *, timeout_s: float = PROBE_TIMEOUT_S) -> Health:
+        """The health probe: ``GET /v1/models``, one try, a short timeout. Down: no answer, a
+        status this client retries (408, 429, 500, 502, 503, 504…) or a 200 that is not JSON;
+        any other answer is up (a 4xx: something answers, if not as hoped)."""
+        try:
+            response = self._http.request("GET", "/models", timeout_s=timeout_s)
+        except TransportError as exc:
+            return Health(up=False, reason=str(exc))
+        if response.status in _RETRY_STATUSES:
+            return Health(up=False, reason=f"HTTP {response.status}: {response.text[:200]}")
+        if response.status == 200:
+            try:
+                response.json()
+            except ValueError:
+                return Health(up=False, reason=f"response is not JSON: {response.text[:200]!r}")
+        return Health(up=True)
 
     def server_info(self) -> ServerInfo:
         """What the server says about itself and this client's model (see the module's doc)."""
@@ -236,7 +272,10 @@ class PolicyClient:
         )
 
     def _request(self, method: str, path: str, *, text: bool = False, **kwargs: Any) -> Any:
-        last_error = ""
+        last_error = last_reply = ""
+        # The status of the last try when the server answered one to retry; None when the
+        # last try got no answer (the connection failed) or a body that is not JSON.
+        last_status: int | None = None
         for attempt in range(self.retries + 1):
             if attempt:
                 metrics.policy_request_failed(
@@ -256,10 +295,11 @@ class PolicyClient:
             try:
                 response = self._http.request(method, path, **kwargs)
             except TransportError as exc:
-                last_error = str(exc)
+                last_error, last_status = str(exc), None
                 continue
             if response.status in _RETRY_STATUSES:
                 last_error = f"HTTP {response.status}: {response.text[:200]}"
+                last_status, last_reply = response.status, response.text[:500]
                 continue
             if response.status >= 400:
                 metrics.policy_request_failed(
@@ -277,15 +317,54 @@ class PolicyClient:
                 return response.json()
             except ValueError:
                 last_error = f"response is not JSON: {response.text[:200]!r}"
+                last_status = None
                 continue
+        gave_up = (
+            f"The policy server at {self.shown_url} did not answer {method} {path} after "
+            f"{self.retries + 1} tries (last error: {last_error})"
+        )
+        if last_status is not None:
+            raise self._judged(gave_up, method, path, status=last_status, reply=last_reply)
         metrics.policy_request_failed(
             endpoint=self.shown_url, model=self.model, path=path, reason="unavailable"
         )
-        raise PolicyUnavailable(
-            f"The policy server at {self.shown_url} did not answer {method} {path} after "
-            f"{self.retries + 1} tries (last error: {last_error}). Check that it is running "
-            "(COEVO_POLICY_URL)."
+        raise PolicyUnavailable(f"{gave_up}. Check that it is running (COEVO_POLICY_URL).")
+
+    def _judged(
+        self, gave_up: str, method: str, path: str, *, status: int, reply: str
+    ) -> PolicyUnavailable | PolicyRequestFailed:
+        """What an error status the server kept answering means, by its health probe asked
+        now: the server failing, this request failing, or the server busy."""
+        health = self.health()
+        error: PolicyUnavailable | PolicyRequestFailed
+        if not health.up:
+            error = PolicyUnavailable(
+                f"{gave_up}, and its health probe failed too (GET /models: {health.reason}). "
+                "Check that it is running (COEVO_POLICY_URL).",
+                endpoint_down=True,
+            )
+        elif status == 500:
+            error = PolicyRequestFailed(
+                f"The policy server at {self.shown_url} failed on {method} {path} with HTTP "
+                f"500 on each of {self.retries + 1} tries while it answers its health probe: "
+                f"the request is what it cannot serve, not the server that is down (its "
+                f"reply: {reply or 'empty'})",
+                status=status,
+                reply=reply,
+            )
+        else:
+            error = PolicyUnavailable(
+                f"{gave_up}, while it answers its health probe: it is up but busy, or a "
+                "gateway in front of it fails. Check its load (COEVO_POLICY_URL).",
+                endpoint_down=False,
+            )
+        metrics.policy_request_failed(
+            endpoint=self.shown_url,
+            model=self.model,
+            path=path,
+            reason="failed" if isinstance(error, PolicyRequestFailed) else "unavailable",
         )
+        return error
 
 
 def _tls_if(base_url: str) -> ssl.SSLContext | None:
@@ -342,10 +421,13 @@ class RoutedPolicyClient:
     """The client for a policy version served by several endpoints, in order of preference.
 
     It sticks to the first route that answers; when a route cannot answer (PolicyUnavailable,
-    after its own retries) it reports it down and fails over to the next, so a replica that dies
-    mid-rollout costs a retry, not the rollout. With no route left it raises PolicyUnavailable:
-    the worker's policy-outage path (attempt forgiven; the evaluation pauses past a threshold).
-    A 4xx (PolicyRequestRejected) is the request's fault and is not retried elsewhere.
+    after its own retries) it fails over to the next, so a replica that dies mid-rollout costs a
+    retry, not the rollout, and reports the route down when its server is failing
+    (``endpoint_down``: no connection, or a failed health probe). With no route left it raises
+    PolicyUnavailable: the worker's policy-outage path (attempt forgiven; the evaluation pauses
+    past a threshold). A 4xx (PolicyRequestRejected), or a 500 the server answers this request
+    alone (PolicyRequestFailed), is the request's fault: not retried elsewhere, and the endpoint
+    stays healthy.
     """
 
     def __init__(self, routes: list[Route], *, model: str, unavailable: str = "") -> None:
@@ -419,8 +501,10 @@ class RoutedPolicyClient:
                     result = send(route.client)
             except PolicyUnavailable as exc:
                 self._errors.append(f"{route.name}: {exc}")
-                # An adapter that will not load is not a dead server: keep it healthy.
-                if route.on_down is not None and not isinstance(exc, AdapterLoadFailed):
+                # Only a server that is failing (no connection, or a failed health probe) is
+                # marked down; one that is busy, or will not load an adapter, keeps its health
+                # and is only failed over for this request.
+                if route.on_down is not None and exc.endpoint_down:
                     route.on_down(str(exc))
                 route.client.close()
                 self.routes.pop(0)

@@ -21,7 +21,8 @@ class PolicyEndpoint(TimeStampedModel):
     """An OpenAI-compatible server. Workers bound their own concurrency against it.
 
     Health is written by the beat job ``policy_endpoints_check`` (and by workers when a request
-    fails over): an unhealthy endpoint receives no rollouts. A new endpoint counts as healthy
+    cannot connect, or gets an error status and then the same health probe fails; never for the
+    status one request got while the probe answers): an unhealthy endpoint receives no rollouts. A new endpoint counts as healthy
     until its first check, so nothing waits for beat before the first evaluation.
     """
 

@@ -20,6 +20,7 @@ from django.utils import timezone
 from coevo.errors import (
     AdapterLoadFailed,
     InvalidInput,
+    PolicyRequestFailed,
     PolicyRequestRejected,
     PolicyUnavailable,
 )
@@ -153,12 +154,13 @@ def _endpoints_now(*, version: PolicyVersion) -> list[PolicyEndpoint]:
 _turn = itertools.count()
 
 
-def policy_client_for(*, version: PolicyVersion) -> RoutedPolicyClient:
+def policy_client_for(*, version: PolicyVersion, holder: str = "") -> RoutedPolicyClient:
     """A client for the version that sends to a healthy endpoint serving it, holding one of
     that endpoint's concurrency slots per request, and fails over to the next healthy one.
 
     Unhealthy endpoints get no requests. With none healthy, the client raises PolicyUnavailable
-    on its first request: the worker's policy-outage path. A version with a LoRA adapter on a
+    on its first request: the worker's policy-outage path. ``holder`` names who asks ("rollout
+    <id>") beside the slots it holds or waits for. A version with a LoRA adapter on a
     vLLM or llama.cpp endpoint gets the adapter loaded (and verified) before the first request
     it sends there.
     """
@@ -176,6 +178,7 @@ def policy_client_for(*, version: PolicyVersion) -> RoutedPolicyClient:
             retries=settings.COEVO_POLICY_RETRIES
             if i == len(healthy) - 1
             else min(1, settings.COEVO_POLICY_RETRIES),
+            holder=holder,
         )
         for i, endpoint in enumerate(healthy)
     ]
@@ -189,7 +192,7 @@ def policy_client_for(*, version: PolicyVersion) -> RoutedPolicyClient:
     return RoutedPolicyClient(routes, model=version.served_name, unavailable=unavailable)
 
 
-def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int) -> Route:
+def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int, holder: str) -> Route:
     client = PolicyClient(
         endpoint.base_url,
         model=version.served_name,
@@ -199,8 +202,9 @@ def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int) ->
             endpoint_id=str(endpoint.id),
             limit=endpoint.max_concurrency,
             redis_url=settings.COEVO_REDIS_URL,
-            # A slot outlives the longest request with its retries, then frees itself.
-            lease_s=settings.COEVO_POLICY_TIMEOUT_S * (settings.COEVO_POLICY_RETRIES + 1) + 60,
+            lease_s=settings.COEVO_POLICY_SLOT_LEASE_S,
+            wait_s=settings.COEVO_POLICY_SLOT_WAIT_S,
+            holder=holder,
         ),
     )
     prepare = None
@@ -256,17 +260,19 @@ def policy_endpoint_health_record(
 
 
 def _probe(endpoint: PolicyEndpoint, timeout_s: float) -> tuple[bool, str, int]:
-    """(answered, error, latency in ms) for ``GET /v1/models``: one try, short timeout."""
+    """(answered, error, latency in ms) of the endpoint's health probe (``GET /v1/models``,
+    one try, short timeout): the same probe a client asks when a request keeps failing."""
     started = time.monotonic()
-    client = PolicyClient(endpoint.base_url, model="", timeout_s=timeout_s, retries=0)
-    try:
-        client.models()
-    except PolicyUnavailable as exc:
-        return False, str(exc), 0
-    except PolicyRequestRejected:
-        pass  # it answered, if not as we hoped (a 4xx): reachable
-    finally:
-        client.close()
+    with PolicyClient(endpoint.base_url, model="", timeout_s=timeout_s, retries=0) as client:
+        health = client.health(timeout_s=timeout_s)
+        shown = client.shown_url
+    if not health.up:
+        return (
+            False,
+            f"The policy server at {shown} did not answer its health probe (GET /models: "
+            f"{health.reason}). Check that it is running (COEVO_POLICY_URL).",
+            0,
+        )
     return True, "", int((time.monotonic() - started) * 1000)
 
 
@@ -360,14 +366,14 @@ def policy_adapters_unload_idle(*, now: datetime | None = None) -> list[str]:
         client = PolicyClient(endpoint.base_url, model="", timeout_s=30, retries=1)
         try:
             client.lora_unload(name=loaded.adapter_name)
-        except PolicyRequestRejected as exc:
-            # Not loaded any more (the server restarted): nothing to unload.
-            logger.info("adapter %s on %s: %s", loaded.adapter_name, endpoint.name, exc)
-        except PolicyUnavailable as exc:
+        except (PolicyUnavailable, PolicyRequestFailed) as exc:
             logger.warning(
                 "could not unload adapter %s on %s: %s", loaded.adapter_name, endpoint.name, exc
             )
             continue
+        except PolicyRequestRejected as exc:
+            # Not loaded any more (the server restarted): nothing to unload.
+            logger.info("adapter %s on %s: %s", loaded.adapter_name, endpoint.name, exc)
         finally:
             client.close()
         unloaded.append(f"{loaded.adapter_name}@{endpoint.name}")

@@ -10,7 +10,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from coevo.errors import CoevoError, PolicyRequestRejected, PolicyUnavailable
+from coevo.errors import (
+    CoevoError,
+    PolicyRequestFailed,
+    PolicyRequestRejected,
+    PolicyUnavailable,
+)
 from coevo.policies.client import PolicyClient, Sampling, normalize_base_url
 
 
@@ -323,6 +328,68 @@ def test_it_rejects_a_path_the_scripted_server_does_not_serve(scripted_policy, m
         client.complete("x", Sampling())
 
     assert len(scripted_policy.requests) == 1
+
+
+# --- an error status that outlasts the retries: judged by the health probe -----------------
+
+REQUIRED_TOOL = {
+    "messages": [{"role": "user", "content": "x"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "tool_choice": "required",
+}
+_MODELS = json.dumps({"object": "list", "data": [{"id": "m"}]})
+
+
+def test_a_500_to_one_request_while_the_probe_answers_is_that_requests_failure(
+    scripted_policy, make_client
+):
+    scripted_policy.fails_on = {"tool_choice": "required"}
+    client = make_client(scripted_policy.url, model="scripted", retries=2)
+
+    with pytest.raises(PolicyRequestFailed) as caught:
+        client.forward("chat", REQUIRED_TOOL)
+
+    assert isinstance(caught.value, PolicyRequestRejected)  # handled as the request's fault
+    assert caught.value.status == 500
+    assert "HTTP 500 on each of 3 tries" in str(caught.value)
+    assert "list index out of range" in caught.value.reply
+    assert len(scripted_policy.requests) == 3  # a 5xx is still retried as transient
+    assert client.chat(REQUIRED_TOOL["messages"], Sampling()).text  # other requests are served
+
+
+def test_a_500_when_the_health_probe_fails_too_is_the_server_failing(sequence_server, make_client):
+    server = sequence_server([(500, '{"error": "engine dead"}')])  # every answer, the probe's too
+
+    with pytest.raises(PolicyUnavailable) as caught:
+        make_client(server.url, retries=1).complete("x", Sampling())
+
+    assert caught.value.endpoint_down
+    assert "health probe failed too" in str(caught.value) and "HTTP 500" in str(caught.value)
+    assert server.requests == [("POST", "/v1/completions")] * 2 + [("GET", "/v1/models")]
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_a_busy_server_that_answers_its_probe_is_unavailable_but_not_down(
+    sequence_server, make_client, status
+):
+    server = sequence_server([(status, '{"error": "busy"}')] * 2 + [(200, _MODELS)])
+
+    with pytest.raises(PolicyUnavailable, match="after 2 tries") as caught:
+        make_client(server.url, retries=1).complete("x", Sampling())
+
+    assert not caught.value.endpoint_down  # an infra_error, but the endpoint stays healthy
+    assert f"HTTP {status}" in str(caught.value)
+    assert server.requests[-1] == ("GET", "/v1/models")
+
+
+def test_no_connection_is_the_server_down_without_a_probe(make_client):
+    client = make_client(f"http://127.0.0.1:{_free_port()}", retries=1)
+
+    with pytest.raises(PolicyUnavailable, match="Connection refused") as caught:
+        client.complete("x", Sampling())
+
+    assert caught.value.endpoint_down
+    assert "health probe" not in str(caught.value)
 
 
 # --- base URLs ----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.errors import PolicyUnavailable
+from coevo.errors import PolicyRequestFailed, PolicyRequestRejected, PolicyUnavailable
 from coevo.policies.client import Sampling
 from coevo.policies.models import EndpointKind, PolicyEndpoint
 from coevo.policies.services import (
@@ -90,3 +90,65 @@ def test_it_raises_policy_unavailable_when_no_endpoint_is_healthy(replicated, tw
     two_servers[1].start()
     assert policy_endpoint_reachable(version=replicated, timeout_s=1)
     assert PolicyEndpoint.objects.get(name="b").healthy
+
+
+# --- what marks an endpoint down: its health probe and failed connections, not one answer ---
+
+REQUIRED_TOOL = {
+    "messages": [{"role": "user", "content": "hi"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "tool_choice": "required",
+}
+
+
+def never_marked_down(name: str) -> bool:
+    endpoint = PolicyEndpoint.objects.get(name=name)
+    return endpoint.healthy and endpoint.consecutive_failures == 0 and endpoint.failed_at is None
+
+
+def test_a_500_to_one_request_marks_no_endpoint_down_and_a_refused_connection_does(
+    replicated, two_servers, settings
+):
+    settings.COEVO_POLICY_RETRIES = 2
+    for server in two_servers:
+        server.policy.fails_on = {"tool_choice": "required"}
+
+    with (
+        policy_client_for(version=replicated) as client,
+        pytest.raises(PolicyRequestFailed, match="HTTP 500"),
+    ):
+        client.forward("chat", REQUIRED_TOOL)
+
+    assert never_marked_down("a") and never_marked_down("b")
+    # The request's fault: retried as a transient error (once, on a route with a replica
+    # behind it), but not sent to the replica too.
+    assert sorted(len(server.policy.requests) for server in two_servers) == [0, 2]
+    assert {ask(replicated) for _ in range(4)} == {"from a", "from b"}
+
+    two_servers[0].stop()
+    assert {ask(replicated) for _ in range(4)} == {"from b"}
+
+    a = PolicyEndpoint.objects.get(name="a")
+    assert not a.healthy and a.failed_at is not None and "Connection refused" in a.last_error
+    assert never_marked_down("b")
+
+
+def test_a_500_when_the_health_probe_fails_too_marks_the_endpoint_down(db, settings):
+    settings.COEVO_POLICY_RETRIES = 0
+    # The server is failing: every request and its health probe get HTTP 500.
+    policy = ScriptedPolicy(fails_on={"model": "scripted"}, models_status=500)
+    with ScriptedOpenAIServer(policy) as server:
+        endpoint = PolicyEndpoint.objects.create(
+            name="failing", base_url=server.url, kind=EndpointKind.OPENAI_COMPATIBLE
+        )
+        version = policy_version_create(
+            name="v-failing", endpoint=endpoint, base_model="scripted", served_name="scripted"
+        )
+
+        with pytest.raises(PolicyUnavailable) as caught:
+            ask(version)
+
+    assert not isinstance(caught.value, PolicyRequestRejected)  # an infra_error
+    endpoint.refresh_from_db()
+    assert not endpoint.healthy and endpoint.failed_at is not None
+    assert "health probe failed too" in endpoint.last_error

@@ -3,7 +3,10 @@
 Replies are chosen by the first rule whose ``contains`` substring occurs in the prompt (or
 the last user message); each request is recorded. ``tool_rules`` make a chat request that
 offers tools answer with tool calls instead: ``(contains, [(name, arguments dict), …])``. ``fail_next`` makes the next N requests
-answer HTTP 503, to exercise retries; ``latency_s`` delays every completion (a stand-in for a
+answer HTTP 503, to exercise retries; ``fails_on`` makes every request of one shape (each of
+its keys with that value: ``{"tool_choice": "required"}``) answer HTTP ``fails_on_status``, as
+vLLM answered 500 to a tool_choice it could not serve, while the rest are served, and
+``models_status`` what its health probe (GET /v1/models) gets; ``latency_s`` delays every completion (a stand-in for a
 model's generation time). ``stop()`` and ``start()`` take the server down and bring it back on
 the same port, to exercise outages.
 
@@ -38,6 +41,10 @@ class ScriptedPolicy:
     # The HTTP headers of each of those requests, in the same order.
     headers: list[dict[str, str]] = field(default_factory=list)
     fail_next: int = 0
+    fails_on: dict[str, Any] = field(default_factory=dict)
+    fails_on_status: int = 500
+    # What GET /v1/models (the health probe) answers: 500 for a server that is failing.
+    models_status: int = 200
     latency_s: float = 0.0
     model: str = "scripted"
     flavor: str | None = None
@@ -78,7 +85,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         policy = self.policy
-        if self.path.rstrip("/") == "/v1/models":
+        if self.path.rstrip("/") == "/v1/models" and policy.models_status != 200:
+            self._json(policy.models_status, {"error": "internal server error"})
+        elif self.path.rstrip("/") == "/v1/models":
             entry: dict[str, Any] = {"id": policy.model, "object": "model"}
             if policy.flavor == "vllm":
                 entry.update(owned_by="vllm", max_model_len=policy.context_tokens)
@@ -120,6 +129,12 @@ class _Handler(BaseHTTPRequestHandler):
             if self.policy.fail_next > 0:
                 self.policy.fail_next -= 1
                 self._json(503, {"error": "overloaded"})
+                return
+            fails_on = self.policy.fails_on
+            if fails_on and all(body.get(key) == value for key, value in fails_on.items()):
+                self._json(self.policy.fails_on_status, {"object": "error", "message": (
+                    "list index out of range"), "type": "InternalServerError", "param": None,
+                    "code": self.policy.fails_on_status})  # fmt: skip
                 return
         if self.policy.latency_s:
             time.sleep(self.policy.latency_s)

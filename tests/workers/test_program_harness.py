@@ -4,6 +4,7 @@ scripted OpenAI server behind it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import textwrap
 from pathlib import Path
@@ -142,6 +143,39 @@ def test_a_call_past_max_model_calls_gets_an_openai_error_and_ends_the_rollout(t
     assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.LIMIT)
     assert "max_model_calls = 2" in result.detail
     assert result.model_calls == 2 and len(server.policy.requests) == 2
+
+
+def test_a_request_the_policy_server_fails_on_gets_an_error_the_program_recovers_from(
+    tmp_path, server
+):
+    """vLLM answered HTTP 500 to a tool_choice it could not serve while it served the rest: the
+    program is told (a 400, which clients do not retry) and goes on; the rollout is scored."""
+    agent = ASK + textwrap.dedent(
+        """
+        import sys, urllib.error
+        tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+        try:
+            chat([{"role": "user", "content": "sky?"}], tools=[tool], tool_choice="required")
+        except urllib.error.HTTPError as exc:
+            print(json.dumps({"status": exc.code, "error": json.load(exc)["error"]}))
+        chat([{"role": "user", "content": "is the sky blue? sure?"}])  # served as before
+        """
+    )
+    server.policy.fails_on = {"tool_choice": "required"}
+    harness = program(tmp_path, {"main.py": agent}, command='["python3", "main.py"]')
+
+    result = rollout(harness, server.url)
+
+    assert (result.outcome, result.answer) == (Outcome.PASSED, "yes"), result.detail
+    told = json.loads(steps(result, "program_output")[0]["stdout"])
+    assert told["status"] == 400 and told["error"]["code"] == "policy_request_failed"
+    assert "HTTP 500" in told["error"]["message"]
+    assert "list index out of range" in told["error"]["message"]  # the server's own reply
+    assert f":{server.port}" not in json.dumps(told)  # never the server's address
+    calls = steps(result, "model_call")
+    assert [("rejected" in call) for call in calls] == [False, True, False]
+    assert "HTTP 500" in calls[1]["rejected"] and calls[1]["tool_choice"] == "required"
+    assert [r.get("tool_choice") for r in server.policy.requests] == [None, "required", None]
 
 
 @pytest.mark.parametrize(

@@ -187,6 +187,21 @@ def test_it_forwards_the_tool_choice_and_records_it(calculator_policy, tmp_path,
     assert [call["tool_choice"] for call in model_calls(result)] == [tool_choice] * 2
 
 
+def test_a_tool_choice_the_server_fails_on_ends_the_rollout_as_the_harnesss_error(
+    calculator_policy, tmp_path
+):
+    """vLLM answered HTTP 500 to tool_choice "required" while it served everything else."""
+    calculator_policy.fails_on = {"tool_choice": "required"}
+    harness = tool_agent(tmp_path, extra=", tool_choice='required'")
+
+    result = run(harness, calculator_policy.url)
+
+    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.POLICY)
+    assert "HTTP 500" in result.detail and "/chat/completions" in result.detail
+    assert result.score == 0.0
+    assert len(calculator_policy.requests) == 2  # retried once, as any 5xx
+
+
 def test_it_draws_n_samples_with_tools_as_n_recorded_calls(calculator_policy, tmp_path):
     harness = make_harness(
         tmp_path,

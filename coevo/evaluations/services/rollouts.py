@@ -348,7 +348,12 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
         environment = TaskEnvironment(
             adapter=adapter, inputs=rollout.task.inputs, verifier=rollout.task.verifier
         )
-        with harness_env, policy_client_for(version=evaluation.policy_version) as policy:
+        with (
+            harness_env,
+            policy_client_for(
+                version=evaluation.policy_version, holder=f"rollout {rollout.id}"
+            ) as policy,
+        ):
             return execute_rollout(inputs, policy=policy, environment=environment, on_step=on_step)
 
 
