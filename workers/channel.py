@@ -28,6 +28,8 @@ from workers.warm import warm_spawn
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 MAX_MESSAGE_BYTES = 1024 * 1024
+# How often a receive looks at the clock again (it may have been paused, or resumed).
+_PAUSED_POLL_S = 1.0
 MAX_STDOUT_BYTES = 32 * 1024 * 1024
 STDERR_TAIL_BYTES = 16 * 1024
 # A flood on stderr would otherwise keep the worker reading until the wall time.
@@ -93,14 +95,41 @@ class HarnessChannel:
             uid=uid,
             limits=limits,
         )
-        self._killer = threading.Timer(wall_s, self._expire)
-        self._killer.daemon = True
-        self._killer.start()
+        self._killer_lock = threading.Lock()
+        self._closed = False
+        self._paused_at: float | None = None
+        with self._killer_lock:
+            self._start_killer(wall_s)
         self._lines: queue.Queue[bytes | None] = queue.Queue()
         self._stdout_thread = threading.Thread(target=self._pump_stdout, daemon=True)
         self._stdout_thread.start()
         self._stderr_thread = threading.Thread(target=self._pump_stderr, daemon=True)
         self._stderr_thread.start()
+
+    def pause(self) -> None:
+        """Stop the wall clock (the timer that kills the harness included): the harness waits
+        for the platform (a policy slot), which is not its time."""
+        with self._killer_lock:
+            if self._wall_expired or self._closed or self._paused_at is not None:
+                return
+            self._paused_at = time.monotonic()
+            self._killer.cancel()
+
+    def resume(self) -> None:
+        """Start the wall clock again, its deadline later by the time it stood still."""
+        with self._killer_lock:
+            if self._paused_at is None:
+                return
+            self.deadline += time.monotonic() - self._paused_at
+            self._paused_at = None
+            if not (self._wall_expired or self._closed):
+                self._start_killer(max(0.0, self.deadline - time.monotonic()))
+
+    def _remaining(self) -> float:
+        with self._killer_lock:
+            if self._paused_at is not None:
+                return float("inf")
+            return self.deadline - time.monotonic()
 
     def send(self, message: dict[str, Any]) -> None:
         assert self._proc.stdin is not None
@@ -114,15 +143,20 @@ class HarnessChannel:
     def receive(self, *, poll_s: float | None = None) -> dict[str, Any] | None:
         """The harness's next message; raises the fault when there is none or it is malformed.
         With ``poll_s``, None when no message came within that many seconds."""
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise wall_time_exceeded(self.wall_s)
-        try:
-            line = self._lines.get(timeout=min(remaining, poll_s or remaining))
-        except queue.Empty:
-            if poll_s is not None and time.monotonic() < self.deadline:
-                return None
-            raise wall_time_exceeded(self.wall_s) from None
+        while True:
+            remaining = self._remaining()
+            if remaining <= 0:
+                raise wall_time_exceeded(self.wall_s)
+            # A paused clock has no deadline to wait for: look again every second.
+            wait = min(remaining, poll_s or remaining, _PAUSED_POLL_S)
+            try:
+                line = self._lines.get(timeout=wait)
+                break
+            except queue.Empty:
+                if poll_s is not None and wait >= poll_s and self._remaining() > 0:
+                    return None
+                if self._remaining() <= 0:
+                    raise wall_time_exceeded(self.wall_s) from None
         if line is None:
             raise self._ended()
         if len(line) > MAX_MESSAGE_BYTES:
@@ -152,7 +186,9 @@ class HarnessChannel:
     def close(self) -> None:
         """Kill the harness and close its pipes (a worker runs thousands of rollouts: none may
         leak a file descriptor)."""
-        self._killer.cancel()
+        with self._killer_lock:
+            self._closed = True
+            self._killer.cancel()
         sandbox.terminate(self._proc)
         self._stderr_thread.join(timeout=2)
         self._stdout_thread.join(timeout=2)
@@ -184,8 +220,21 @@ class HarnessChannel:
         return HarnessExited(f"the harness process {how} before answering")
 
     def _expire(self) -> None:
-        self._wall_expired = True
+        with self._killer_lock:
+            if self._closed or self._paused_at is not None:
+                return
+            remaining = self.deadline - time.monotonic()
+            if remaining > 0:  # extended since this timer started (or it woke early)
+                self._start_killer(remaining)
+                return
+            self._wall_expired = True
         sandbox.terminate(self._proc)
+
+    def _start_killer(self, seconds: float) -> None:
+        """Called with ``_killer_lock`` held."""
+        self._killer = threading.Timer(seconds, self._expire)
+        self._killer.daemon = True
+        self._killer.start()
 
     def _pump_stdout(self) -> None:
         assert self._proc.stdout is not None

@@ -8,6 +8,7 @@ harness_error of kind ``limit``.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from harness_store.manifest import Limits
@@ -26,6 +27,7 @@ class LimitMeter:
         self.limits = limits
         self.wall_s = wall_s
         self.deadline = time.monotonic() + wall_s
+        self._lock = threading.Lock()
         self.model_calls = 0
         self.tokens = 0
         self.env_steps = 0
@@ -37,6 +39,11 @@ class LimitMeter:
         if remaining <= 0:
             raise wall_time_exceeded(self.wall_s)
         return remaining
+
+    def extend(self, seconds: float) -> None:
+        """Move the deadline by time the harness spent waiting for the platform."""
+        with self._lock:
+            self.deadline += max(0.0, seconds)
 
     def count_log(self) -> None:
         self.logs += 1

@@ -7,6 +7,9 @@ here knows where a model is served or how its endpoints are chosen.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,3 +65,45 @@ class Policy(Protocol):
         """An OpenAI request body sent as it is (``api``: ``completions`` or ``chat``) with the
         policy's own model; the whole reply is in ``Completion.raw``."""
         ...
+
+
+# --- waits for the platform ------------------------------------------------------------------
+
+
+class PlatformWaitObserver(Protocol):
+    """Told when a request of its thread starts and stops waiting for the platform (a
+    concurrency slot of the policy endpoint): the rollout stops its harness's wall clock
+    meanwhile. Calls may nest and come from several threads (a program's parallel calls)."""
+
+    def platform_wait_started(self) -> None: ...
+
+    def platform_wait_ended(self) -> None: ...
+
+
+_observers = threading.local()
+
+
+@contextmanager
+def platform_waits_observed(observer: PlatformWaitObserver) -> Iterator[None]:
+    """Within this block, on this thread, waits for the platform are reported to ``observer``."""
+    previous = getattr(_observers, "observer", None)
+    _observers.observer = observer
+    try:
+        yield
+    finally:
+        _observers.observer = previous
+
+
+@contextmanager
+def platform_wait() -> Iterator[None]:
+    """Wrap a wait for the platform (the policy client's wait for a slot) in this: the rollout
+    whose call it is, if any, does not count it against its harness."""
+    observer: PlatformWaitObserver | None = getattr(_observers, "observer", None)
+    if observer is None:
+        yield
+        return
+    observer.platform_wait_started()
+    try:
+        yield
+    finally:
+        observer.platform_wait_ended()

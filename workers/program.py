@@ -41,6 +41,7 @@ from workers.outcomes import (
     LimitExceeded,
     ProtocolViolation,
 )
+from workers.policy import platform_waits_observed
 from workers.steps import Step
 
 if TYPE_CHECKING:
@@ -299,7 +300,8 @@ class _ProgramRollout:
             index = self.calls
             self.calls += 1
         try:
-            completion = runner.policy.forward(api, body)
+            with platform_waits_observed(runner):
+                completion = runner.policy.forward(api, body)
         except PolicyUnavailable as exc:
             with self.lock:
                 self._fail(exc)

@@ -53,7 +53,7 @@ from workers.outcomes import (
     Outcome,
     ProtocolViolation,
 )
-from workers.policy import Completion, Policy, Sampling
+from workers.policy import Completion, Policy, Sampling, platform_waits_observed
 from workers.program import converse_program
 from workers.steps import Step
 
@@ -173,6 +173,10 @@ class _Runner:
         self.workspace: Workspace | None = None
         # Set by the workspace's watch when it stops the harness for filling it.
         self.workspace_fault: LimitExceeded | None = None
+        # Waits for the platform in progress (platform_wait_started), and since when.
+        self._pause_lock = threading.Lock()
+        self._pauses = 0
+        self._paused_at = 0.0
 
     def record(self, step: Step) -> None:
         """Add a step to the trace. A program harness's calls arrive on the boundary's threads:
@@ -438,7 +442,8 @@ class _Runner:
         for i in range(n):
             meter.before_model_call()
             sample = dataclasses.replace(sampling, seed=sampling.seed + i)
-            completion = self._ask_policy(request, sample)
+            with platform_waits_observed(self):
+                completion = self._ask_policy(request, sample)
             meter.count_model_call(tokens=completion.prompt_tokens + completion.completion_tokens)
             self.result.model_calls += 1
             self.result.prompt_tokens += completion.prompt_tokens
@@ -481,6 +486,29 @@ class _Runner:
             "model": model,
             "tool_calls": sample_tool_calls,
         }
+
+    # --- waits for the platform (workers.policy.PlatformWaitObserver) -------------------------
+
+    def platform_wait_started(self) -> None:
+        """A model call waits for a policy slot: the harness's wall clock stands still until
+        every such wait has ended (a program's parallel calls may overlap)."""
+        with self._pause_lock:
+            self._pauses += 1
+            if self._pauses > 1:
+                return
+            self._paused_at = time.monotonic()
+            if self.channel is not None:
+                self.channel.pause()
+
+    def platform_wait_ended(self) -> None:
+        with self._pause_lock:
+            self._pauses -= 1
+            if self._pauses:
+                return
+            if self.meter is not None:
+                self.meter.extend(time.monotonic() - self._paused_at)
+            if self.channel is not None:
+                self.channel.resume()
 
     def _ask_policy(self, request: dict[str, Any], sampling: Sampling) -> Completion:
         if "prompt" in request:

@@ -16,6 +16,8 @@ leak, after the way Kubernetes leases and Temporal's activity heartbeats work:
   keeps the dead ones only until their short leases end.
 - A release that fails (Redis down) is retried by the same thread until it succeeds or the
   lease would have ended anyway.
+- Waiting for a slot is the platform's time, not the harness's: it is wrapped in
+  ``workers.policy.platform_wait``, so the rollout stops its harness's wall clock meanwhile.
 - Waiting for a slot has a deadline (``COEVO_POLICY_SLOT_WAIT_S``): past it the request fails as
   an outage of the endpoint's capacity (``PolicySlotTimeout``, an infrastructure error of the
   rollout, never the harness's), naming who holds the slots.
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coevo.errors import PolicySlotTimeout, PolicyUnavailable
+from workers.policy import platform_wait
 
 logger = logging.getLogger(__name__)
 
@@ -88,19 +91,6 @@ return 1
 
 
 @dataclass(frozen=True)
-class SlotWait:
-    """How long a request waited for its slot (monotonic clock), for the rollout's limits: the
-    harness is never charged for it."""
-
-    started: float
-    ended: float
-
-    @property
-    def seconds(self) -> float:
-        return self.ended - self.started
-
-
-@dataclass(frozen=True)
 class SlotsStatus:
     """One endpoint's slots as Redis has them now: holders and waiters, each ``{"worker",
     "pid", "holder", "since"}`` (``since``: epoch seconds)."""
@@ -146,21 +136,16 @@ class EndpointLimiter:
         self._redis = _redis_client(redis_url) if redis_url else None
         self._keys = slot_keys(endpoint_id)
         self._local = None if self._redis else _local_semaphore(endpoint_id, self.limit)
-        # The last wait for a slot, read by the caller after its request (one request at a
-        # time per thread: a thread-local).
-        self._waits = threading.local()
 
     @contextmanager
     def slot(self) -> Iterator[None]:
-        started = time.monotonic()
         if self._local is not None:
-            if not self._local.acquire(timeout=self.wait_s):
+            if not self._local.acquire(blocking=False) and not self._wait_local():
                 raise PolicySlotTimeout(
                     f"no concurrency slot of the policy endpoint came free within "
                     f"{self.wait_s:.0f}s (all {self.limit} held by this worker's other requests; "
                     "COEVO_POLICY_SLOT_WAIT_S)"
                 )
-            self._waits.last = SlotWait(started, time.monotonic())
             try:
                 yield
             finally:
@@ -175,8 +160,9 @@ class EndpointLimiter:
                 "since": round(time.time(), 3),
             }
         )
-        self._acquire(token, holder)
-        self._waits.last = SlotWait(started, time.monotonic())
+        if not self._try(token, holder, patient=False):
+            with platform_wait():
+                self._acquire(token, holder)
         lease = _Lease(self, token, holder)
         _renewer().hold(lease)
         try:
@@ -184,9 +170,25 @@ class EndpointLimiter:
         finally:
             _renewer().release(lease)
 
-    def last_wait(self) -> SlotWait | None:
-        """The wait of this thread's last ``slot()``."""
-        return getattr(self._waits, "last", None)
+    def _wait_local(self) -> bool:
+        assert self._local is not None
+        with platform_wait():
+            return self._local.acquire(timeout=self.wait_s)
+
+    def _try(self, token: str, holder: str, *, patient: bool) -> bool:
+        """One try at a slot (a Redis error is a failed try unless ``patient``)."""
+        import redis
+
+        try:
+            return bool(
+                self._script(_ACQUIRE)(
+                    keys=list(self._keys), args=[self.limit, self.lease_ms, token, holder]
+                )
+            )
+        except redis.RedisError:
+            if patient:
+                raise
+            return False
 
     def in_use(self) -> int:
         if self._redis is None:
@@ -201,9 +203,7 @@ class EndpointLimiter:
         unreachable_since: float | None = None
         while True:
             try:
-                if self._script(_ACQUIRE)(
-                    keys=list(self._keys), args=[self.limit, self.lease_ms, token, holder]
-                ):
+                if self._try(token, holder, patient=True):
                     return
                 unreachable_since = None
             except redis.RedisError as exc:

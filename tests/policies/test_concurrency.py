@@ -17,6 +17,7 @@ import redis
 
 from coevo.errors import PolicySlotTimeout
 from coevo.policies.concurrency import EndpointLimiter, slot_keys, slots_status
+from workers.policy import platform_waits_observed
 
 REDIS_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 
@@ -138,17 +139,29 @@ def test_holders_and_waiters_can_be_read_and_released_slots_are_gone(endpoint_id
     assert [h["holder"] for h in status.holders] == ["rollout B"] and status.waiters == []
 
 
-def test_the_wait_for_a_slot_is_measured_for_the_rollout(endpoint_id):
+def test_a_wait_for_a_slot_is_reported_to_the_rollout_and_a_free_slot_is_not(endpoint_id):
+    class Observer:
+        def __init__(self) -> None:
+            self.events: list[tuple[str, float]] = []
+
+        def platform_wait_started(self) -> None:
+            self.events.append(("started", time.monotonic()))
+
+        def platform_wait_ended(self) -> None:
+            self.events.append(("ended", time.monotonic()))
+
+    observer = Observer()
+    with platform_waits_observed(observer), limiter(endpoint_id).slot():
+        pass
+    assert observer.events == []  # a free slot is no wait
+
     release = threading.Event()
     hold_in_thread(limiter(endpoint_id), release)
     threading.Timer(1.0, release.set).start()
-    lim = limiter(endpoint_id)
-
-    with lim.slot():
+    with platform_waits_observed(observer), limiter(endpoint_id).slot():
         pass
-
-    wait = lim.last_wait()
-    assert wait is not None and 0.8 < wait.seconds < 5
+    (started, t0), (ended, t1) = observer.events
+    assert (started, ended) == ("started", "ended") and 0.8 < t1 - t0 < 5
 
 
 def test_without_redis_the_wait_has_a_deadline_too(endpoint_id):
