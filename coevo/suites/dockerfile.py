@@ -14,8 +14,9 @@ that means (coevo/suites/harbor.py refuses the task unless told to take the copi
 
 Refused outright (DockerfileError), whatever the caller allows: a source that is absolute or
 climbs out of the build context with ``..``, a destination with ``..``, a source that is a
-symbolic link or a special file, a source that matches nothing, and a workspace over the
-stored-tree bounds (workers/environments/workspace_files.py). coevo/suites/docker_context.py
+symbolic link or a special file, a source that matches nothing, a workspace over the
+stored-tree bounds (workers/environments/workspace_files.py), and variables that expand past
+their bounds (``MAX_EXPANDED_CHARS``, ``MAX_EXPANSION_CHARS``). coevo/suites/docker_context.py
 reads the build context.
 """
 
@@ -49,6 +50,14 @@ from workers.environments.workspace_files import (
 
 MOUNT = "/app"
 MAX_DOCKERFILE_BYTES = 64 * 1024
+# $VAR expansion. Each `ENV Vn=$Vn-1$Vn-1` line doubles a value: a 6 KB Dockerfile took
+# 1.17 GB of the importer's memory, a few more lines asked for 100 GB. Lengths are summed
+# before a value is built, and refused past these. One value (an ARG or ENV value, a WORKDIR,
+# a COPY word) holds at most what the Dockerfile itself may; all of a Dockerfile's expansions
+# together, four times that, which bounds the memory its variables hold and the work of every
+# line that uses them.
+MAX_EXPANDED_CHARS = 64 * 1024
+MAX_EXPANSION_CHARS = 256 * 1024
 # Shown in the report instead of a whole instruction.
 MAX_SHOWN_CHARS = 80
 
@@ -202,11 +211,14 @@ class _Plan:
         self.workdir: str | None = None  # None: the base image's, which we do not know
         self.global_args: dict[str, str] = {}
         self.variables: dict[str, str] = {}
+        self.line = 0  # of the instruction being applied, for errors
+        self.expanded = 0  # characters all expansions so far have made
         # Target path in the tree -> (source path in the context, executable)
         self.files: dict[str, tuple[str, bool]] = {}
 
     def apply(self, instruction: Instruction) -> None:
         keyword = instruction.keyword
+        self.line = instruction.line
         if keyword == "FROM":
             self.stages += 1
             if self.stages > 1:
@@ -372,8 +384,8 @@ class _Plan:
         cleaned = posixpath.normpath(source)
         cleaned = "" if cleaned == "." else cleaned
         if has_glob(cleaned):
-            pattern = glob_pattern(cleaned, double_star=False)
-            matched = sorted(path for path in self.listing if pattern.fullmatch(path))
+            pattern = glob_pattern(cleaned, double_star=False, where=line)
+            matched = sorted(path for path in self.listing if pattern.matches(path))
         else:
             matched = [cleaned] if cleaned == "" or cleaned in self.listing else []
         if not matched:
@@ -429,23 +441,50 @@ class _Plan:
     def _expand(self, text: str) -> str:
         """``$NAME``, ``${NAME}``, ``${NAME:-word}`` and ``${NAME:+word}`` from ARG and ENV, as
         Docker expands them in COPY, ADD and WORKDIR (an unknown name is empty; ``\\$`` is a
-        literal dollar)."""
+        literal dollar). Every expansion of the Dockerfile goes through here, and is refused
+        past ``MAX_EXPANDED_CHARS`` alone or ``MAX_EXPANSION_CHARS`` in all."""
+        scope = self.variables if self.stages else self.global_args
+        # The parts refer to the values; nothing is copied until their lengths pass the bounds.
+        parts: list[str] = []
+        for index, piece in enumerate(text.split("\\$")):
+            if index:
+                parts.append("$")
+            end = 0
+            for match in _VARIABLE.finditer(piece):
+                parts.append(piece[end : match.start()])
+                parts.append(_substitute(match, scope))
+                end = match.end()
+            parts.append(piece[end:])
+        self._spend(sum(len(part) for part in parts))
+        return "".join(parts)
 
-        def replace(match: re.Match[str]) -> str:
-            name = match.group(1) or match.group(4)
-            scope = self.variables if self.stages else self.global_args
-            value = scope.get(name, "")
-            if match.group(2) == ":-":
-                return value or match.group(3)
-            if match.group(2) == ":+":
-                return match.group(3) if value else ""
-            return value
-
-        pieces = text.split("\\$")
-        return "$".join(_VARIABLE.sub(replace, piece) for piece in pieces)
+    def _spend(self, size: int) -> None:
+        where = f"environment/Dockerfile: line {self.line}"
+        if size > MAX_EXPANDED_CHARS:
+            raise DockerfileError(
+                f"{where}: its variables expand to {size} characters, over the "
+                f"{MAX_EXPANDED_CHARS // 1024} KiB limit on one expanded value; a Dockerfile "
+                "that copies files needs no such value: shorten the ARG or ENV values it uses"
+            )
+        self.expanded += size
+        if self.expanded > MAX_EXPANSION_CHARS:
+            raise DockerfileError(
+                f"{where}: the Dockerfile's variables expand to more than "
+                f"{MAX_EXPANSION_CHARS // 1024} KiB in all (ARG, ENV, WORKDIR, COPY and ADD "
+                "together), over the limit; shorten the ARG or ENV values it uses"
+            )
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _substitute(match: re.Match[str], scope: dict[str, str]) -> str:
+    value = scope.get(match.group(1) or match.group(4), "")
+    if match.group(2) == ":-":
+        return value or match.group(3)
+    if match.group(2) == ":+":
+        return match.group(3) if value else ""
+    return value
 
 
 def _copy_words(args: str) -> tuple[dict[str, str], list[str] | None]:

@@ -108,6 +108,26 @@ def test_it_answers_400_listing_every_refusal_when_nothing_is_taken(
     ]
 
 
+def test_it_answers_400_naming_the_limit_for_env_lines_that_double_a_value(
+    make_client, researcher, tmp_path
+):
+    # Each ENV line doubles the one before: 11 make 128 KiB; 40 asked for 64 TiB (a 500).
+    doubling = "".join(f"ENV V{n}=$V{n - 1}$V{n - 1}\n" for n in range(1, 12))
+    dockerfile = f"FROM a\nWORKDIR /app\nENV V0={'x' * 64}\n{doubling}COPY answer.txt /app/\n"
+    write_harbor_task(tmp_path, "doubling", dockerfile=dockerfile)
+
+    error = assert_error(
+        post(make_client(researcher), tar_of(tmp_path)), 400, "suite_import_invalid"
+    )
+
+    (reason,) = error["details"]["errors"]
+    assert reason.startswith(
+        "doubling: environment/Dockerfile: line 14: its variables expand to 131072 characters, "
+        "over the 64 KiB limit on one expanded value"
+    ), reason
+    assert not Suite.objects.exists()
+
+
 def test_it_answers_400_for_a_bad_name(make_client, researcher, tasks_dir):
     response = post(make_client(researcher), tar_of(tasks_dir), name="Not A Name")
 

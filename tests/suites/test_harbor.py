@@ -312,6 +312,39 @@ def test_it_refuses_a_copy_from_outside_the_build_context(project, tmp_path):
     assert "the destination '/app/../etc/x' has a '..' part" in reasons["dest"]
 
 
+def test_it_refuses_env_lines_that_double_a_value_naming_the_limit(project, tmp_path):
+    # Each ENV line doubles the one before: 11 make 128 KiB (line 14); 40 asked for 64 TiB.
+    doubling = "".join(f"ENV V{n}=$V{n - 1}$V{n - 1}\n" for n in range(1, 12))
+    dockerfile = f"FROM a\nWORKDIR /app\nENV V0={'x' * 64}\n{doubling}COPY answer.txt /app/\n"
+    write_harbor_task(tmp_path, "doubling", dockerfile=dockerfile)
+    write_harbor_task(tmp_path, "ok")
+
+    _, _, report = imported(project, tmp_path)
+
+    assert report.taken == ["ok"]
+    assert refusals(report)["doubling"].startswith(
+        "environment/Dockerfile: line 14: its variables expand to 131072 characters, over the "
+        "64 KiB limit on one expanded value"
+    )
+
+
+def test_it_refuses_a_dockerignore_pattern_over_its_bounds_naming_the_line(project, tmp_path):
+    write_harbor_task(
+        tmp_path,
+        "stars",
+        dockerfile="FROM a\nCOPY . /app/\n",
+        environment={"answer.txt": "0\n", ".dockerignore": "*.pyc\n" + "**a" * 40 + "\n"},
+    )
+    write_harbor_task(tmp_path, "ok")
+
+    _, _, report = imported(project, tmp_path)
+
+    assert report.taken == ["ok"]
+    reason = refusals(report)["stars"]
+    assert reason.startswith("environment/.dockerignore: line 2: the pattern '**a**a"), reason
+    assert "has 40 wildcards (*, **, ?, [...]), over the limit of 8" in reason
+
+
 def test_it_refuses_symbolic_links(project, tmp_path):
     write_harbor_task(tmp_path, "linked-test")
     os.symlink("/etc/passwd", tmp_path / "linked-test" / "tests" / "data.txt")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import re
 import tarfile
+import time
+import tracemalloc
 
 import pytest
 
 from coevo.suites import dockerfile
+from coevo.suites.docker_context import glob_pattern
 from coevo.suites.dockerfile import DockerfileError, dockerfile_files, dockerfile_parse
 
 
@@ -150,3 +153,161 @@ def test_it_bounds_what_the_copies_may_hold(tmp_path, monkeypatch):
     monkeypatch.setattr(dockerfile, "MAX_TREE_BYTES", 10)
     with pytest.raises(DockerfileError, match="copies more than"):
         files_of(tmp_path, "FROM a\nCOPY a.txt /app/\n", {"a.txt": "x" * 11})
+
+
+# --- variables: bounded before they are built -----------------------------------------------
+
+
+def doubling(lines: int) -> str:
+    """The issue's Dockerfile: each ENV line doubles the value of the one before it."""
+    steps = "".join(f"ENV V{n}=$V{n - 1}$V{n - 1}\n" for n in range(1, lines + 1))
+    return "FROM a\nENV V0=" + "x" * 64 + "\n" + steps
+
+
+def test_it_refuses_env_lines_that_double_a_value_past_its_limit(tmp_path):
+    # V10 holds 64 KiB, the most one value may; V11 (line 13) would hold twice that.
+    assert files_of(tmp_path, doubling(10) + "COPY a.txt /app/\n", {"a.txt": "a"}).tree
+
+    with pytest.raises(DockerfileError) as raised:
+        files_of(tmp_path, doubling(11) + "COPY a.txt /app/\n", {"a.txt": "a"})
+
+    assert str(raised.value).startswith(
+        "environment/Dockerfile: line 13: its variables expand to 131072 characters, over the "
+        "64 KiB limit on one expanded value"
+    )
+
+
+BIG = "x" * 32 * 1024
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"ARG BIG={BIG}\nARG X=$BIG$BIG$BIG\nFROM a\n",  # before FROM: the global ARGs
+        f"FROM a\nARG BIG={BIG}\nARG X=${{BIG}}$BIG$BIG\n",
+        f"FROM a\nENV BIG={BIG}\nENV X=$BIG$BIG$BIG\n",
+        f"FROM a\nENV BIG={BIG}\nENV X $BIG$BIG$BIG\n",  # the legacy form
+        f"FROM a\nENV BIG={BIG}\nWORKDIR $BIG$BIG$BIG\n",
+        f"FROM a\nENV BIG={BIG}\nCOPY a.txt $BIG$BIG$BIG\n",
+        f"FROM a\nENV BIG={BIG}\nADD $BIG$BIG$BIG /app/\n",
+    ],
+)
+def test_it_bounds_every_expansion(tmp_path, text):
+    with pytest.raises(DockerfileError) as raised:
+        files_of(tmp_path, text, {"a.txt": "a"})
+
+    assert re.match(
+        r"environment/Dockerfile: line [23]: its variables expand to 98304 characters, over the "
+        r"64 KiB limit",
+        str(raised.value),
+    ), raised.value
+
+
+def test_it_bounds_what_all_the_expansions_make_together(tmp_path):
+    # 40,000 characters, each under the limit on one value: the seventh (line 8) passes 256 KiB.
+    copies = "".join(f"ENV C{n}=$BIG\n" for n in range(6))
+
+    with pytest.raises(DockerfileError) as raised:
+        files_of(tmp_path, "FROM a\nENV BIG=" + "x" * 40_000 + "\n" + copies, {})
+
+    assert str(raised.value).startswith(
+        "environment/Dockerfile: line 8: the Dockerfile's variables expand to more than 256 KiB "
+        "in all"
+    )
+
+
+def test_it_refuses_an_expansion_before_building_it(tmp_path):
+    # One word naming a 60,000-character value 1,000 times: 60 MB if it were built first.
+    text = "FROM a\nENV BIG=" + "x" * 60_000 + "\nCOPY " + "$BIG" * 1000 + " /app/\n"
+    tracemalloc.start()
+    try:
+        with pytest.raises(DockerfileError) as raised:
+            files_of(tmp_path, text, {})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 4 * 1024**2, peak
+    assert "expand to 60000000 characters, over the 64 KiB limit" in str(raised.value)
+
+
+# --- glob patterns: linear-time matching, bounded patterns ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("glob", "double_star", "matching", "others"),
+    [
+        ("*.py", False, ["a.py", ".py"], ["a/b.py", "a.pyc"]),
+        ("**/__pycache__", True, ["__pycache__", "a/b/__pycache__"], ["a__pycache__"]),
+        ("a/**", True, ["a/b", "a/b/c"], ["a", "b/a/c"]),
+        ("file?.txt", False, ["file1.txt", "fileé.txt"], ["file.txt", "file/.txt"]),
+        ("s?", False, ["s\udcff"], ["s\udcff\udcfe"]),  # a name byte that is not UTF-8
+        ("[a-c]x", False, ["ax", "cx"], ["dx", "-x"]),
+        ("[!a-c]x", False, ["dx", "-x"], ["ax", "bx"]),
+        ("[]a]", False, ["]", "a"], ["b"]),
+        ("[^]a]", False, ["b"], ["]", "a"]),
+        ("[[:alpha:]]", False, ["a]", ":]"], ["b]", "a"]),  # not a POSIX class: its characters
+        ("\\*.txt", False, ["*.txt"], ["a.txt"]),
+        ("a.b+(c)|$", False, ["a.b+(c)|$"], ["axb+(c)|$", "a.bb(c)|$"]),
+        ("x" * 300, True, ["x" * 300], ["x" * 299]),  # no wildcard: compared as text
+    ],
+)
+def test_it_reads_glob_patterns_as_docker_does(glob, double_star, matching, others):
+    pattern = glob_pattern(glob, double_star=double_star, where="t")
+
+    assert [name for name in matching + others if pattern.matches(name)] == matching
+
+
+LONG_NAME = "a" * 80
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "context", "taken"),
+    [
+        # The issue's .dockerignore: Python's re read `**a` seven times as `.*a` seven times
+        # and tried every way to place them in the name (~30 s for this one, minutes for a
+        # longer one) holding the interpreter lock.
+        ("FROM a\nCOPY . /app/\n", {".dockerignore": "**a" * 7 + "b\n"}, LONG_NAME),
+        # COPY sources are globs too: `*a` as `[^/]*a`.
+        ("FROM a\nCOPY " + "*a" * 7 + "b /app/\n", {"aaaaaaab": "y"}, "aaaaaaab"),
+    ],
+)
+def test_it_matches_a_backtracking_pattern_against_a_long_name_in_linear_time(
+    tmp_path, dockerfile, context, taken
+):
+    started = time.monotonic()
+    result = files_of(tmp_path, dockerfile, {LONG_NAME: "x", **context})
+
+    assert time.monotonic() - started < 5
+    assert taken in result.tree
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "dockerignore", "where", "reason"),
+    [
+        (
+            "FROM a\nCOPY . /app/\n",
+            "*.pyc\n" + "**a" * 9 + "\n",
+            "environment/.dockerignore: line 2",
+            "has 9 wildcards (*, **, ?, [...]), over the limit of 8",
+        ),
+        (
+            "FROM a\nCOPY " + "?" * 9 + " /app/\n",
+            "",
+            "environment/Dockerfile: line 2",
+            "has 9 wildcards (*, **, ?, [...]), over the limit of 8",
+        ),
+        (
+            "FROM a\nCOPY . /app/\n",
+            "src/" + "x" * 300 + "*\n",
+            "environment/.dockerignore: line 1",
+            "is 305 characters, over the limit of 256 for a pattern with wildcards",
+        ),
+    ],
+)
+def test_it_refuses_a_pattern_over_its_bounds(tmp_path, dockerfile, dockerignore, where, reason):
+    with pytest.raises(DockerfileError) as raised:
+        files_of(tmp_path, dockerfile, {".dockerignore": dockerignore, "a.txt": "a"})
+
+    message = str(raised.value)
+    assert message.startswith(f"{where}: the pattern ") and reason in message, message
