@@ -159,7 +159,15 @@ def ingest(rollout, steps: list[BenchStep], *, use_copy: bool = True) -> float:
     from coevo.evaluations.traces import TraceWriter
 
     started, cpu = time.perf_counter(), time.process_time()
-    writer = TraceWriter(rollout_id=rollout.id, attempt=rollout.attempts, use_copy=use_copy)
+    # The batching alone: a worker also writes each model call at once (WRITE_AT_ONCE_KINDS),
+    # a COPY beside each policy round trip, which a stream of steps with no model latency
+    # would turn into a COPY per move.
+    writer = TraceWriter(
+        rollout_id=rollout.id,
+        attempt=rollout.attempts,
+        use_copy=use_copy,
+        write_at_once=frozenset(),
+    )
     with writer:
         for step in steps:
             writer.add(step)

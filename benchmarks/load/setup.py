@@ -365,7 +365,13 @@ def extend_trace(rollout: Any, count: int) -> int:
     start = TraceStep.objects.filter(rollout=rollout, attempt=last).aggregate(i=Max("index"))["i"]
     with (
         transaction.atomic(),
-        TraceWriter(rollout_id=rollout.id, attempt=last, start_index=(start or 0) + 1) as writer,
+        # A fill, not a live attempt: batched, model calls included.
+        TraceWriter(
+            rollout_id=rollout.id,
+            attempt=last,
+            start_index=(start or 0) + 1,
+            write_at_once=frozenset(),
+        ) as writer,
     ):
         for i in range(count):
             writer.add(game_step(i))

@@ -53,6 +53,7 @@ from coevo.campaigns.services import campaign_draft_enqueue
 from coevo.campaigns.stop_rules import budget_spent, campaign_finish, stop_rule
 from coevo.errors import CoevoError
 from coevo.evaluations.ledger import Amount, budget_settle
+from coevo.evaluations.storable import storable_json, storable_text
 from harness_store.derive import candidate_derive
 
 logger = logging.getLogger(__name__)
@@ -446,7 +447,9 @@ def _record(campaign: Campaign, sequence: int, draft: Draft, *, batch: int | Non
                 project=campaign.project,
                 parents=draft.parents,
                 changes=draft.changes,
-                message=f"{draft.message}\n\ncampaign {campaign.name} ({campaign.id}), proposal {sequence}",
+                message=storable_text(
+                    f"{draft.message}\n\ncampaign {campaign.name} ({campaign.id}), proposal {sequence}"
+                ),
                 author_name=f"coevo {draft.kind} proposer",
             )
         except CoevoError as exc:
@@ -481,22 +484,37 @@ def _record(campaign: Campaign, sequence: int, draft: Draft, *, batch: int | Non
         sequence=sequence,
         kind=draft.kind,
         parent_shas=[p.sha for p in draft.parents],
-        shown=draft.shown,
-        params=draft.params,
         trial_number=draft.trial_number,
-        prompt=draft.prompt,
-        response=draft.response,
         proposer_tokens=draft.proposer_tokens,
         proposer_wall_ms=draft.proposer_wall_ms or 0,
-        patch=draft.patch,
-        stages=stages,
         state=ProposalState.INVALID if failed else ProposalState.PROPOSED,
-        state_detail=detail,
+        **_storable_record(
+            shown=draft.shown,
+            params=draft.params,
+            prompt=draft.prompt,
+            response=draft.response,
+            patch=draft.patch,
+            stages=stages,
+            state_detail=detail,
+        ),
         candidate=candidate,
         policy_version=campaign.active_policy_version,
         batch=batch,
         finished_at=timezone.now() if failed else None,
     )
+
+
+def _storable_record(**fields: Any) -> dict[str, Any]:
+    """A draft's text and JSON fields as the database can hold them. A proposer program's answer,
+    detail and transcript, a model's reply, hypothesis and patch, and the reasons the
+    candidate's own checks give all reach them; PostgreSQL refuses a NUL, a lone surrogate or
+    a NaN (coevo.evaluations.storable), and one refused value would fail the proposal's write
+    at every draft. The JSON fields' structure is the proposers' own, a few levels deep: only
+    their strings come from a program or a model, so nothing here is refused."""
+    return {
+        name: storable_text(value) if isinstance(value, str) else storable_json(value)
+        for name, value in fields.items()
+    }
 
 
 def _imports_stage(candidate: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from coevo.campaigns.edits import EditRejected, path_check
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.evaluations.models import Outcome, Rollout, RolloutState
 from coevo.evaluations.selectors import evaluation_task_scores, rollout_trace
+from coevo.evaluations.traces import Cursor
 from coevo.suites.models import Split
 from harness_store.manifest import MANIFEST_NAME, Manifest
 from harness_store.models import Candidate
@@ -418,7 +419,11 @@ def _render_traces(
 
 
 def _render_trace(rollout: Rollout) -> str:
-    page = rollout_trace(rollout=rollout, page_size=MAX_TRACE_STEPS)
+    # The attempt that ended the rollout: an earlier one (its worker died, or an infra error
+    # sent it back) left steps that stop mid-run and say nothing of the outcome.
+    page = rollout_trace(
+        rollout=rollout, cursor=Cursor(rollout.attempts, 0), page_size=MAX_TRACE_STEPS
+    )
     lines = []
     for step in page.steps:
         line = _render_step(step.kind, step.payload if isinstance(step.payload, dict) else {})

@@ -2,8 +2,13 @@
 
 A trace can run to thousands of steps (a multi-step game with a model call per move), so
 nothing here loads a whole trace: the worker buffers steps and writes them with one
-``bulk_create`` per batch, and readers walk the steps in (attempt, index) order with a cursor,
-a page at a time, over the ``trace_step_unique_index`` constraint's index.
+``COPY`` (or ``bulk_create``) per batch, and readers walk the steps in (attempt, index) order
+with a cursor, a page at a time, over the ``trace_step_unique_index`` constraint's index.
+
+An attempt's start and each of its model calls are written the moment they are recorded (with
+the steps waiting before them), so a worker killed mid-rollout leaves, under that attempt's
+number, that it ran and every policy call it made; the rollout's next attempt writes under
+its own number (the claim's), so the two never share an index.
 
 Payloads over ``COMPRESS_OVER_BYTES`` of JSON are stored zlib-compressed in ``payload_zlib``;
 ``payload`` then keeps an excerpt (every string cut to ``EXCERPT_CHARS``), which is what the
@@ -38,6 +43,11 @@ EXCERPT_CHARS = 2000
 PAGE_SIZE = 100
 BATCH_SIZE = 500
 FLUSH_INTERVAL_S = 0.5
+# Written at once rather than batched: the start says the attempt ran at all, a model call what
+# it cost and what the policy said; both must survive a kill -9 of the worker. A model call
+# already takes the policy's round trip, so one more write beside it costs little (unlike a
+# write per log line or per env step, which stay batched).
+WRITE_AT_ONCE_KINDS = frozenset({"start", "model_call"})
 MAX_QUERY_CHARS = 200
 
 
@@ -152,10 +162,12 @@ class _Row(NamedTuple):
 class TraceWriter:
     """Buffers one attempt's steps and writes them in batches.
 
-    A batch is written once ``batch_size`` steps are waiting or the oldest waiting step is
-    ``flush_interval_s`` old (checked as steps arrive), and always by ``flush``/``close``: the
-    rollout runner flushes before it records the outcome, and on cancel or error, so no step
-    is lost and a finished rollout's trace is complete when its row says done.
+    A batch is written once a step of a ``write_at_once`` kind arrives, ``batch_size`` steps
+    are waiting or the oldest waiting step is ``flush_interval_s`` old (checked as steps
+    arrive), and always by ``flush``/``close``: the rollout runner flushes before it records
+    the outcome, and on cancel or error, so no step is lost and a finished rollout's trace is
+    complete when its row says done. A killed worker loses only the steps recorded since its
+    last write, none of them a model call.
     """
 
     def __init__(
@@ -166,6 +178,7 @@ class TraceWriter:
         start_index: int = 0,
         batch_size: int = BATCH_SIZE,
         flush_interval_s: float = FLUSH_INTERVAL_S,
+        write_at_once: frozenset[str] = WRITE_AT_ONCE_KINDS,
         use_copy: bool = True,
     ) -> None:
         self.rollout_id = rollout_id
@@ -175,6 +188,7 @@ class TraceWriter:
         self.next_index = start_index
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
+        self.write_at_once = write_at_once
         self.written = 0
         self._buffer: list[_Row] = []
         self._oldest = 0.0
@@ -197,7 +211,8 @@ class TraceWriter:
         )
         self.next_index += 1
         if (
-            len(self._buffer) >= self.batch_size
+            step.kind in self.write_at_once
+            or len(self._buffer) >= self.batch_size
             or time.monotonic() - self._oldest >= self.flush_interval_s
         ):
             self.flush()

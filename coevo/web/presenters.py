@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -21,7 +21,7 @@ from coevo.audit.models import AuditEvent
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.campaigns.plots import LineageNode, ParetoPoint
 from coevo.campaigns.selectors import CampaignProgress, ProposalPoint
-from coevo.evaluations.models import Rollout
+from coevo.evaluations.models import Rollout, RolloutState
 from coevo.evaluations.selectors import (
     EvaluationComparison,
     FlipRow,
@@ -29,7 +29,13 @@ from coevo.evaluations.selectors import (
     rollout_trace,
     search_validation_gap,
 )
-from coevo.evaluations.traces import Cursor, TracePage, TraceSummary, trace_summary
+from coevo.evaluations.traces import (
+    AttemptSummary,
+    Cursor,
+    TracePage,
+    TraceSummary,
+    trace_summary,
+)
 from coevo.projects.models import Membership, Project
 from coevo.projects.selectors import project_list_for_user
 from coevo.reviews.models import PromotionRequest
@@ -38,6 +44,7 @@ from coevo.suites.selectors import task_is_sealed
 from coevo.web.trace_calls import model_call_views
 from coevo.web.trace_tree import OVERVIEW_MAX_CALLS, CallTree, call_tree
 from coevo.web.trace_workspace import WorkspaceView, rollout_workspace, workspace_step_views
+from workers.outcomes import ErrorKind
 
 OPEN_MODEL_CALLS_UP_TO = 4
 # The most candidates a campaign's lineage draws (campaign_lineage summarizes beyond it).
@@ -77,9 +84,17 @@ class TraceViewer:
     # A workspace task's final diff and test output (None: not one, or not asked for).
     workspace: WorkspaceView | None = None
 
+    # What became of each attempt that left steps, by number (attempt_note).
+    attempt_notes: dict[int, str] = field(default_factory=dict)
+
     @property
     def multi_attempt(self) -> bool:
         return len(self.summary.attempts) > 1
+
+    @property
+    def attempts(self) -> list[tuple[AttemptSummary, str]]:
+        """Each attempt's totals with its note, for the summary line."""
+        return [(a, self.attempt_notes.get(a.number, "")) for a in self.summary.attempts]
 
     @property
     def is_game(self) -> bool:
@@ -100,10 +115,12 @@ def trace_viewer(
     start = Cursor.parse(cursor)
     page = rollout_trace(rollout=rollout, cursor=start, query=query)
     summary = trace_summary(rollout=rollout)
+    notes = {a.number: attempt_note(rollout=rollout, attempt=a.number) for a in summary.attempts}
     # A page that starts mid-attempt continues the previous page's attempt heading.
     previous = start.attempt if start is not None and start.index > 0 else None
     for step in page.steps:
         step.attempt_head = step.attempt != previous
+        step.attempt_note = notes.get(step.attempt, "")
         previous = step.attempt
     calls = None
     if _may_have_boundary_calls(summary, page):
@@ -132,7 +149,25 @@ def trace_viewer(
         open_model_calls=summary.kinds.get("model_call", 0) <= OPEN_MODEL_CALLS_UP_TO,
         calls=calls,
         workspace=shown,
+        attempt_notes=notes,
     )
+
+
+def attempt_note(*, rollout: Rollout, attempt: int) -> str:
+    """What became of one attempt of ``rollout``, from the row alone. Each claim numbers a new
+    attempt and only the last claimed can finish the rollout (the finish is a compare-and-swap
+    on the number), so an earlier one stopped before its end: its worker died, or an
+    infrastructure error sent the rollout back, and its steps end where it stopped."""
+    if attempt < rollout.attempts:
+        return "an earlier attempt that did not finish; the rollout ran again"
+    if rollout.state == RolloutState.RUNNING:
+        return "running"
+    if rollout.state == RolloutState.CANCELLED:
+        return "cancelled"
+    if rollout.state == RolloutState.DONE and rollout.error_kind != ErrorKind.WORKER_LOST:
+        return "the rollout's result"
+    # Back in the queue, or given up by the watchdog after its worker died.
+    return "did not finish"
 
 
 def _may_have_boundary_calls(summary: TraceSummary, page: TracePage) -> bool:

@@ -20,7 +20,13 @@ from coevo.errors import InvalidInput
 from coevo.evaluations.models import TraceStep
 from coevo.projects.services import project_get_or_create
 from harness_store.services import candidate_import_directory
-from tests.campaigns.support import MARKER, marked_suite, proposer_endpoint, styled_seed
+from tests.campaigns.support import (
+    MARKER,
+    drive,
+    marked_suite,
+    proposer_endpoint,
+    styled_seed,
+)
 from tests.conftest import wait_until_final
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 
@@ -68,14 +74,14 @@ def proposer_server():
         yield policy
 
 
-def proposer_program(project, tmp_path):
+def proposer_program(project, tmp_path, *, source: str = PROGRAM):
     directory = tmp_path / "proposer"
     directory.mkdir()
     (directory / "harness.toml").write_text(
         '[harness]\nname = "proposer"\ncommand = ["python", "propose.py"]\n'
         "[limits]\nmax_model_calls = 4\nwall_time_s = 120\n"
     )
-    (directory / "propose.py").write_text(textwrap.dedent(PROGRAM))
+    (directory / "propose.py").write_text(textwrap.dedent(source))
     candidate, _ = candidate_import_directory(
         project=project, directory=directory, message="proposer", author_name="Owner"
     )
@@ -143,6 +149,54 @@ def test_the_agents_edits_become_proposals_judged_by_the_campaigns_stages(
         assert MARKER not in json.dumps(request)
     for p in (stray, good):
         assert MARKER not in json.dumps([p.prompt, p.shown, p.response])
+
+
+# Its hypothesis (the answer) and the model's reply (the transcript) hold a NUL, which
+# PostgreSQL's text and jsonb refuse.
+NUL_PROGRAM = """
+import json, os, urllib.request
+
+task = json.load(open(os.environ["COEVO_TASK_FILE"]))
+body = {"model": "proposer-model", "messages": [{"role": "user", "content": task["instruction"]}]}
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+reply = json.load(urllib.request.urlopen(request))["choices"][0]["message"]["content"]
+manifest = open("/app/harness.toml").read()
+open("/app/harness.toml", "w").write(manifest.replace('default = "bad"', 'default = "good"'))
+json.dump("the good\\u0000 style: " + reply, open(os.environ["COEVO_ANSWER_FILE"], "w"))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_records_an_answer_and_transcript_holding_characters_the_database_refuses(
+    project, tmp_path, policy_version
+):
+    policy = QueuedProposer(["go\u0000od"])
+    policy.model = "proposer-model"
+    with ScriptedOpenAIServer(policy) as server:
+        proposer_endpoint(server.url)
+        program = proposer_program(project, tmp_path, source=NUL_PROGRAM)
+        campaign = campaign_create(
+            project=project,
+            name="nul",
+            seed_candidate=styled_seed(project, tmp_path),
+            policy_version=policy_version,
+            suite=marked_suite(project),
+            strategy=[
+                {"kind": "agentic", "options": {"program": program.sha, "endpoint": "proposer"}}
+            ],
+            max_proposals=1,
+        )
+        campaign_start(campaign=campaign)
+        drive(campaign, lambda proposal: False)
+
+    proposal = campaign.proposals.get(sequence=1)
+    assert proposal.params["hypothesis"] == "the good\ufffd style: go\ufffdod"
+    assert proposal.candidate.message.startswith("agentic: the good\ufffd style: go\ufffdod\n")
+    assert "[model] go\ufffdod" in proposal.response
+    assert all(stage["ok"] for stage in proposal.stages), proposal.stages
+    assert '+default = "good"' in proposal.patch
 
 
 def test_its_history_holds_no_sealed_material(project, tmp_path, policy_version):

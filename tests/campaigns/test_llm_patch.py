@@ -21,7 +21,7 @@ from coevo.errors import InvalidInput
 from coevo.evaluations.models import Evaluation, TraceStep
 from harness_store.manifest import parse_manifest
 from harness_store.selectors import candidate_read_file
-from tests.campaigns.support import MARKER, marked_suite, proposer_endpoint, styled_seed
+from tests.campaigns.support import MARKER, drive, marked_suite, proposer_endpoint, styled_seed
 from tests.conftest import wait_until_final
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 
@@ -251,6 +251,37 @@ def test_it_asks_the_policy_endpoint_by_default_and_records_what_it_sent(
     assert draft.failed and draft.stages[0]["stage"] == "applies"
     assert "no 'HYPOTHESIS: ...' line" in draft.stages[0]["reason"]
     assert draft.changes == {} and draft.parents == [seed]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_records_a_model_reply_holding_characters_the_database_refuses(
+    project, tmp_path, policy_version, scripted_policy
+):
+    # A NUL in the hypothesis (the commit message, params), the reply and the patch: PostgreSQL
+    # text and jsonb refuse it, and the proposal's write used to fail, draft after draft.
+    scripted_policy.default = "HYPOTHESIS: the good\u0000 style\n" + block(
+        "agent.py", STYLE_LINE, '    prompt = "style=good " + task["input"]  # \u0000\n'
+    )
+    campaign = campaign_create(
+        project=project,
+        name="nul",
+        seed_candidate=styled_seed(project, tmp_path),
+        policy_version=policy_version,
+        suite=marked_suite(project),
+        strategy=[{"kind": "llm-patch", "options": {"answer_format": "text"}}],
+        max_proposals=1,
+    )
+    campaign_start(campaign=campaign)
+    drive(campaign, lambda proposal: False)
+
+    proposal = campaign.proposals.get(sequence=1)
+    assert proposal.params["hypothesis"] == "the good\ufffd style"
+    assert proposal.candidate.message.startswith("llm-patch: the good\ufffd style\n")
+    assert proposal.response == scripted_policy.default.replace("\u0000", "\ufffd")
+    assert '+    prompt = "style=good " + task["input"]  # \ufffd' in proposal.patch
+    # Python refuses a source file with a NUL: rejected at its stage, and recorded.
+    assert proposal.state == ProposalState.INVALID
+    assert [s["stage"] for s in proposal.stages] == ["applies", "manifest", "imports"]
 
 
 # --- the proposer model is reached only through a registered endpoint (SSRF) -------------------

@@ -105,3 +105,23 @@ def test_it_cuts_traces_to_the_character_budget_and_keeps_the_files(evaluated):
     assert len(small.text) <= 3_500 + 100
     assert len(small.shown["trace_ids"]) < 4
     assert 'ctx.knobs["style"]' in small.text
+
+
+def test_it_shows_the_attempt_that_ended_a_rollout_not_one_its_worker_died_in(evaluated):
+    campaign, seed, manifest, runs = evaluated
+    rollout = runs["search"].rollouts.order_by("task__position").first()
+    # Its one attempt becomes the second; the first was killed after a model call.
+    TraceStep.objects.filter(rollout=rollout).update(attempt=2)
+    type(rollout).objects.filter(id=rollout.id).update(attempts=2)
+    TraceStep.objects.create(
+        rollout=rollout,
+        attempt=1,
+        index=0,
+        kind="model_call",
+        payload={"prompt": "style=bad q0", "completion": "killed-attempt-said-this"},
+    )
+
+    text = workspace_build(campaign=campaign, parent=seed, manifest=manifest).text
+
+    assert "killed-attempt-said-this" not in text
+    assert "[model call] prompt (tail): style=bad q0" in text and "[model said] no" in text

@@ -151,6 +151,86 @@ def test_a_worker_killed_mid_evaluation_loses_nothing(
         assert rollout.worker.startswith("second@")
 
 
+# A harness that makes one model call and then works on: told "HANG", for as long as it takes
+# the test to kill its worker.
+HANGING_AGENT = """
+import time
+
+
+def run(task, ctx):
+    ctx.log("asking the policy")
+    result = ctx.llm.complete(task["prompt"], max_tokens=16)
+    if result.texts[0] == "HANG":
+        time.sleep(60)
+    return result.texts[0]
+"""
+
+
+def test_a_worker_killed_mid_rollout_leaves_the_attempts_trace(
+    workers, tmp_path, project, owner, humaneval_suite, policy, slow_policy
+):
+    from harness_store.services import candidate_import_directory
+
+    harness = tmp_path / "hanging"
+    harness.mkdir()
+    (harness / "harness.toml").write_text(
+        '[harness]\nname = "hanging"\nentrypoint = "agent:run"\npolicy_api = "completions"\n'
+    )
+    (harness / "agent.py").write_text(HANGING_AGENT)
+    candidate, _ = candidate_import_directory(
+        project=project, directory=harness, message="hangs", author_name="T", created_by=owner
+    )
+    scripted = slow_policy.policy
+    # Answered at once: the killed attempt's steps all come within milliseconds of its start,
+    # inside any batching interval, so only steps written as they happen survive the kill.
+    scripted.latency_s = 0
+    scripted.rules.clear()
+    scripted.default = "HANG"
+    first = workers("first")
+    evaluation = evaluation_create(
+        candidate=candidate,
+        suite=humaneval_suite,
+        split=Split.SEARCH,
+        policy_version=policy,
+        task_limit=1,
+        use_cache=False,
+    )
+    rollout = Rollout.objects.get(evaluation=evaluation)
+    wait_for(lambda: scripted.requests, timeout_s=90, what="the first attempt's model call")
+    model_call = TraceStep.objects.filter(rollout=rollout, kind="model_call")
+    deadline = time.monotonic() + 10
+    while not model_call.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first.kill()  # its harness is asleep, the model call answered
+
+    scripted.default = "    return None\n"
+    workers("second")
+    wait_for(
+        lambda: Evaluation.objects.get(id=evaluation.id).is_final,
+        timeout_s=120,
+        what="the rollout to be re-run and finished",
+        watchdog=True,
+    )
+    rollout.refresh_from_db()
+    assert rollout.state == "done" and rollout.attempts == 2, rollout.detail
+    assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), rollout.detail
+    assert len(scripted.requests) == 2
+    steps = TraceStep.objects.filter(rollout=rollout).order_by("attempt", "index")
+    assert list(steps.values_list("attempt", "index", "kind")) == [
+        # The killed attempt, up to its death: it called the policy, and was answered.
+        (1, 0, "start"),
+        (1, 1, "log"),
+        (1, 2, "model_call"),
+        (2, 0, "start"),
+        (2, 1, "log"),
+        (2, 2, "model_call"),
+        (2, 3, "answer"),
+        (2, 4, "verdict"),
+    ]
+    assert steps.get(attempt=1, kind="model_call").payload["completion"] == "HANG"
+    assert steps.get(attempt=2, kind="answer").payload["answer"] == "    return None\n"
+
+
 def test_a_policy_outage_pauses_the_evaluation_and_fails_no_task(
     workers, seed_candidate, humaneval_suite, policy, slow_policy, settings
 ):

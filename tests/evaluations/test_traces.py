@@ -100,6 +100,25 @@ def test_it_flushes_a_batch_once_the_oldest_step_waited_the_interval(rollout):
 
 
 @pytest.mark.django_db
+def test_it_writes_a_start_and_each_model_call_at_once_with_the_steps_before_them(rollout):
+    # What a worker killed at any moment leaves: that the attempt ran, and every policy call.
+    writer = TraceWriter(rollout_id=rollout.id, attempt=3, flush_interval_s=3600)
+    written = TraceStep.objects.filter(rollout=rollout).order_by("index")
+    writer.add(FakeStep("start", {"task": "t"}))
+    assert list(written.values_list("attempt", "index", "kind")) == [(3, 0, "start")]
+    writer.add(FakeStep("log", {"message": "thinking"}))
+    assert written.count() == 1
+    writer.add(FakeStep("model_call", {"completion": "42"}, prompt_tokens=5))
+    assert list(written.values_list("index", "kind")) == [
+        (0, "start"),
+        (1, "log"),
+        (2, "model_call"),
+    ]
+    writer.add(FakeStep("env_step", {"action": "go"}))
+    assert written.count() == 3 and writer.pending == 1
+
+
+@pytest.mark.django_db
 def test_it_flushes_the_waiting_steps_when_the_block_raises(rollout):
     with pytest.raises(RuntimeError), TraceWriter(rollout_id=rollout.id, attempt=2) as writer:
         writer.add(FakeStep("log", {"message": "before the crash"}))
@@ -342,9 +361,50 @@ def test_it_keeps_every_step_of_a_rollout_cancelled_while_it_runs(
     kinds = list(
         TraceStep.objects.filter(rollout=rollout).order_by("index").values_list("kind", flat=True)
     )
-    # The start and the three log lines were still waiting in the writer's buffer (the model
-    # call came right after them): the cancel path wrote them.
+    # The three log lines were still waiting in the writer's buffer (the model call came
+    # right after them, and the start was written at once): the cancel path wrote them.
     assert kinds == ["start", "log", "log", "log"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_writes_each_model_call_at_once_and_batches_the_log_lines(
+    tmp_path, project, owner, humaneval_suite, policy_version, scripted_policy, monkeypatch
+):
+    writes: list[list[str]] = []  # the kinds of the steps of each write
+    flush = TraceWriter.flush
+
+    def counted(writer: TraceWriter) -> int:
+        kinds = [row.kind for row in writer._buffer]
+        if kinds:
+            writes.append(kinds)
+        return flush(writer)
+
+    monkeypatch.setattr(TraceWriter, "flush", counted)
+    rollout = run_harness(
+        tmp_path,
+        project,
+        owner,
+        humaneval_suite,
+        policy_version,
+        """
+        def run(task, ctx):
+            for i in range(50):
+                ctx.log(f"line {i}")
+            ctx.llm.complete(task["prompt"], max_tokens=8)
+            ctx.llm.complete(task["prompt"], max_tokens=8)
+            return "    pass\\n"
+        """,
+    )
+    rollout_execute(rollout_id=rollout.id, worker="test")
+
+    assert writes[0] == ["start"]
+    assert [w[-1] for w in writes if "model_call" in w] == ["model_call", "model_call"]
+    assert writes[-1] == ["answer", "verdict"]
+    # Start, two model calls, the end; a slow machine may add a write or two for a log burst
+    # that outlasts FLUSH_INTERVAL_S, never one a line.
+    assert 4 <= len(writes) <= 6, writes
+    steps = TraceStep.objects.filter(rollout=rollout)
+    assert sorted(steps.values_list("index", flat=True)) == list(range(sum(map(len, writes))))
 
 
 @pytest.mark.django_db(transaction=True)

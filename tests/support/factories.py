@@ -202,10 +202,11 @@ def make_evaluation(
     )
 
 
-def add_steps(rollout: Rollout, steps: Sequence[Step], *, start: int = 0) -> None:
-    """``steps`` appended to the rollout's first attempt, numbered from ``start``."""
+def add_steps(rollout: Rollout, steps: Sequence[Step], *, start: int = 0, attempt: int = 1) -> None:
+    """``steps`` appended to the rollout's ``attempt`` (the first unless told), numbered from
+    ``start``."""
     TraceStep.objects.bulk_create(
-        TraceStep(rollout=rollout, attempt=1, index=i, kind=kind, payload=payload, **extra)
+        TraceStep(rollout=rollout, attempt=attempt, index=i, kind=kind, payload=payload, **extra)
         for i, (kind, payload, extra) in enumerate(steps, start)
     )
 

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from coevo.evaluations.models import EvaluationState, Outcome, Rollout
 from coevo.suites.models import Split, Task
-from tests.support.factories import make_evaluation, make_rollout
+from tests.support.factories import add_steps, make_evaluation, make_rollout
 from tests.web.conftest import model_call_step, start_step
 from tests.web.test_pages import plain, text
 
@@ -207,3 +207,34 @@ def test_it_reads_a_rollout_page_with_a_fixed_number_of_trace_queries(client, ow
     # a query without a LIMIT that reads payloads.
     assert len(trace_queries) == 4
     assert all("LIMIT" in sql or "payload" not in sql for sql in trace_queries)
+
+
+def test_it_shows_a_killed_attempts_steps_as_an_earlier_attempt_that_did_not_finish(
+    client, owner, project, seed_candidate, humaneval_suite, policy_version
+):
+    evaluation = make_evaluation(
+        candidate=seed_candidate, suite=humaneval_suite, policy_version=policy_version
+    )
+    task = Task.objects.filter(suite=humaneval_suite, split=Split.SEARCH).first()
+    # Attempt 1's worker was killed after its model call; attempt 2 ran to the end.
+    killed = [start_step(task), model_call_step(task, "    return first_try\n")]
+    rollout = make_rollout(evaluation, task, outcome=Outcome.TASK_FAILURE, score=0.0, steps=killed)
+    Rollout.objects.filter(id=rollout.id).update(attempts=2)
+    second = killed[:1] + [
+        model_call_step(task, "    return second_try\n"),
+        ("answer", {"answer": "    return second_try\n"}, {}),
+        ("verdict", {"passed": False, "score": 0.0, "detail": "1 of 3 failed"}, {}),
+    ]
+    add_steps(rollout, second, attempt=2)
+
+    client.force_login(owner)
+    response = client.get(url(project, rollout))
+    page = text(response)
+    assert step_ids(page) == ["1-0", "1-1", "2-0", "2-1", "2-2", "2-3"]
+    assert "first_try" in page and "second_try" in page
+    shown = plain(response)
+    assert "Attempt 1 · an earlier attempt that did not finish; the rollout ran again" in shown
+    assert "Attempt 2 · the rollout's result" in shown
+    assert "attempt 1 (an earlier attempt that did not finish; the rollout ran again): 2 steps" in (
+        shown
+    )
