@@ -115,6 +115,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_mapping(name: str) -> dict[str, str]:
+    """A comma-separated list of ``key=value`` pairs (``python:3.13=local/debian:trixie, ...``),
+    each side non-empty; unset: empty."""
+    mapping: dict[str, str] = {}
+    for item in env_list(name, []):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ImproperlyConfigured(
+                f"{name} holds {item!r}, which is not a pair NAME=VALUE (e.g. "
+                "python:3.13-slim-bookworm=local/debian:trixie)."
+            )
+        mapping[key.strip()] = value.strip()
+    return mapping
+
+
 def env_networks(name: str) -> list[str]:
     """A comma-separated list of IP addresses or CIDR networks (``10.0.0.0/8, ::1``), each
     checked; returned as network strings (``10.0.0.0/8``, ``::1/128``). Unset: empty."""

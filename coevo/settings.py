@@ -16,6 +16,7 @@ from coevo.config import (
     env_float,
     env_int,
     env_list,
+    env_mapping,
     env_networks,
     env_path,
     env_str,
@@ -263,6 +264,24 @@ COEVO_VERIFIER_TIMEOUT_S = env_int("COEVO_VERIFIER_TIMEOUT_S", 20, minimum=1)
 COEVO_WORKSPACE_MAX_FILES = env_int("COEVO_WORKSPACE_MAX_FILES", 20000, minimum=10)
 COEVO_WORKSPACE_MAX_BYTES = env_int("COEVO_WORKSPACE_MAX_BYTES", 256 * 1024**2, minimum=1024**2)
 COEVO_WORKSPACE_VERIFIER_TIMEOUT_S = env_int("COEVO_WORKSPACE_VERIFIER_TIMEOUT_S", 600, minimum=1)
+# Containers (workers/containers/): the Docker engine (coevo's own by default, started by
+# scripts/lib.sh), image names mapped to local images (mirrors, air-gapped sites), whether a
+# missing image may be pulled, the extra CA certificates put in every task image (a TLS-inspecting
+# proxy), and where a worker keeps its build locks and logs. docs/configuration.md, "Containers".
+COEVO_DOCKER_HOST = env_url(
+    "COEVO_DOCKER_HOST",
+    "unix:///run/coevo-docker/docker.sock",
+    schemes=("unix", "tcp", "ssh", "http", "https"),
+)
+COEVO_IMAGE_MAP = env_mapping("COEVO_IMAGE_MAP")
+COEVO_CONTAINER_PULL = env_choice("COEVO_CONTAINER_PULL", "if-missing", ("never", "if-missing"))
+COEVO_CONTAINER_CA_CERTS = env_str("COEVO_CONTAINER_CA_CERTS", "/usr/local/share/ca-certificates")
+COEVO_CONTAINER_DIR = env_path("COEVO_CONTAINER_DIR", COEVO_HOME / "containers")
+COEVO_CONTAINER_BUILD_TIMEOUT_S = env_int("COEVO_CONTAINER_BUILD_TIMEOUT_S", 1800, minimum=1)
+COEVO_CONTAINER_BUILD_MEMORY_BYTES = env_int(
+    "COEVO_CONTAINER_BUILD_MEMORY_BYTES", 4 * 1024**3, minimum=64 * 1024**2
+)
+COEVO_CONTAINER_RUNTIME = env_str("COEVO_CONTAINER_RUNTIME", "")
 # Harnesses' declared dependencies (workers/harness_env.py): built with uv from wheels only, from
 # COEVO_HARNESS_FIND_LINKS (a local wheel directory; then no index is asked) or else
 # COEVO_HARNESS_INDEX_URL; cached per content hash under COEVO_HARNESS_ENV_DIR, least recently

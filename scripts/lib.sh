@@ -163,3 +163,157 @@ ensure_test_wheelhouse() {
     done
     echo "$digest" >"$stamp"
 }
+
+# --- The container engine (workers/containers/, docs/deployment.md "The container backend") ---
+# coevo talks to one Docker engine, named by COEVO_DOCKER_HOST everywhere (scripts, workers,
+# tests). By default it is an engine of coevo's own, with its own data root, exec root, pidfile
+# and socket, so it neither needs nor disturbs a Docker the machine may already run; set
+# COEVO_DOCKER_HOST=unix:///var/run/docker.sock to use that one instead (then nothing here
+# starts or installs anything for it).
+COEVO_DOCKER_DEFAULT_HOST="unix:///run/coevo-docker/docker.sock"
+COEVO_DOCKER_HOST="${COEVO_DOCKER_HOST:-$COEVO_DOCKER_DEFAULT_HOST}"
+export COEVO_DOCKER_HOST
+COEVO_DOCKER_ROOT="${COEVO_DOCKER_ROOT:-/var/lib/coevo-docker}"
+COEVO_DOCKER_RUN="${COEVO_DOCKER_RUN:-/run/coevo-docker}"
+COEVO_DOCKER_START_TIMEOUT_S="${COEVO_DOCKER_START_TIMEOUT_S:-60}"
+
+# curl against the engine's HTTP API (no CLI whose output would need parsing): unix:///path
+# and tcp://host:port (plain HTTP: a TLS remote engine is checked by the workers, not here).
+docker_api() {
+    local method="$1" path="$2"
+    shift 2
+    case "$COEVO_DOCKER_HOST" in
+    unix://*) curl -sS --fail --unix-socket "${COEVO_DOCKER_HOST#unix://}" -X "$method" "$@" "http://localhost$path" ;;
+    tcp://*) curl -sS --fail -X "$method" "$@" "http://${COEVO_DOCKER_HOST#tcp://}$path" ;;
+    *) echo "COEVO_DOCKER_HOST=$COEVO_DOCKER_HOST: expected unix:///path or tcp://host:port" >&2; return 2 ;;
+    esac
+}
+
+docker_engine_answers() {
+    docker_api GET /_ping --max-time 5 >/dev/null 2>&1
+}
+
+# Installs Debian's docker.io (dockerd, containerd, runc) and debootstrap when missing (root
+# only), and starts coevo's own engine when nothing answers on COEVO_DOCKER_HOST.
+ensure_docker_engine() {
+    local missing=() cmd
+    for cmd in dockerd containerd runc debootstrap curl; do
+        command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+            step "installing Debian's docker.io and debootstrap (missing: ${missing[*]})"
+            local started=$SECONDS
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap curl >/dev/null
+            echo "  installed in $((SECONDS - started)) s"
+        elif ! docker_engine_answers; then
+            echo "Missing for the container engine: ${missing[*]}. Install them (Debian/Ubuntu:" >&2
+            echo "sudo apt-get install docker.io debootstrap curl), or point COEVO_DOCKER_HOST at" >&2
+            echo "an engine that runs (e.g. unix:///var/run/docker.sock)." >&2
+            return 1
+        fi
+    fi
+    docker_engine_answers && return 0
+    if [ "$COEVO_DOCKER_HOST" != "$COEVO_DOCKER_DEFAULT_HOST" ]; then
+        echo "No Docker engine answers on COEVO_DOCKER_HOST=$COEVO_DOCKER_HOST. Start it" >&2
+        echo "(e.g. systemctl start docker), or unset COEVO_DOCKER_HOST to let coevo start its own." >&2
+        return 1
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "No Docker engine answers on $COEVO_DOCKER_HOST, and starting coevo's own needs root:" >&2
+        echo "run this as root, or set COEVO_DOCKER_HOST to an engine you may use (a rootless" >&2
+        echo "engine: unix://\$XDG_RUNTIME_DIR/docker.sock; docs/deployment.md)." >&2
+        return 1
+    fi
+    step "starting coevo's Docker engine on $COEVO_DOCKER_HOST (data in $COEVO_DOCKER_ROOT)"
+    local log="$COEVO_DOCKER_RUN/dockerd.log" started=$SECONDS
+    mkdir -p "$COEVO_DOCKER_RUN" "$COEVO_DOCKER_ROOT"
+    chmod 0700 "$COEVO_DOCKER_RUN"
+    # setsid: the engine outlives this script (tests and workers use it after); its own data
+    # root, exec root and pidfile keep it apart from a system Docker.
+    setsid dockerd --data-root "$COEVO_DOCKER_ROOT" -H "$COEVO_DOCKER_HOST" \
+        --pidfile "$COEVO_DOCKER_RUN/docker.pid" --exec-root "$COEVO_DOCKER_RUN/exec" \
+        >>"$log" 2>&1 </dev/null &
+    local pid=$!
+    while ! docker_engine_answers; do
+        if ! kill -0 "$pid" 2>/dev/null || [ $((SECONDS - started)) -ge "$COEVO_DOCKER_START_TIMEOUT_S" ]; then
+            kill -0 "$pid" 2>/dev/null && echo "dockerd did not answer within $COEVO_DOCKER_START_TIMEOUT_S s." >&2
+            echo "The Docker engine did not start; the end of $log:" >&2
+            tail -n 30 "$log" >&2
+            return 1
+        fi
+        sleep 0.5
+    done
+    echo "  answering after $((SECONDS - started)) s (pid $pid, log $log)"
+}
+
+# The Debian mirror apt uses here (deb822 .sources first, then one-line sources.list), so the
+# base images come from where this machine's packages come from; COEVO_DEBIAN_MIRROR overrides.
+debian_mirror() {
+    if [ -n "${COEVO_DEBIAN_MIRROR:-}" ]; then echo "$COEVO_DEBIAN_MIRROR"; return; fi
+    local uri
+    uri="$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 's/^URIs:[[:space:]]*//p' |
+        tr ' ' '\n' | grep -E '^https?://' | grep -v -- '-security' | head -n 1 || true)"
+    if [ -z "$uri" ]; then
+        uri="$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+            awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\//) { print $i; break } }' |
+            grep -v -- '-security' | head -n 1 || true)"
+    fi
+    echo "${uri:-http://deb.debian.org/debian}"
+}
+
+# Local base images made from Debian's packages, since image registries may be unreachable
+# (never pulled): local/debian:bookworm, local/debian:trixie (Python 3.13). Each is made once:
+# debootstrap writes a root file system, kept as a tarball under ~/.cache/coevo/images, which
+# the engine imports; with the image present nothing is done, with the tarball only the import.
+ensure_base_images() {
+    local suites=("$@")
+    [ "${#suites[@]}" -gt 0 ] || suites=(bookworm trixie)
+    local cache="${XDG_CACHE_HOME:-$HOME/.cache}/coevo/images" suite
+    for suite in "${suites[@]}"; do
+        local image="local/debian:$suite" tarball="$cache/debian-$suite-minbase.tar"
+        docker_api GET "/images/$image/json" >/dev/null 2>&1 && continue
+        local started=$SECONDS
+        if [ ! -s "$tarball" ]; then
+            if [ "$(id -u)" -ne 0 ]; then
+                echo "The base image $image is missing and debootstrap needs root: run this as root." >&2
+                return 1
+            fi
+            local mirror rootfs log
+            mirror="$(debian_mirror)"
+            step "building the base image $image: debootstrap --variant=minbase $suite from $mirror"
+            mkdir -p "$cache"
+            rootfs="$(mktemp -d "$cache/.rootfs-$suite.XXXXXX")"
+            log="$rootfs.log"
+            debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >"$log" 2>&1 &
+            local pid=$! tick=0
+            while kill -0 "$pid" 2>/dev/null; do
+                if [ $((tick % 10)) -eq 0 ]; then  # a line every 10 s, for logs as for terminals
+                    printf '  debootstrap %s: %4ds elapsed, %s\n' "$suite" "$((SECONDS - started))" \
+                        "$(grep -E '^I: ' "$log" 2>/dev/null | tail -n 1 | cut -c4-60)"
+                fi
+                tick=$((tick + 1))
+                sleep 1
+            done
+            if ! wait "$pid"; then
+                tail -n 30 "$log" >&2
+                echo "debootstrap of $suite failed (mirror $mirror; COEVO_DEBIAN_MIRROR sets another)." >&2
+                rm -rf --one-file-system "$rootfs" "$log"
+                return 1
+            fi
+            # Written beside its place and renamed: a run cut short leaves no half tarball.
+            tar -C "$rootfs" --numeric-owner -cf "$tarball.partial" .
+            mv "$tarball.partial" "$tarball"
+            rm -rf --one-file-system "$rootfs" "$log"
+            echo "  root file system made in $((SECONDS - started)) s ($(du -h "$tarball" | cut -f1), kept in $cache)"
+        fi
+        echo "  importing $image from $tarball"
+        if ! docker_api POST "/images/create?fromSrc=-&repo=local/debian&tag=$suite" \
+            -H 'Content-Type: application/x-tar' -T "$tarball" >/dev/null; then
+            echo "The engine at $COEVO_DOCKER_HOST refused to import $tarball." >&2
+            return 1
+        fi
+        echo "  $image ready in $((SECONDS - started)) s"
+    done
+}

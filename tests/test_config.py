@@ -81,6 +81,9 @@ def test_good_values_are_parsed(monkeypatch, tmp_path):
         ("COEVO_TRUSTED_PROXIES", "10.0.0.1, the-proxy"),
         ("COEVO_HTTPS", "perhaps"),
         ("COEVO_LOGIN_MAX_FAILURES", "0"),
+        ("COEVO_IMAGE_MAP", "python:3.13"),
+        ("COEVO_CONTAINER_PULL", "always"),
+        ("COEVO_DOCKER_HOST", "/run/docker.sock"),
     ],
 )
 def test_settings_refuse_a_bad_value_at_start_up(tmp_path, variable, value):
