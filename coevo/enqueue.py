@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import current_app
 from django.db import transaction
+from kombu.exceptions import OperationalError
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,34 @@ def task_enqueue(
     if record is not None:
         record(result.id or "")
     return True
+
+
+def broker_ensure(*, timeout_s: float = 2.0) -> None:
+    """Raise kombu's OperationalError unless the broker answers now (one try, ``timeout_s``).
+
+    For a request about to create work that is sent on commit: while the broker is down it is
+    refused (a 503, nothing created) instead of accepted with its first messages unsent. The
+    broker can still fail between this check and the commit; that work is then left to the
+    beat jobs that send lost work again.
+    """
+    options = {
+        **(current_app.conf.broker_transport_options or {}),
+        # Bounds a broker that accepts connections but does not answer (a stopped process).
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+    }
+    conn = current_app.connection_for_write(connect_timeout=timeout_s, transport_options=options)
+    try:
+        with conn:
+            conn.ensure_connection(max_retries=0, timeout=timeout_s)
+            # Redis connects lazily: a round trip proves the server answers.
+            client = getattr(conn.default_channel, "client", None)
+            if client is not None and hasattr(client, "ping"):
+                client.ping()
+    except OperationalError:
+        raise
+    except conn.connection_errors + conn.channel_errors as exc:  # redis-py's, on the ping
+        raise OperationalError(f"the broker did not answer: {exc}") from exc
 
 
 def queue_depth(name: str) -> int | None:

@@ -92,6 +92,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, so it sees a view's exception first: a database or Redis outage is a 503 page.
+    "coevo.outages.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "coevo.urls"
@@ -328,7 +330,13 @@ COEVO_MAX_ARCHIVE_BYTES = env_int("COEVO_MAX_ARCHIVE_BYTES", 50 * 1024**2, minim
 # Throttle counters must be shared by every web process: Redis when there is one.
 CACHES = {
     "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": COEVO_REDIS_URL}
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": COEVO_REDIS_URL,
+            # A Redis that stops answering (no timeout by default) would hold every API request
+            # and login; after 2 s the rate limit lets the request through (api/throttling.py).
+            "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+        }
         if COEVO_REDIS_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
     )
@@ -385,8 +393,11 @@ SPECTACULAR_SETTINGS = {
 # from the database) after COEVO_WORKER_STALE_S without one.
 COEVO_WORKER_HEARTBEAT_S = env_int("COEVO_WORKER_HEARTBEAT_S", 30, minimum=1)
 COEVO_WORKER_STALE_S = env_int("COEVO_WORKER_STALE_S", 120, minimum=2)
-# Each worker process serves its in-process metrics here (0 disables); docs/monitoring.md.
+# Each worker process serves its in-process metrics on the first free port of
+# COEVO_WORKER_METRICS_PORTS ports from COEVO_WORKER_METRICS_PORT (0 disables), so workers
+# on one host take 9808, 9809, …; docs/monitoring.md.
 COEVO_WORKER_METRICS_PORT = env_int("COEVO_WORKER_METRICS_PORT", 9808, minimum=0)
+COEVO_WORKER_METRICS_PORTS = env_int("COEVO_WORKER_METRICS_PORTS", 16, minimum=1, maximum=1024)
 COEVO_WORKER_METRICS_ADDR = env_str("COEVO_WORKER_METRICS_ADDR", "0.0.0.0")
 # The web /metrics and each worker's metrics port answer only "Authorization: Bearer <token>"
 # when this is set; without it they serve nobody unless COEVO_METRICS_PUBLIC (the labels name

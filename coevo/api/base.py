@@ -1,4 +1,5 @@
-"""The base API view: scope, project membership and role, then body size, in that order."""
+"""The base API view: scope, project membership and role, body size, then (for requests that
+create work) the broker, in that order."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rest_framework.views import APIView
 
 from coevo.api.pagination import CreatedCursorPagination, PageIn
 from coevo.api.permissions import can_see_heldout, project_for_request
+from coevo.enqueue import broker_ensure
 from coevo.errors import NotFound, PayloadTooLarge
 from coevo.policies.models import PolicyVersion
 from coevo.policies.selectors import policy_version_find
@@ -30,6 +32,9 @@ class ApiView(APIView):
     required_roles: dict[str, Role] = {}
     #: True for views that take file uploads (their limit is COEVO_API_MAX_UPLOAD_MB).
     accepts_upload = False
+    #: Methods that create work for the workers (sent to the broker on commit): refused with
+    #: 503 broker_unavailable while the broker does not answer, before anything is written.
+    enqueues: frozenset[str] = frozenset()
 
     project: Project
 
@@ -40,6 +45,8 @@ class ApiView(APIView):
             role = self.required_roles.get(request.method, Role.VIEWER)
             self.project = project_for_request(request=request, slug=slug, role=role)
         self._check_body_size(request)
+        if request.method in self.enqueues:
+            broker_ensure()
 
     def _check_body_size(self, request: Request) -> None:
         # Refused from the declared length, before a byte of the body is read.

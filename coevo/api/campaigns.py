@@ -519,6 +519,7 @@ def _campaigns(view: ApiView) -> QuerySet[Campaign]:
 
 class CampaignListView(CampaignViewMixin):
     required_scopes = {"POST": "campaigns:run"}
+    enqueues = frozenset({"POST"})
     required_roles = {"POST": Role.RESEARCHER}
 
     @extend_schema(
@@ -623,6 +624,8 @@ class CampaignPauseView(CampaignActionView):
 
 
 class CampaignResumeView(CampaignActionView):
+    enqueues = frozenset({"POST"})
+
     @extend_schema(
         operation_id="campaigns_resume", request=None, responses={202: CampaignAcceptedOut}
     )

@@ -216,6 +216,7 @@ class EvaluationViewMixin(ApiView):
 
 class EvaluationListView(EvaluationViewMixin):
     required_scopes = {"POST": "evaluations:run"}
+    enqueues = frozenset({"POST"})
     required_roles = {"POST": Role.RESEARCHER}
 
     @extend_schema(

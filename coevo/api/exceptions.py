@@ -17,6 +17,7 @@ from rest_framework.response import Response
 
 from coevo import errors
 from coevo.api.authentication import WWW_AUTHENTICATE
+from coevo.outages import RETRY_AFTER_S, mark_logged, outage_message, outage_of, outage_warning
 from coevo.suites.models import SuiteInUse
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,23 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, drf.APIException):
         return _drf_response(exc)
     request: HttpRequest | None = getattr(context.get("request"), "_request", None)
+    dependency = outage_of(exc)
+    if dependency is not None:
+        # The database, Redis or the broker is down: not a bug, and over in seconds.
+        outage_warning(
+            dependency,
+            "the API answers 503",
+            exc,
+            example=f"{getattr(request, 'method', '?')} {getattr(request, 'path', '?')}",
+        )
+        response = error_response(
+            503,
+            f"{dependency}_unavailable",
+            outage_message(dependency),
+            {"dependency": str(dependency), "retry_after": RETRY_AFTER_S},
+        )
+        response["Retry-After"] = str(RETRY_AFTER_S)
+        return mark_logged(response)
     logger.exception(
         "API error on %s %s",
         getattr(request, "method", "?"),

@@ -106,6 +106,7 @@ class ExportOut(OutSerializer):
 
 class ExportListView(ApiView):
     required_scopes = {"POST": "evaluations:run"}
+    enqueues = frozenset({"POST"})
     required_roles = {"POST": Role.RESEARCHER}
 
     @extend_schema(

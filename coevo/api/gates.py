@@ -137,6 +137,7 @@ def _gates(view: ApiView) -> QuerySet[Gate]:
 
 class GateListView(ApiView):
     required_scopes = {"POST": "evaluations:run"}
+    enqueues = frozenset({"POST"})
     required_roles = {"POST": Role.RESEARCHER}
 
     @extend_schema(

@@ -242,6 +242,7 @@ class MatrixDetailOut(MatrixOut):
 
 class MatrixListView(ApiView):
     required_scopes = {"POST": "evaluations:run"}
+    enqueues = frozenset({"POST"})
     required_roles = {"POST": Role.RESEARCHER}
 
     @extend_schema(

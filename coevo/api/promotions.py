@@ -183,6 +183,7 @@ def _default_suite(project: Project) -> Suite:
 
 class PromotionListView(ApiView):
     required_scopes = {"POST": "promotions:request"}
+    enqueues = frozenset({"POST"})
     required_roles = {"POST": Role.RESEARCHER}
 
     @extend_schema(

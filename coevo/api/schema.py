@@ -29,6 +29,7 @@ _ALWAYS = {
     "405": "Method not allowed",
     "406": "Not acceptable",
     "429": "Rate limit reached (see Retry-After)",
+    "503": "The database, Redis or the broker is unavailable: try again after Retry-After",
 }
 _WRITES = {
     "409": "The object's state refuses the action",

@@ -145,7 +145,8 @@ def start_policy_and_worker(
     services.start(
         "worker",
         [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", queue_list,
-         "--prefetch-multiplier", "1", "-n", f"{worker_name}@%h", "--loglevel", "INFO"],
+         "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle",
+         "-n", f"{worker_name}@%h", "--loglevel", "INFO"],
         env,
     )  # fmt: skip
     return policy_url

@@ -136,6 +136,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         queues = []
     port = worker_metrics_server_start(
         port=settings.COEVO_WORKER_METRICS_PORT,
+        tries=settings.COEVO_WORKER_METRICS_PORTS,
         addr=settings.COEVO_WORKER_METRICS_ADDR,
         token=settings.COEVO_METRICS_TOKEN,
         public=settings.COEVO_METRICS_PUBLIC,

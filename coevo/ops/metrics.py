@@ -3,7 +3,7 @@
 In-process counters and histograms, recorded where the work happens (policy client, rollout
 path, sandbox) in the default registry (defined in workers/metrics.py, below the runtime that
 records them): a worker serves them on its own HTTP port
-(``worker_metrics_server_start``, COEVO_WORKER_METRICS_PORT). Counters in one process are
+(``worker_metrics_server_start``, from COEVO_WORKER_METRICS_PORT). Counters in one process are
 invisible to every other, so the web ``/metrics`` adds ``DatabaseCollector``: figures read
 from the database and the broker at scrape time (rollouts and evaluations by state, queue
 depths, ledger spend, worker heartbeat age), the same whichever web process answers.
@@ -36,6 +36,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from coevo.ops import selectors
+from coevo.policies.selectors import policy_endpoint_slots, policy_endpoints_list
 from workers.metrics import REGISTRY
 
 logger = logging.getLogger(__name__)
@@ -102,14 +103,17 @@ _server: Any = None
 
 
 def worker_metrics_server_start(
-    *, port: int, addr: str = "0.0.0.0", token: str = "", public: bool = False
+    *, port: int, addr: str = "0.0.0.0", token: str = "", public: bool = False, tries: int = 1
 ) -> int | None:
-    """Serve the default registry on ``port`` (0 disables); returns the bound port, or None.
+    """Serve the default registry on the first free port of ``port`` … ``port + tries - 1``
+    (``port`` 0 disables); returns the bound port, or None.
 
-    Scrapes must send ``token`` when it is set; without one the server starts only when
-    ``public`` (COEVO_METRICS_PUBLIC), else the worker opens no port and says why in its log.
-    A port already taken (two workers on one machine with the same setting) is logged, not
-    fatal: the worker runs on without its endpoint.
+    Several worker processes on one host (a rollouts worker and the trainer, say) share one
+    COEVO_WORKER_METRICS_PORT: each takes the next free port, logs it and records it on its
+    heartbeat row (the system page shows it). Scrapes must send ``token`` when it is set;
+    without one the server starts only when ``public`` (COEVO_METRICS_PUBLIC), else the worker
+    opens no port and says why in its log. No free port is logged, not fatal: the worker runs
+    on without its endpoint.
     """
     global _server
     if port <= 0:
@@ -126,28 +130,42 @@ def worker_metrics_server_start(
     with _server_lock:
         if _server is not None:
             return _server.server_port
-        try:
-            # The address family the address needs ("::" is IPv6), as prometheus_client does.
-            family, _, _, _, sockaddr = socket.getaddrinfo(
-                addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )[0]
-            server_class = type(
-                "_MetricsServer", (ThreadingWSGIServer,), {"address_family": family}
-            )
-            app = _guarded(make_wsgi_app(REGISTRY), token=token, public=public)
-            _server = make_server(sockaddr[0], port, app, server_class, handler_class=_QuietHandler)
-        except OSError as exc:
+        app = _guarded(make_wsgi_app(REGISTRY), token=token, public=public)
+        last = min(port + max(tries, 1) - 1, 65535)
+        error: OSError | None = None
+        for candidate in range(port, last + 1):
+            try:
+                _server = _serve(addr, candidate, app)
+            except OSError as exc:
+                error = exc
+                continue
+            break
+        else:
             logger.warning(
-                "worker metrics: cannot listen on %s:%s (%s); set COEVO_WORKER_METRICS_PORT "
-                "to a free port per worker, or 0 to disable",
+                "worker metrics: cannot listen on %s, ports %s-%s (%s); raise "
+                "COEVO_WORKER_METRICS_PORTS, set COEVO_WORKER_METRICS_PORT to a free range, or "
+                "0 to disable",
                 addr,
                 port,
-                exc,
+                last,
+                error,
             )
             return None
         threading.Thread(target=_server.serve_forever, name="metrics", daemon=True).start()
-        logger.info("worker metrics on http://%s:%s/metrics", addr, _server.server_port)
-        return _server.server_port
+        bound = _server.server_port
+        taken = f" (the first free port from {port})" if bound != port else ""
+        logger.info("worker metrics on http://%s:%s/metrics%s", addr, bound, taken)
+        return bound
+
+
+def _serve(addr: str, port: int, app: Callable) -> Any:
+    """A metrics server bound to ``addr:port``; OSError when the port is taken."""
+    # The address family the address needs ("::" is IPv6), as prometheus_client does.
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    server_class = type("_MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+    return make_server(sockaddr[0], port, app, server_class, handler_class=_QuietHandler)
 
 
 def worker_metrics_server_stop() -> None:
@@ -255,6 +273,30 @@ class DatabaseCollector(Collector):
             workers.add_metric([state], n)
         yield age
         yield workers
+
+        in_use = GaugeMetricFamily(
+            "coevo_policy_slots_in_use",
+            "Concurrency slots of each policy endpoint held now (leases in Redis).",
+            labels=["endpoint"],
+        )
+        limit = GaugeMetricFamily(
+            "coevo_policy_slots_limit",
+            "Each policy endpoint's max_concurrency.",
+            labels=["endpoint"],
+        )
+        waiting = GaugeMetricFamily(
+            "coevo_policy_slot_waiters",
+            "Requests waiting for a slot of each policy endpoint.",
+            labels=["endpoint"],
+        )
+        for endpoint in policy_endpoints_list():
+            slots = policy_endpoint_slots(endpoint=endpoint)
+            in_use.add_metric([endpoint.name], len(slots.holders))
+            limit.add_metric([endpoint.name], slots.limit)
+            waiting.add_metric([endpoint.name], len(slots.waiters))
+        yield in_use
+        yield limit
+        yield waiting
 
 
 _web_registry: CollectorRegistry | None = None

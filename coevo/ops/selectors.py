@@ -21,7 +21,9 @@ from coevo.enqueue import broker_queue_depths
 from coevo.evaluations.models import Budget, Evaluation, Outcome, Rollout, TraceStep
 from coevo.ops.health import policy_probe
 from coevo.ops.models import WorkerHeartbeat
+from coevo.policies.concurrency import SlotsStatus
 from coevo.policies.models import PolicyEndpoint
+from coevo.policies.selectors import policy_endpoint_slots
 
 
 def rollout_counts() -> list[dict[str, Any]]:
@@ -142,6 +144,7 @@ class EndpointStatus:
     versions: list[str]
     rollouts_last_hour: int
     policy_errors_last_hour: int
+    slots: SlotsStatus
 
 
 def policy_endpoints_status(*, timeout_s: float | None = None) -> list[EndpointStatus]:
@@ -174,6 +177,7 @@ def policy_endpoints_status(*, timeout_s: float | None = None) -> list[EndpointS
                 versions=[v.name for v in versions],
                 rollouts_last_hour=stats.get("n", 0),
                 policy_errors_last_hour=stats.get("errors", 0),
+                slots=policy_endpoint_slots(endpoint=endpoint),
             )
         )
     return result

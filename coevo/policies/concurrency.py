@@ -100,15 +100,20 @@ class SlotsStatus:
     waiters: list[dict[str, Any]] = field(default_factory=list)
 
     def describe(self) -> str:
+        """How many are held, by which worker processes. Never which rollouts: this text may
+        reach the detail of another project's rollout, and a rollout's id is its project's
+        (a held-out one's included)."""
         held = f"{len(self.holders)}/{self.limit} held"
-        names = sorted(
-            {h.get("holder") or f"{h.get('worker')} pid {h.get('pid')}" for h in self.holders}
-        )
+        names = sorted({f"{h.get('worker')} pid {h.get('pid')}" for h in self.holders})
         return (
             held
             + (f" by {', '.join(names[:4])}" if names else "")
             + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         )
+
+    def waiting(self, holder: str) -> bool:
+        """Whether ``holder`` (a limiter's ``holder`` label) is among the waiters."""
+        return any(w.get("holder") == holder for w in self.waiters)
 
 
 class EndpointLimiter:
@@ -317,6 +322,8 @@ class _Renewer:
         with self._lock:
             self._held.add(lease)
             self._start()
+        # The thread may be asleep for a longer lease's third (or idle): it recomputes.
+        self._wake.set()
 
     def release(self, lease: _Lease) -> None:
         with self._lock:

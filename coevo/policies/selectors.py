@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from django.db.models import QuerySet
+from django.conf import settings
+from django.db.models import Q, QuerySet
 
+from coevo.policies.concurrency import SlotsStatus, slots_status
 from coevo.policies.models import PolicyEndpoint, PolicyVersion
 
 
@@ -27,3 +29,28 @@ def policy_version_find(*, name_or_id: str) -> PolicyVersion | None:
     except ValueError:
         version = None
     return version or PolicyVersion.objects.filter(name=name_or_id).first()
+
+
+def policy_endpoint_slots(*, endpoint: PolicyEndpoint) -> SlotsStatus:
+    """Who holds and who waits for the endpoint's concurrency slots now (empty without Redis:
+    one worker process's semaphore has no one else to show)."""
+    return slots_status(
+        endpoint_id=str(endpoint.id),
+        limit=endpoint.max_concurrency,
+        redis_url=settings.COEVO_REDIS_URL,
+    )
+
+
+def policy_slot_wait(*, version: PolicyVersion, holder: str) -> SlotsStatus | None:
+    """The slots of the endpoint of ``version`` that ``holder`` (a limiter's label, "rollout
+    <id>") is waiting for now, or None when it waits for none."""
+    if not settings.COEVO_REDIS_URL:
+        return None
+    serving = PolicyEndpoint.objects.filter(
+        Q(pk=version.endpoint_id) | Q(replica_versions=version)
+    ).distinct()
+    for endpoint in serving:
+        slots = policy_endpoint_slots(endpoint=endpoint)
+        if slots.waiting(holder):
+            return slots
+    return None

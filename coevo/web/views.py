@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 
 from coevo.errors import CoevoError, HarnessStoreError, InvalidInput
 from coevo.evaluations.lifecycle import evaluation_cancel, evaluation_resume
-from coevo.evaluations.models import Rollout
+from coevo.evaluations.models import Rollout, RolloutState
 from coevo.evaluations.selectors import (
     candidate_split_gaps,
     evaluation_budget,
@@ -34,6 +34,7 @@ from coevo.evaluations.selectors import (
     rollout_get,
     rollout_list_page,
 )
+from coevo.policies.selectors import policy_slot_wait
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.suites.selectors import suite_list, task_is_sealed
@@ -220,10 +221,16 @@ def rollout_page(
             query=request.GET.get("q", ""),
             workspace=not partial,
         )
+    slot_wait = None
+    if rollout.state == RolloutState.RUNNING:
+        slot_wait = policy_slot_wait(
+            version=rollout.evaluation.policy_version, holder=f"rollout {rollout.id}"
+        )
     context = {
         "project": project,
         "evaluation": rollout.evaluation,
         "rollout": rollout,
+        "slot_wait": slot_wait,
         "sealed": sealed,
         "prompt": "" if sealed else task_prompt(rollout=rollout),
         "trace": trace,

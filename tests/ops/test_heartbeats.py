@@ -3,6 +3,7 @@ a ping over the broker, its metrics port, and the row marked stopped on a clean 
 
 from __future__ import annotations
 
+import socket
 import time
 from datetime import timedelta
 
@@ -101,3 +102,57 @@ def test_it_lets_a_restarted_worker_take_over_its_row():
     assert not worker_heartbeat_stop(hostname="w@a", pid=10)
     assert WorkerHeartbeat.objects.get(hostname="w@a").stopped_at is None
     assert WorkerHeartbeat.objects.count() == 1
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P + 1 are both free on 127.0.0.1 right now."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_on_one_host_with_one_metrics_setting_each_serve_metrics(tmp_path):
+    port = free_port_pair()
+    token = "two-workers-metrics-token"
+    workers = [
+        WorkerProcess(
+            name=name,
+            broker_url=settings.CELERY_BROKER_URL,
+            log_dir=tmp_path,
+            COEVO_WORKER_METRICS_PORT=str(port),
+            COEVO_WORKER_METRICS_ADDR="127.0.0.1",
+            COEVO_METRICS_TOKEN=token,
+        )
+        for name in ("mpa", "mpb")
+    ]
+    try:
+        rows = wait_for(
+            lambda: (
+                (found := list(WorkerHeartbeat.objects.filter(hostname__startswith="mp")))
+                and len(found) == 2
+                and found
+            ),
+            timeout_s=90,
+            what="both workers' heartbeat rows",
+        )
+        # The second to start took the next port instead of running without metrics.
+        assert sorted(row.metrics_port or 0 for row in rows) == [port, port + 1], [
+            w.log_tail() for w in workers
+        ]
+        for row in rows:
+            scrape = httpx.get(
+                f"http://127.0.0.1:{row.metrics_port}/metrics",
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=5,
+            )
+            assert "coevo_worker_rollouts_started_total" in scrape.text
+    finally:
+        for worker in workers:
+            worker.stop()

@@ -3,6 +3,9 @@ worker's in-process registry, after a real evaluation on a real worker."""
 
 from __future__ import annotations
 
+import logging
+import socket
+
 import httpx
 import pytest
 from prometheus_client import REGISTRY
@@ -250,3 +253,22 @@ def test_it_opens_no_worker_metrics_port_without_a_token_or_the_public_opt_in():
     finally:
         worker_metrics_server_stop()
     assert public.status_code == 200 and "coevo_sandbox_failures" in public.text
+
+
+def test_it_serves_worker_metrics_on_the_next_free_port_when_the_first_is_taken(caplog):
+    caplog.set_level(logging.INFO, logger="coevo.ops.metrics")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        bound = worker_metrics_server_start(port=port, addr="127.0.0.1", token=TOKEN, tries=16)
+        try:
+            assert bound is not None and port < bound < port + 16
+            scrape = httpx.get(f"http://127.0.0.1:{bound}/metrics", headers=AUTHORIZED, timeout=5)
+            assert scrape.status_code == 200
+        finally:
+            worker_metrics_server_stop()
+        assert f"127.0.0.1:{bound}/metrics (the first free port from {port})" in caplog.text
+        # One try: the taken port or nothing, and the warning says what to set.
+        assert worker_metrics_server_start(port=port, addr="127.0.0.1", token=TOKEN) is None
+        assert "COEVO_WORKER_METRICS_PORTS" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -59,7 +60,7 @@ def test_it_shows_workers_queues_endpoints_and_storage_to_staff(
     assert (workers["alive@host1"].state, workers["dead@host2"].state) == ("alive", "stale")
     assert workers["gone@host3"].state == "stopped"
     assert workers["alive@host1"].answers_ping is False  # no such process answers the broker
-    assert response.context["queues"] == {"default": 0, "rollouts": 0, "training": 0}
+    assert response.context["queues"] == {"default": 0, "rollouts": 0, "training": 0, "ops": 0}
     endpoints = {e.name: e for e in response.context["endpoints"]}
     assert endpoints[policy_version.endpoint.name].reachable
     assert endpoints[policy_version.endpoint.name].latency_ms is not None
@@ -103,3 +104,14 @@ def test_it_sends_anonymous_visitors_to_log_in(client, db):
     response = client.get("/system/")
     assert response.status_code == 302
     assert "/login/" in response["Location"]
+
+
+def test_it_names_a_manage_py_command_that_exists_when_no_store_check_ran(client, staff):
+    from django.core.management import get_commands
+
+    page = login(client, staff).get("/system/").content.decode()
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    assert "No store check has run yet" in text
+    named = re.findall(r"manage\.py (\S+?)[,.)\s]", text)
+    assert named == ["harness_fsck"]
+    assert set(named) <= set(get_commands())
