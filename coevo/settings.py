@@ -201,14 +201,35 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # call close_old_connections() first, so CONN_MAX_AGE and broken connections are honoured.
 CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_DEFAULT_QUEUE = "default"
-# Declared, so that workers, purges and queue-depth checks all know both.
-CELERY_TASK_QUEUES = (Queue("default"), Queue("rollouts"), Queue("training"))
-CELERY_TASK_ROUTES = {"coevo.evaluations.tasks.rollout_run": {"queue": "rollouts"}}
+# Declared, so that workers, purges and queue-depth checks all know them all.
+CELERY_TASK_QUEUES = (Queue("default"), Queue("rollouts"), Queue("training"), Queue("ops"))
+CELERY_TASK_ROUTES = {
+    "coevo.evaluations.tasks.rollout_run": {"queue": "rollouts"},
+    # Beat's housekeeping on a queue of its own, consumed by a small worker that runs nothing
+    # else: on `default` the watchdog and the endpoint checks waited behind rollouts whenever
+    # every rollout worker thread was busy (or stuck), which is when they are needed.
+    # campaigns-advance stays on `default`: it drafts proposals (model calls of minutes, a
+    # sandbox for agentic proposers), campaign work like the campaigns' own tasks.
+    **dict.fromkeys(
+        (
+            "coevo.evaluations.tasks.rollouts_watchdog",
+            "coevo.policies.tasks.policy_endpoints_check",
+            "coevo.training.tasks.training_runs_watchdog",
+            "coevo.gates.tasks.gates_advance_ready",
+            "coevo.reviews.tasks.promotions_refresh_open",
+            "coevo.exports.tasks.trajectory_exports_resend",
+            "coevo.audit.tasks.webhooks_requeue_due",
+            "coevo.ops.tasks.traces_prune",
+            "coevo.ops.tasks.harness_store_fsck",
+        ),
+        {"queue": "ops"},
+    ),
+}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-COEVO_WATCHDOG_INTERVAL_S = env_int("COEVO_WATCHDOG_INTERVAL_S", 30, minimum=1)
+COEVO_WATCHDOG_INTERVAL_S = env_int("COEVO_WATCHDOG_INTERVAL_S", 5, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "rollouts-watchdog": {
         "task": "coevo.evaluations.tasks.rollouts_watchdog",
@@ -298,12 +319,18 @@ COEVO_HARNESS_TREES_MAX = env_int("COEVO_HARNESS_TREES_MAX", 256, minimum=1)
 COEVO_HARNESS_ENV_DIR = env_path("COEVO_HARNESS_ENV_DIR", COEVO_HOME / "harness-envs")
 COEVO_HARNESS_ENV_MAX_BYTES = env_int("COEVO_HARNESS_ENV_MAX_BYTES", 10 * 1024**3, minimum=1024**2)
 COEVO_HARNESS_ENV_BUILD_TIMEOUT_S = env_int("COEVO_HARNESS_ENV_BUILD_TIMEOUT_S", 600, minimum=1)
-# A running rollout beats every COEVO_HEARTBEAT_S; the watchdog re-runs it once its heartbeat is
-# older than COEVO_ROLLOUT_STALE_S (its worker is gone), and sends again pending rollouts that
-# waited COEVO_ROLLOUT_RESEND_S with an empty queue (their message was lost).
-COEVO_HEARTBEAT_S = env_int("COEVO_HEARTBEAT_S", 15, minimum=1)
-COEVO_ROLLOUT_STALE_S = env_int("COEVO_ROLLOUT_STALE_S", 120, minimum=2)
-COEVO_ROLLOUT_RESEND_S = env_int("COEVO_ROLLOUT_RESEND_S", 120, minimum=1)
+# A running rollout beats every COEVO_HEARTBEAT_S (one UPDATE per worker process for all its
+# rollouts); the watchdog re-runs it once its heartbeat is older than COEVO_ROLLOUT_STALE_S (its
+# worker is gone: four beats missed), and sends again pending rollouts that waited
+# COEVO_ROLLOUT_RESEND_S with an empty queue (their message was lost). Together with the
+# watchdog's interval: a dead worker's rollouts run again within about 25 s.
+COEVO_HEARTBEAT_S = env_int("COEVO_HEARTBEAT_S", 5, minimum=1)
+COEVO_ROLLOUT_STALE_S = env_int("COEVO_ROLLOUT_STALE_S", 20, minimum=2)
+COEVO_ROLLOUT_RESEND_S = env_int("COEVO_ROLLOUT_RESEND_S", 10, minimum=1)
+# A worker that cannot reach PostgreSQL waits (coevo/evaluations/dbwait.py) this long, holding
+# its rollout's message or finished result, before it gives up: a rollout not yet claimed is
+# then retried later by Celery; a finished one is left to the watchdog.
+COEVO_DB_OUTAGE_WAIT_S = env_int("COEVO_DB_OUTAGE_WAIT_S", 600, minimum=1)
 # Policy outages (the server does not answer) an evaluation takes before it pauses itself.
 COEVO_INFRA_PAUSE_THRESHOLD = env_int("COEVO_INFRA_PAUSE_THRESHOLD", 3, minimum=1)
 # Rollouts one worker process runs at once (threads: rollouts mostly wait on the policy).

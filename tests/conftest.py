@@ -24,6 +24,7 @@ from tests.support.factories import (  # noqa: F401  (tests import REPO_ROOT, PA
     make_vllm_policy,
 )
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
+from tests.support.processes import CeleryProcesses
 
 
 @pytest.fixture(autouse=True)
@@ -108,12 +109,18 @@ def humaneval_suite(project):
 
 
 @pytest.fixture
-def scripted_policy():
-    """A scripted OpenAI-compatible server; yields its ScriptedPolicy (``.url`` is set)."""
-    policy = ScriptedPolicy()
-    with ScriptedOpenAIServer(policy) as server:
-        policy.url = server.url
-        yield policy
+def scripted_server():
+    """A scripted OpenAI-compatible server (``.stop()`` and ``.start()`` restart it on its
+    port); ``.policy`` is its ScriptedPolicy."""
+    with ScriptedOpenAIServer(ScriptedPolicy()) as server:
+        server.policy.url = server.url
+        yield server
+
+
+@pytest.fixture
+def scripted_policy(scripted_server):
+    """The scripted server's ScriptedPolicy (``.url`` is set)."""
+    return scripted_server.policy
 
 
 @pytest.fixture
@@ -173,7 +180,7 @@ def _worker(settings, *, pool: str, concurrency: int):
             pool=pool,
             concurrency=concurrency,
             perform_ping_check=False,
-            queues=["rollouts", "default", "training"],
+            queues=["rollouts", "default", "training", "ops"],
             loglevel="WARNING",
             shutdown_timeout=30,
         ) as worker:
@@ -184,6 +191,19 @@ def _worker(settings, *, pool: str, concurrency: int):
             raw = wrapper.connection
             if not thread.is_alive() and raw is not None and not raw.closed:
                 raw.close()  # its thread has ended: closed from here
+    connection.close()
+
+
+@pytest.fixture
+def celery_processes(transactional_db, tmp_path):
+    """Real ``celery worker`` and ``celery beat`` processes on the test database and the real
+    broker, started by the test (``.worker(name, queues=…, **env)``, ``.beat(**env)``) and
+    stopped after it; the broker's queues are empty before and after."""
+    app.control.purge()
+    processes = CeleryProcesses(broker_url=app.conf.broker_url, log_dir=tmp_path)
+    yield processes
+    processes.stop()
+    app.control.purge()
     connection.close()
 
 

@@ -50,3 +50,16 @@ def test_each_task_lives_in_the_tasks_module_its_name_says(registered):
         module, _, function = name.rpartition(".")
         assert re.fullmatch(r"coevo\.\w+\.tasks", module), name
         assert getattr(importlib.import_module(module), function).name == name
+
+
+def test_beats_housekeeping_goes_to_the_ops_queue_and_campaign_work_to_default():
+    # A worker of its own consumes `ops`: on `default`, the watchdog and the endpoint checks
+    # waited behind rollouts whenever every rollout thread was busy.
+    assert "ops" in {queue.name for queue in settings.CELERY_TASK_QUEUES}
+    queues = {
+        name: app.amqp.router.route({}, entry["task"])["queue"].name
+        for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
+    }
+    assert queues.pop("campaigns-advance") == "default"  # it drafts proposals: campaign work
+    assert set(queues.values()) == {"ops"}, queues
+    assert {"rollouts-watchdog", "policy-endpoints-check", "training-watchdog"} <= set(queues)

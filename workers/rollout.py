@@ -65,6 +65,9 @@ class RolloutResult:
     detail: str = ""
     # What went wrong, decided where it went wrong (workers/outcomes.py); "" when scored.
     error_kind: ErrorKind = ErrorKind.NONE
+    # An infra_error because the policy server itself was down (PolicyUnavailable's
+    # ``endpoint_down``): an outage, so the attempt is not the rollout's to count.
+    endpoint_down: bool = False
     answer: Any = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -253,6 +256,7 @@ class _Runner:
             self._record_workspace_diff()
             return self._end(Outcome.HARNESS_ERROR, fault.error_kind, str(fault))
         except PolicyUnavailable as exc:
+            self.result.endpoint_down = exc.endpoint_down
             return self._end(Outcome.INFRA_ERROR, ErrorKind.POLICY, str(exc), score=None)
         except SandboxUnavailable as exc:
             return self._end(Outcome.INFRA_ERROR, ErrorKind.SANDBOX, str(exc), score=None)

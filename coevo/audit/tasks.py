@@ -1,4 +1,4 @@
-"""Webhook tasks (``default`` queue): take ids, call a service."""
+"""Webhook tasks (``default`` queue; beat's requeue on ``ops``): take ids, call a service."""
 
 from __future__ import annotations
 

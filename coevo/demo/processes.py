@@ -135,13 +135,17 @@ def start_policy_and_worker(
     queues: tuple[str, ...] | None = None,
 ) -> str:
     """The policy server (``start_policy``) and a Celery worker that uses it, on ``queues``
-    (default: rollouts and default); the policy's URL."""
+    (default: rollouts, default and ops: the demo's one worker is all its workers); the
+    policy's URL."""
     policy_url = start_policy(
         services=services, settings=settings, policy_port=policy_port, env=env
     )
     env["COEVO_POLICY_URL"] = policy_url
     settings.COEVO_POLICY_URL = policy_url
-    queue_list = ",".join(queues or ("rollouts", "default"))
+    queue_list = ",".join(queues or ("rollouts", "default", "ops"))
+    # Without gossip and mingle, as docs/deployment.md's workers: coevo uses neither (no
+    # elections, no revokes to sync), and on a broker reconnect Celery's gossip step logs an
+    # AttributeError traceback closing its channel on the lost connection.
     services.start(
         "worker",
         [sys.executable, "-m", "celery", "-A", "coevo", "worker", "-Q", queue_list,

@@ -98,7 +98,7 @@ def run_demo(options: DemoOptions) -> int:
             env=child_env,
             worker_name="demo",
             # A policy step's training run goes to the training queue.
-            queues=("rollouts", "default", "training") if options.coevolve else None,
+            queues=("rollouts", "default", "ops", "training") if options.coevolve else None,
         )
         services.start(
             "web",

@@ -11,12 +11,16 @@ import logging
 from celery import shared_task
 from django.conf import settings
 
+from coevo.evaluations.dbwait import DatabaseUnavailable
 from coevo.evaluations.services import (
     RolloutRetry,
     evaluations_resume_paused,
+    rollout_end_stuck,
     rollout_execute,
+    rollout_progress_bound_s,
     rollout_requeue_stale,
     rollout_resend_lost,
+    rollout_retry_sent,
 )
 from coevo.evaluations.services.evaluations import ROLLOUT_RUN_TASK, ROLLOUTS_WATCHDOG_TASK
 
@@ -43,13 +47,25 @@ def rollout_run(self, rollout_id: str) -> None:
         logger.warning(
             "rollout %s: infra error, retrying in %ss: %s", rollout_id, exc.countdown, exc
         )
+        rollout_retry_sent(rollout_id=rollout_id, countdown=exc.countdown)
         raise self.retry(countdown=exc.countdown, queue="rollouts") from exc
+    except DatabaseUnavailable as exc:
+        # The task waited COEVO_DB_OUTAGE_WAIT_S for the database, holding its message: sent
+        # again rather than dropped (nothing can be recorded now; a duplicate the watchdog sends
+        # once the database is back is harmless, the claim being a compare-and-swap).
+        countdown = settings.COEVO_ROLLOUT_RETRY_BASE_S
+        logger.error("rollout %s: %s; sent again, due in %ss", rollout_id, exc, countdown)
+        raise self.retry(countdown=countdown, queue="rollouts") from exc
 
 
-@shared_task(name=ROLLOUTS_WATCHDOG_TASK, soft_time_limit=120, time_limit=150)
+# Beat sends it every COEVO_WATCHDOG_INTERVAL_S to the ``ops`` queue (CELERY_TASK_ROUTES). A
+# message that waited a minute (no ops worker running) is dropped on arrival: the runs sent
+# since do the same work, and a backlog would only delay them.
+@shared_task(name=ROLLOUTS_WATCHDOG_TASK, soft_time_limit=120, time_limit=150, expires=60)
 def rollouts_watchdog() -> None:
-    """Run by beat: re-run rollouts whose worker died, send again lost messages, and resume
-    evaluations paused for a policy outage once the server answers."""
+    """Run by beat: re-run rollouts whose worker died or whose thread is stuck, send again lost
+    messages, and resume evaluations paused for a policy outage once the server answers."""
     rollout_requeue_stale(stale_after_s=settings.COEVO_ROLLOUT_STALE_S)
+    rollout_end_stuck(no_progress_s=rollout_progress_bound_s())
     rollout_resend_lost(unsent_after_s=settings.COEVO_ROLLOUT_RESEND_S)
     evaluations_resume_paused()

@@ -25,11 +25,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Count, Q, Sum, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from coevo.evaluations.dbwait import database_connection_drop, database_down
 from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.storable import MAX_DEPTH, Unstorable, storable_json
 
@@ -48,6 +49,9 @@ FLUSH_INTERVAL_S = 0.5
 # already takes the policy's round trip, so one more write beside it costs little (unlike a
 # write per log line or per env step, which stay batched).
 WRITE_AT_ONCE_KINDS = frozenset({"start", "model_call"})
+# While the database is down, a running rollout's steps wait in memory, and a write is tried
+# again this long after a failed one (not at every step: a harness may log hundreds a second).
+OUTAGE_RETRY_S = 5.0
 MAX_QUERY_CHARS = 200
 
 
@@ -167,7 +171,8 @@ class TraceWriter:
     arrive), and always by ``flush``/``close``: the rollout runner flushes before it records
     the outcome, and on cancel or error, so no step is lost and a finished rollout's trace is
     complete when its row says done. A killed worker loses only the steps recorded since its
-    last write, none of them a model call.
+    last write, none of them a model call (unless the database was down meanwhile: steps
+    recorded during an outage wait in memory, and the runner's last flush waits for it).
     """
 
     def __init__(
@@ -192,6 +197,10 @@ class TraceWriter:
         self.written = 0
         self._buffer: list[_Row] = []
         self._oldest = 0.0
+        self._retry_at = 0.0  # no write before then (monotonic), after one an outage failed
+        # The index after the last step of a write that failed: it may have landed all the same
+        # (a connection lost while the server committed it).
+        self._unsure_upto: int | None = None
 
     def add(self, step: StepLike) -> None:
         payload, text, payload_zlib = _pack(step.payload)
@@ -210,12 +219,33 @@ class TraceWriter:
             )
         )
         self.next_index += 1
-        if (
+        now = time.monotonic()
+        if now >= self._retry_at and (
             step.kind in self.write_at_once
             or len(self._buffer) >= self.batch_size
-            or time.monotonic() - self._oldest >= self.flush_interval_s
+            or now - self._oldest >= self.flush_interval_s
         ):
+            self._flush_unless_database_down()
+
+    def _flush_unless_database_down(self) -> None:
+        """A write while the attempt runs. The harness and the policy do not need the database:
+        an outage keeps the steps here for a later write rather than ending a rollout that is
+        working (and whose policy calls would be paid again)."""
+        try:
             self.flush()
+        except (OperationalError, InterfaceError) as exc:
+            if not database_down(exc):
+                raise
+            database_connection_drop()
+            self._retry_at = time.monotonic() + OUTAGE_RETRY_S
+            logger.warning(
+                "rollout %s: the database is unreachable; %d trace steps of attempt %d are kept "
+                "in memory until it answers (%s)",
+                self.rollout_id,
+                len(self._buffer),
+                self.attempt,
+                type(exc).__name__,
+            )
 
     @property
     def pending(self) -> int:
@@ -223,9 +253,12 @@ class TraceWriter:
 
     def flush(self) -> int:
         """Write the waiting steps; returns how many were written."""
+        if self._unsure_upto is not None and self._buffer:
+            self._drop_landed()
         if not self._buffer:
             return 0
         batch = self._buffer
+        self._unsure_upto = batch[-1].index + 1
         if self.use_copy and connection.vendor == "postgresql":
             self._copy(batch)
         else:
@@ -248,8 +281,22 @@ class TraceWriter:
             )
         # Cleared only once written: a failed write leaves the steps for the next flush.
         self._buffer = []
+        self._unsure_upto = None
         self.written += len(batch)
         return len(batch)
+
+    def _drop_landed(self) -> None:
+        """Forget the steps of the last failed write if it landed after all: a write is one
+        statement (COPY) or one transaction (bulk_create), so its first step tells."""
+        assert self._unsure_upto is not None
+        first = self._buffer[0].index
+        if TraceStep.objects.filter(
+            rollout_id=self.rollout_id, attempt=self.attempt, index=first
+        ).exists():
+            landed = [row for row in self._buffer if row.index < self._unsure_upto]
+            self._buffer = self._buffer[len(landed) :]
+            self.written += len(landed)
+        self._unsure_upto = None
 
     def _copy(self, batch: list[_Row]) -> None:
         """PostgreSQL's COPY, with the rows formatted here in COPY's text format: about 4× the
@@ -265,7 +312,13 @@ class TraceWriter:
                 f"{row.prompt_tokens}\t{row.completion_tokens}\t{row.latency_ms}\t{now}\n"
             )
         sql = f'COPY "{TraceStep._meta.db_table}" ({_COPY_COLUMNS}) FROM STDIN'
-        with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
+        # psycopg's own copy() is not behind Django's cursor: wrapped, its errors are Django's
+        # (a lost connection an OperationalError, as from any query) and mark the connection.
+        with (
+            connection.wrap_database_errors,
+            connection.cursor() as cursor,
+            cursor.cursor.copy(sql) as copy,
+        ):
             copy.write("".join(lines))
 
     def flush_after_failure(self) -> None:

@@ -1,4 +1,4 @@
-"""Export tasks (``default`` queue): take an id, call the service; the beat resend job."""
+"""Export tasks (``default`` queue): take an id, call the service; the beat resend job (``ops``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Beat jobs of operations: trace retention and the harness store's integrity check.
 
-Both run on the ``default`` queue (housekeeping, never in the way of rollouts), and both are
-idempotent, so a redelivered or overlapping run does no harm.
+Both run on the ``ops`` queue (housekeeping, on a worker of its own: never in the way of
+rollouts, nor held up by them), and both are idempotent, so a redelivered or overlapping run
+does no harm.
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ harness chooses its requests, and one that a server answers with HTTP 500 (vLLM,
 server still answers an error status after the retries, the client probes it at once: a
 failed probe is PolicyUnavailable with ``endpoint_down`` (the server is failing); a server that
 answers its probe but 500 to this request raises PolicyRequestFailed (the request's fault,
-like a 4xx); one that answers its probe but stayed busy (408/429/502/503/504) is
-PolicyUnavailable without ``endpoint_down`` (an infra_error that leaves the endpoint healthy).
+like a 4xx); one that answers its probe but stayed busy (408/429/502/503/504), or answers
+something that is not a completion (not JSON, no choices), is PolicyUnavailable without
+``endpoint_down`` (an infra_error that leaves the endpoint healthy and counts the rollout's
+attempt; only a server that is down is an outage the rollout is forgiven).
 
 ``server_info`` and ``token_count`` ask a server what it is, how long its context is and how
 many tokens a text takes, where it says (vLLM: ``max_model_len`` in ``/v1/models`` and
@@ -248,7 +250,11 @@ class PolicyClient:
             reply = self._request("POST", path, json=payload)
         latency_ms = int((time.monotonic() - started) * 1000)
         if not isinstance(reply, dict):
-            raise PolicyUnavailable(f"The policy server answered {path} with {str(reply)[:200]}")
+            # It answered: not down (a rollout's attempt counts; an outage would be forgiven
+            # and resumed for as long as the server keeps answering so).
+            raise PolicyUnavailable(
+                f"The policy server answered {path} with {str(reply)[:200]}", endpoint_down=False
+            )
         choice = _first_choice(reply)
         metrics.policy_request_observed(
             endpoint=self.shown_url,
@@ -276,6 +282,8 @@ class PolicyClient:
         # The status of the last try when the server answered one to retry; None when the
         # last try got no answer (the connection failed) or a body that is not JSON.
         last_status: int | None = None
+        # Whether the last try got an answer (a body that is not JSON): the server is up.
+        answered = False
         for attempt in range(self.retries + 1):
             if attempt:
                 metrics.policy_request_failed(
@@ -295,7 +303,7 @@ class PolicyClient:
             try:
                 response = self._http.request(method, path, **kwargs)
             except TransportError as exc:
-                last_error, last_status = str(exc), None
+                last_error, last_status, answered = str(exc), None, False
                 continue
             if response.status in _RETRY_STATUSES:
                 last_error = f"HTTP {response.status}: {response.text[:200]}"
@@ -317,7 +325,7 @@ class PolicyClient:
                 return response.json()
             except ValueError:
                 last_error = f"response is not JSON: {response.text[:200]!r}"
-                last_status = None
+                last_status, answered = None, True
                 continue
         gave_up = (
             f"The policy server at {self.shown_url} did not answer {method} {path} after "
@@ -328,7 +336,9 @@ class PolicyClient:
         metrics.policy_request_failed(
             endpoint=self.shown_url, model=self.model, path=path, reason="unavailable"
         )
-        raise PolicyUnavailable(f"{gave_up}. Check that it is running (COEVO_POLICY_URL).")
+        raise PolicyUnavailable(
+            f"{gave_up}. Check that it is running (COEVO_POLICY_URL).", endpoint_down=not answered
+        )
 
     def _judged(
         self, gave_up: str, method: str, path: str, *, status: int, reply: str
@@ -384,7 +394,9 @@ def _positive(value: Any) -> bool:
 def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
     choices = body.get("choices") or []
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-        raise PolicyUnavailable(f"The policy server answered without choices: {str(body)[:300]}")
+        raise PolicyUnavailable(
+            f"The policy server answered without choices: {str(body)[:300]}", endpoint_down=False
+        )
     return choices[0]
 
 
@@ -424,10 +436,12 @@ class RoutedPolicyClient:
     after its own retries) it fails over to the next, so a replica that dies mid-rollout costs a
     retry, not the rollout, and reports the route down when its server is failing
     (``endpoint_down``: no connection, or a failed health probe). With no route left it raises
-    PolicyUnavailable: the worker's policy-outage path (attempt forgiven; the evaluation pauses
-    past a threshold). A 4xx (PolicyRequestRejected), or a 500 the server answers this request
-    alone (PolicyRequestFailed), is the request's fault: not retried elsewhere, and the endpoint
-    stays healthy.
+    PolicyUnavailable, with ``endpoint_down`` when every server it tried was down or none was
+    healthy: the worker's policy-outage path (attempt forgiven; the evaluation pauses past a
+    threshold); without it (a server busy, out of slots) the rollout's attempt counts. A 4xx
+    (PolicyRequestRejected), or a 500 the server answers this request alone
+    (PolicyRequestFailed), is the request's fault: not retried elsewhere, and the endpoint stays
+    healthy.
     """
 
     def __init__(self, routes: list[Route], *, model: str, unavailable: str = "") -> None:
@@ -436,6 +450,8 @@ class RoutedPolicyClient:
         # Why there are no routes at all (every endpoint marked unhealthy), for the error.
         self.unavailable = unavailable
         self._errors: list[str] = []
+        # Per failed route, whether its server was down (not busy): the final error's kind.
+        self._down: list[bool] = []
 
     @property
     def model(self) -> str:
@@ -501,6 +517,7 @@ class RoutedPolicyClient:
                     result = send(route.client)
             except PolicyUnavailable as exc:
                 self._errors.append(f"{route.name}: {exc}")
+                self._down.append(exc.endpoint_down)
                 # Only a server that is failing (no connection, or a failed health probe) is
                 # marked down; one that is busy, or will not load an adapter, keeps its health
                 # and is only failed over for this request.
@@ -520,4 +537,10 @@ class RoutedPolicyClient:
                 route.on_ok = None  # once per route is enough to clear a stale failure
             return result
         detail = "; ".join(self._errors) or self.unavailable or "no endpoint serves it"
-        raise PolicyUnavailable(f"No policy endpoint could answer for {self._model}: {detail}")
+        # The version's servers are down (an outage: the rollout's attempt is not counted) only
+        # when each one tried was, or none was healthy to try; one that was busy or out of
+        # slots means capacity, not an outage.
+        raise PolicyUnavailable(
+            f"No policy endpoint could answer for {self._model}: {detail}",
+            endpoint_down=all(self._down),
+        )

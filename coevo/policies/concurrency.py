@@ -217,9 +217,11 @@ class EndpointLimiter:
                 unreachable_since = unreachable_since or now
                 if now - unreachable_since > REDIS_PATIENCE_S:
                     self._forget_waiter(token)
+                    # The endpoint is not what failed: it must not be marked down for it.
                     raise PolicyUnavailable(
                         f"the concurrency limiter's Redis has been unreachable for "
-                        f"{REDIS_PATIENCE_S}s ({exc}); check COEVO_REDIS_URL"
+                        f"{REDIS_PATIENCE_S}s ({exc}); check COEVO_REDIS_URL",
+                        endpoint_down=False,
                     ) from exc
             if time.monotonic() >= deadline:
                 self._forget_waiter(token)

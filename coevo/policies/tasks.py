@@ -1,4 +1,4 @@
-"""Policy tasks (``default`` queue, run by beat): endpoint health and idle adapter unloading."""
+"""Policy tasks (run by beat, on the ``ops`` queue): endpoint health and idle adapter unloading."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Promotion tasks (``default`` queue): take ids, call a service."""
+"""Promotion tasks (``default`` queue; beat's catch-up on ``ops``): take ids, call a service."""
 
 from __future__ import annotations
 
@@ -25,8 +25,13 @@ def promotion_refresh(request_id: str) -> None:
         refresh.promotion_evidence_refresh(request=request)
 
 
+# Beat sends it every COEVO_WATCHDOG_INTERVAL_S; a message older than a minute is dropped on
+# arrival (later ones do the same work).
 @shared_task(
-    name="coevo.reviews.tasks.promotions_refresh_open", soft_time_limit=480, time_limit=600
+    name="coevo.reviews.tasks.promotions_refresh_open",
+    soft_time_limit=480,
+    time_limit=600,
+    expires=60,
 )
 def promotions_refresh_open() -> None:
     """Run by beat: assemble the evidence of requests whose evaluation_finished was missed."""

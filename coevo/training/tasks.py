@@ -1,5 +1,5 @@
 """Training tasks. ``training_run_execute`` runs on the ``training`` queue (a worker on the
-machine with the trainer's GPU); the watchdog runs from beat on ``default``."""
+machine with the trainer's GPU); the watchdog runs from beat on ``ops``."""
 
 from __future__ import annotations
 
@@ -20,8 +20,13 @@ def training_run_execute(run_id: str) -> None:
     services.training_run_execute(run_id=run_id)
 
 
+# Beat sends it every COEVO_WATCHDOG_INTERVAL_S; a message older than a minute is dropped on
+# arrival (later ones do the same work).
 @shared_task(
-    name="coevo.training.tasks.training_runs_watchdog", soft_time_limit=120, time_limit=150
+    name="coevo.training.tasks.training_runs_watchdog",
+    soft_time_limit=120,
+    time_limit=150,
+    expires=60,
 )
 def training_runs_watchdog() -> None:
     counts = services.training_runs_watchdog()

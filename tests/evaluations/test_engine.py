@@ -35,7 +35,7 @@ from coevo.evaluations.services import (
     rollout_requeue_stale,
     rollout_resend_lost,
 )
-from coevo.evaluations.services.rollouts import _Heartbeat
+from coevo.evaluations.services.heartbeats import RolloutHeartbeats
 from coevo.suites.models import Split
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -356,17 +356,18 @@ def test_a_parent_budget_bounds_its_evaluations_together(
 def test_it_cancels_pending_and_running_rollouts(seed_candidate, humaneval_suite, policy_version):
     evaluation = create(seed_candidate, humaneval_suite, policy_version, task_limit=3)
     running = rollout_claim(rollout_id=evaluation.rollouts.first().id, worker="test")
-    heartbeat = _Heartbeat(running)
-    heartbeat.beat()
-    assert not heartbeat.cancelled.is_set()
+    heartbeats = RolloutHeartbeats(thread=False)
+    cancelled = heartbeats.register(rollout_id=running.id, attempt=running.attempts)
+    assert heartbeats.beat() == 1
+    assert not cancelled.is_set()
 
     assert evaluation_cancel(evaluation=evaluation) == 3
     evaluation.refresh_from_db()
     assert evaluation.state == EvaluationState.CANCELLED
     assert set(evaluation.rollouts.values_list("state", flat=True)) == {RolloutState.CANCELLED}
     # The worker running one finds out at its next heartbeat, and its result is not recorded.
-    heartbeat.beat()
-    assert heartbeat.cancelled.is_set()
+    assert heartbeats.beat() == 0
+    assert cancelled.is_set()
     assert not rollout_finish(rollout=running, outcome=Outcome.PASSED, score=1.0, detail="late")
     with pytest.raises(InvalidState):
         evaluation_cancel(evaluation=evaluation)

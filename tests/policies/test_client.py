@@ -204,8 +204,12 @@ def test_it_treats_missing_usage_as_zero_tokens(sequence_server, make_client):
 def test_it_raises_policy_unavailable_for_an_answer_without_choices(sequence_server, make_client):
     server = sequence_server([(200, json.dumps({"choices": []}))])
 
-    with pytest.raises(PolicyUnavailable, match="without choices"):
+    with pytest.raises(PolicyUnavailable, match="without choices") as caught:
         make_client(server.url).complete("x", Sampling())
+
+    # It answered: not down, so the rollout's attempt counts (an outage's would be forgiven
+    # for as long as the server kept answering so).
+    assert not caught.value.endpoint_down
 
 
 # --- models -------------------------------------------------------------------------------
@@ -300,10 +304,11 @@ def test_it_retries_an_answer_that_is_not_json(sequence_server, make_client):
 def test_it_gives_up_on_answers_that_are_never_json(sequence_server, make_client):
     server = sequence_server([(200, "not json")])
 
-    with pytest.raises(PolicyUnavailable, match="not JSON"):
+    with pytest.raises(PolicyUnavailable, match="not JSON") as caught:
         make_client(server.url, retries=1).complete("x", Sampling())
 
     assert len(server.requests) == 2
+    assert not caught.value.endpoint_down  # it answered
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 422])

@@ -6,6 +6,7 @@ import pytest
 
 from coevo.errors import PolicyRequestFailed, PolicyRequestRejected, PolicyUnavailable
 from coevo.policies.client import Sampling
+from coevo.policies.concurrency import EndpointLimiter
 from coevo.policies.models import EndpointKind, PolicyEndpoint
 from coevo.policies.services import (
     policy_client_for,
@@ -152,3 +153,57 @@ def test_a_500_when_the_health_probe_fails_too_marks_the_endpoint_down(db, setti
     endpoint.refresh_from_db()
     assert not endpoint.healthy and endpoint.failed_at is not None
     assert "health probe failed too" in endpoint.last_error
+
+
+# --- what the version's error says: its servers down (an outage) or only busy ---------------
+
+
+def test_the_versions_error_says_its_servers_were_down_only_when_none_was_merely_busy(
+    replicated, two_servers, settings
+):
+    server_a, server_b = two_servers
+    # Both up but busy (HTTP 503 while their probes answer): capacity, not an outage.
+    server_a.policy.fail_next = server_b.policy.fail_next = 10
+    with pytest.raises(PolicyUnavailable) as busy:
+        ask(replicated)
+    assert busy.value.endpoint_down is False
+    assert never_marked_down("a") and never_marked_down("b")
+
+    # One refuses connections, the other is busy: one server still serves the version.
+    server_a.stop()
+    server_b.policy.fail_next = 10
+    with pytest.raises(PolicyUnavailable) as mixed:
+        ask(replicated)
+    assert mixed.value.endpoint_down is False
+
+    # Both refuse connections: down.
+    server_b.stop()
+    PolicyEndpoint.objects.update(healthy=True)
+    with pytest.raises(PolicyUnavailable) as down:
+        ask(replicated)
+    assert down.value.endpoint_down is True
+
+    # Both marked unhealthy: no request is sent, and that is the servers being down too, even
+    # once they are back (a restart shorter than the time between two probes).
+    server_a.start()
+    server_b.start()
+    with pytest.raises(PolicyUnavailable, match="marked unhealthy") as marked:
+        ask(replicated)
+    assert marked.value.endpoint_down is True
+
+
+def test_a_version_whose_endpoints_have_no_free_slot_is_not_down(replicated, settings):
+    settings.COEVO_POLICY_SLOT_WAIT_S = 1
+    PolicyEndpoint.objects.update(max_concurrency=1)
+    holders = [
+        EndpointLimiter(
+            endpoint_id=str(e.id), limit=1, redis_url=settings.COEVO_REDIS_URL, holder="other"
+        )
+        for e in PolicyEndpoint.objects.all()
+    ]
+    with holders[0].slot(), holders[1].slot(), pytest.raises(PolicyUnavailable) as caught:
+        ask(replicated)
+
+    assert "no concurrency slot" in str(caught.value)
+    assert caught.value.endpoint_down is False
+    assert never_marked_down("a") and never_marked_down("b")

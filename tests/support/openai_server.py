@@ -8,7 +8,9 @@ its keys with that value: ``{"tool_choice": "required"}``) answer HTTP ``fails_o
 vLLM answered 500 to a tool_choice it could not serve, while the rest are served, and
 ``models_status`` what its health probe (GET /v1/models) gets; ``latency_s`` delays every completion (a stand-in for a
 model's generation time). ``stop()`` and ``start()`` take the server down and bring it back on
-the same port, to exercise outages.
+the same port, to exercise outages. While ``holding``, every completion waits for ``release()``
+before it answers (a rollout kept between its model call and its end for as long as a test
+needs); ``answered`` lists the completion requests served, in order.
 
 ``flavor`` makes it answer as that server's own routes do (a word is a token, as in its
 usage counts): ``vllm`` lists ``max_model_len`` (``context_tokens``) in /v1/models and counts
@@ -50,7 +52,40 @@ class ScriptedPolicy:
     flavor: str | None = None
     context_tokens: int | None = None
     probes: list[dict[str, Any]] = field(default_factory=list)
+    holding: bool = False
+    answered: list[dict[str, Any]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _held: int = 0
+    _releases: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+
+    @property
+    def held(self) -> int:
+        """Completions waiting for a ``release()`` now."""
+        return self._held
+
+    def release(self, replies: int = 1) -> None:
+        """Let ``replies`` held completions answer (the next ones, if fewer wait now)."""
+        for _ in range(replies):
+            self._releases.release()
+
+    def release_all(self) -> None:
+        """Stop holding: the completions waiting answer now, the next ones at once."""
+        with self._lock:
+            self.holding = False
+            waiting = self._held
+        self.release(waiting)
+
+    def hold(self) -> None:
+        """Called by the server for each completion: waits for its release while holding."""
+        with self._lock:
+            if not self.holding:
+                return
+            self._held += 1
+        try:
+            self._releases.acquire(timeout=600)
+        finally:
+            with self._lock:
+                self._held -= 1
 
     def reply_for(self, text: str) -> str:
         for needle, reply in self.rules:
@@ -136,6 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "list index out of range"), "type": "InternalServerError", "param": None,
                     "code": self.policy.fails_on_status})  # fmt: skip
                 return
+        self.policy.hold()
         if self.policy.latency_s:
             time.sleep(self.policy.latency_s)
         context = self.policy.context_tokens
@@ -178,6 +214,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
             return
         prompt_text = body.get("prompt") or json.dumps(body.get("messages"))
+        with self.policy._lock:
+            self.policy.answered.append({"path": self.path, **body})
         self._json(
             200,
             {

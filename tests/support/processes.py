@@ -25,11 +25,14 @@ def test_database_url() -> str:
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
-class WorkerProcess:
-    """``celery worker`` in a process of its own, on the test database and the given broker."""
+class CeleryProcess:
+    """A ``celery`` command in a process of its own, on the test database and the given broker;
+    ``env`` on top of this process's environment."""
 
-    def __init__(self, *, name: str, broker_url: str, log_dir: Path, **env: str) -> None:
-        self.log_path = log_dir / f"worker-{name}.log"
+    def __init__(
+        self, *, args: list[str], log_name: str, broker_url: str, log_dir: Path, **env: str
+    ) -> None:
+        self.log_path = log_dir / f"{log_name}.log"
         child_env = {
             **os.environ,
             "DATABASE_URL": test_database_url(),
@@ -40,18 +43,13 @@ class WorkerProcess:
         }
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "celery", "-A", "coevo", "worker",
-                "-Q", "rollouts,default", "-n", f"{name}@%h", "--without-heartbeat",
-                "--without-gossip", "--without-mingle", "--loglevel", "INFO",
-            ],
+            [sys.executable, "-m", "celery", "-A", "coevo", *args],
             cwd=REPO_ROOT,
             env=child_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
-        self.hostname_prefix = f"{name}@"
+        )
 
     def kill(self) -> None:
         """SIGKILL, no warning, no cleanup: the machine died."""
@@ -72,6 +70,72 @@ class WorkerProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class WorkerProcess(CeleryProcess):
+    """``celery worker`` on ``queues``, named ``<name>@<host>``."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        broker_url: str,
+        log_dir: Path,
+        queues: str = "rollouts,default",
+        **env: str,
+    ) -> None:
+        super().__init__(
+            args=[
+                "worker", "-Q", queues, "-n", f"{name}@%h", "--without-heartbeat",
+                "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+            ],
+            log_name=f"worker-{name}",
+            broker_url=broker_url,
+            log_dir=log_dir,
+            **env,
+        )  # fmt: skip
+        self.hostname_prefix = f"{name}@"
+
+
+class BeatProcess(CeleryProcess):
+    """``celery beat`` with the settings' schedule (CELERY_BEAT_SCHEDULE), from a fresh
+    schedule file: each job first runs one interval after it starts."""
+
+    def __init__(self, *, broker_url: str, log_dir: Path, **env: str) -> None:
+        super().__init__(
+            args=[
+                "beat", "--schedule", str(log_dir / "celerybeat-schedule"), "--loglevel", "INFO",
+            ],
+            log_name="beat",
+            broker_url=broker_url,
+            log_dir=log_dir,
+            **env,
+        )  # fmt: skip
+
+
+class CeleryProcesses:
+    """Workers and a beat a test starts (``worker``, ``beat``), all stopped by ``stop``."""
+
+    def __init__(self, *, broker_url: str, log_dir: Path) -> None:
+        self.broker_url = broker_url
+        self.log_dir = log_dir
+        self.started: list[CeleryProcess] = []
+
+    def worker(self, name: str, *, queues: str = "rollouts,default", **env: str) -> WorkerProcess:
+        worker = WorkerProcess(
+            name=name, broker_url=self.broker_url, log_dir=self.log_dir, queues=queues, **env
+        )
+        self.started.append(worker)
+        return worker
+
+    def beat(self, **env: str) -> BeatProcess:
+        beat = BeatProcess(broker_url=self.broker_url, log_dir=self.log_dir, **env)
+        self.started.append(beat)
+        return beat
+
+    def stop(self) -> None:
+        for process in self.started:
+            process.stop()
 
 
 class RedisProcess:

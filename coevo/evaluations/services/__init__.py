@@ -6,7 +6,11 @@ stopping), cancel, pause and resume live in ``coevo.evaluations.lifecycle``; bud
 ``coevo.evaluations.ledger``.
 """
 
-from coevo.evaluations.services.evaluations import evaluation_create, evaluation_enqueue
+from coevo.evaluations.services.evaluations import (
+    evaluation_create,
+    evaluation_enqueue,
+    rollout_retry_sent,
+)
 from coevo.evaluations.services.rollouts import (
     RolloutCancelled,
     RolloutRetry,
@@ -16,6 +20,8 @@ from coevo.evaluations.services.rollouts import (
 )
 from coevo.evaluations.services.watchdog import (
     evaluations_resume_paused,
+    rollout_end_stuck,
+    rollout_progress_bound_s,
     rollout_requeue_stale,
     rollout_resend_lost,
 )
@@ -27,8 +33,11 @@ __all__ = [
     "evaluation_enqueue",
     "evaluations_resume_paused",
     "rollout_claim",
+    "rollout_end_stuck",
     "rollout_execute",
     "rollout_finish",
+    "rollout_progress_bound_s",
     "rollout_requeue_stale",
     "rollout_resend_lost",
+    "rollout_retry_sent",
 ]

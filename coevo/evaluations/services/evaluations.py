@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -270,6 +271,15 @@ def evaluation_enqueue(
             break
         sent += 1
     return sent
+
+
+def rollout_retry_sent(*, rollout_id: Any, countdown: float) -> None:
+    """Record that a retry of the rollout is on its way, due in ``countdown`` seconds: its
+    ``enqueued_at`` is when the message is due, so the watchdog's resend (which counts from
+    it) neither cuts the backoff short nor mistakes the message a worker holds for a lost one."""
+    Rollout.objects.filter(id=rollout_id, state=RolloutState.PENDING).update(
+        enqueued_at=timezone.now() + timedelta(seconds=countdown)
+    )
 
 
 def _send(rollout_id: Any) -> bool:

@@ -5,14 +5,14 @@ finish it (settle its budget, move the evaluation along)."""
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from coevo.evaluations.dbwait import DatabaseUnavailable, database_retry
 from coevo.evaluations.ledger import (
     Amount,
     budget_settle,
@@ -28,6 +28,7 @@ from coevo.evaluations.models import (
     Rollout,
     RolloutState,
 )
+from coevo.evaluations.services.heartbeats import rollout_heartbeat
 from coevo.evaluations.storable import Unstorable, storable_json, storable_text
 from coevo.evaluations.traces import TraceWriter
 from coevo.logs import log_bind, log_context, rollout_log_ids
@@ -58,10 +59,15 @@ def rollout_claim(*, rollout_id: Any, worker: str) -> Rollout | None:
     """Pending → running, or None when another delivery already has it, it is final, or its
     evaluation is paused or over."""
     now = timezone.now()
+    # The evaluation's state as a subquery, not a join: Django turns an update filtered across
+    # a join into "id IN (SELECT … WHERE state = 'pending')", which a second delivery waiting
+    # on the row lock re-checks against its old snapshot and passes: both claimed the rollout.
+    # On the row itself, PostgreSQL re-checks state against the first claim's write.
+    open_evaluations = Evaluation.objects.filter(
+        state__in=[EvaluationState.PENDING, EvaluationState.RUNNING]
+    ).values("id")
     claimed = Rollout.objects.filter(
-        id=rollout_id,
-        state=RolloutState.PENDING,
-        evaluation__state__in=[EvaluationState.PENDING, EvaluationState.RUNNING],
+        id=rollout_id, state=RolloutState.PENDING, evaluation_id__in=open_evaluations
     ).update(
         state=RolloutState.RUNNING,
         attempts=F("attempts") + 1,
@@ -85,42 +91,6 @@ def rollout_claim(*, rollout_id: Any, worker: str) -> Rollout | None:
     return rollout
 
 
-class _Heartbeat:
-    """Beats for a running rollout from a thread of its own, so a long model call does not look
-    like a dead worker; notices when the rollout was cancelled under it."""
-
-    def __init__(self, rollout: Rollout) -> None:
-        self.rollout = rollout
-        self.cancelled = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def beat(self) -> None:
-        alive = Rollout.objects.filter(
-            id=self.rollout.id, state=RolloutState.RUNNING, attempts=self.rollout.attempts
-        ).update(heartbeat_at=timezone.now())
-        if not alive:
-            self.cancelled.set()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(settings.COEVO_HEARTBEAT_S):
-                try:
-                    self.beat()
-                except Exception:
-                    logger.exception("rollout %s: heartbeat failed", self.rollout.id)
-        finally:
-            connection.close()
-
-
 def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     """Claim and run one rollout; record its trace and outcome. Safe to call twice."""
     with log_context(rollout=rollout_id, worker=worker):  # ids on its log lines, and only there
@@ -129,7 +99,13 @@ def rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
 
 def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     close_old_connections()
-    rollout = rollout_claim(rollout_id=rollout_id, worker=worker)
+    # A database outage is waited out holding the message (prefetch 1: the worker takes no
+    # other meanwhile), not turned into a failed task, which would acknowledge a message that
+    # nobody ran; past COEVO_DB_OUTAGE_WAIT_S the task is retried later (DatabaseUnavailable).
+    rollout = database_retry(
+        lambda: rollout_claim(rollout_id=rollout_id, worker=worker),
+        what=f"claim rollout {rollout_id}",
+    )
     if rollout is None:
         logger.info("rollout %s: already claimed, final or paused; nothing to do", rollout_id)
         return None
@@ -141,17 +117,24 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     # complete before the outcome is recorded (or the rollout is given up).
     trace = TraceWriter(rollout_id=rollout.id, attempt=rollout.attempts)
 
-    with _Heartbeat(rollout) as heartbeat:
+    # Beaten with the process's other rollouts (services/heartbeats.py), so a long model call
+    # does not look like a dead worker; ``cancelled`` says the rollout was taken from it.
+    with rollout_heartbeat(rollout=rollout) as cancelled:
 
         def on_step(step: Step) -> None:
-            if heartbeat.cancelled.is_set():
+            if cancelled.is_set():
                 raise RolloutCancelled(f"rollout {rollout.id} was cancelled")
             trace.add(step)
 
         started = timezone.now()
+        ended = None
         try:
             result = _rollout_run_in_sandbox(rollout=rollout, adapter=adapter, on_step=on_step)
-            trace.flush()
+            ended = timezone.now()  # a wait for the database below is not the rollout's time
+            # The result is in hand: an outage now is waited out, not paid for with a rerun.
+            database_retry(trace.flush, what=f"write rollout {rollout.id}'s trace")
+        except DatabaseUnavailable:
+            raise  # not the rollout's fault, and the database is needed to record one
         except RolloutCancelled:
             trace.flush_after_failure()
             logger.info("rollout %s: cancelled while running", rollout.id)
@@ -165,10 +148,12 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
                 detail=f"worker error: {type(exc).__name__}: {exc}",
                 error_kind=ErrorKind.WORKER,
             )
-    latency_ms = int((timezone.now() - started).total_seconds() * 1000)
+    latency_ms = int(((ended or timezone.now()) - started).total_seconds() * 1000)
     if result.outcome == Outcome.INFRA_ERROR:
         try:
-            _handle_infra_error(rollout=rollout, detail=result.detail)
+            _handle_infra_error(
+                rollout=rollout, detail=result.detail, endpoint_down=result.endpoint_down
+            )
         except RolloutCancelled as exc:
             logger.info("rollout %s: %s", rollout.id, exc)
             return None
@@ -183,20 +168,29 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
         completion_tokens=result.completion_tokens,
         model_calls=result.model_calls,
         latency_ms=latency_ms,
+        by_worker=True,
     )
     return rollout
 
 
-def _handle_infra_error(*, rollout: Rollout, detail: str) -> None:
+def _handle_infra_error(*, rollout: Rollout, detail: str, endpoint_down: bool = False) -> None:
     """Decide what an infra error means; returns only when the rollout should end with it.
 
     A policy server that does not answer is an outage, not this rollout's fault: the attempt is
     given back, and past COEVO_INFRA_PAUSE_THRESHOLD outages the whole evaluation pauses until
-    the server answers again (the watchdog resumes it). Other infra errors use up an attempt.
+    the server answers again (the watchdog resumes it). An outage is either what the failure
+    itself was (``endpoint_down``: the server was down when the rollout asked) or a server that
+    does not answer the probe made now. Other infra errors (a busy server, no policy slot, the
+    sandbox) use up an attempt.
     """
     evaluation = rollout.evaluation
     detail = storable_text(detail)  # it may quote the harness, and lands in text columns
-    if not policy_endpoint_reachable(version=evaluation.policy_version):
+    # The failure's own kind decides first: a server restarted in a second is back before this
+    # probe, yet the rollouts it failed are the outage's, not theirs. The probe still runs: it
+    # marks the endpoint healthy again for the retries, and it catches another kind of infra
+    # error that the server's death caused.
+    reachable = policy_endpoint_reachable(version=evaluation.policy_version)
+    if endpoint_down or not reachable:
         Evaluation.objects.filter(id=evaluation.id).update(policy_outages=F("policy_outages") + 1)
         outages = Evaluation.objects.values_list("policy_outages", flat=True).get(id=evaluation.id)
         moved = Rollout.objects.filter(
@@ -235,6 +229,11 @@ def _handle_infra_error(*, rollout: Rollout, detail: str) -> None:
         )
 
 
+# What the worker that ran an attempt may finish: the rollout running, or sent back to pending
+# by the watchdog with that attempt (rollout_finish says why the result still counts).
+_FINISHABLE_BY_WORKER = (RolloutState.RUNNING, RolloutState.PENDING)
+
+
 def _stored_error_kind(outcome: str, error_kind: str) -> ErrorKind:
     """The kind the code that failed gave (one of ErrorKind: a misspelt one is refused); an
     error without one is ``other``, a scored rollout has none."""
@@ -255,6 +254,7 @@ def rollout_finish(
     completion_tokens: int = 0,
     model_calls: int = 0,
     latency_ms: int = 0,
+    by_worker: bool = False,
 ) -> bool:
     """Running → done with the outcome, settle its budget, then move the evaluation along.
 
@@ -264,6 +264,14 @@ def rollout_finish(
     requeued and claimed again) cannot overwrite the result of the newer attempt.
     ``rollout`` ends up as written: the values set here, or the row read again when the swap
     did not match.
+
+    ``by_worker``: the worker that ran this attempt records what it computed. Its result also
+    stands on a rollout the watchdog sent back to pending meanwhile (same attempt, not claimed
+    again): the watchdog only guessed that the worker was dead (no heartbeat, as while the
+    database was down), and the new message then finds the rollout done. And while PostgreSQL
+    cannot be reached, the result is kept in memory and written once it answers
+    (coevo.evaluations.dbwait), rather than lost and the rollout, policy calls and all, run
+    again.
 
     The answer and the detail are the harness's (or quote it): they are stored as
     coevo.evaluations.storable makes them, and an answer the database cannot hold even so ends
@@ -291,20 +299,49 @@ def rollout_finish(
         "latency_ms": latency_ms,
         "finished_at": timezone.now(),
     }
-    with transaction.atomic():
-        finished = Rollout.objects.filter(
-            id=rollout.id, state=RolloutState.RUNNING, attempts=rollout.attempts
-        ).update(**written)
-        if finished:
-            budget = Budget.objects.filter(evaluation_id=rollout.evaluation_id).first()
-            if budget is not None:
-                budget_settle(
-                    budget=budget,
-                    reserved=budget_unit(budget),
-                    actual=Amount(1, prompt_tokens + completion_tokens, wall_seconds(latency_ms)),
-                    rollout=rollout,
-                    note=outcome,
-                )
+    tries = 0
+
+    def write() -> bool:
+        nonlocal tries
+        tries += 1
+        # A write whose connection was lost while the server committed it landed all the same:
+        # its finished_at (this call's own) tells it from another writer's.
+        if (
+            tries > 1
+            and Rollout.objects.filter(
+                id=rollout.id,
+                state=RolloutState.DONE,
+                attempts=rollout.attempts,
+                finished_at=written["finished_at"],
+            ).exists()
+        ):
+            return True
+        with transaction.atomic():
+            finished = Rollout.objects.filter(
+                id=rollout.id,
+                state__in=_FINISHABLE_BY_WORKER if by_worker else [RolloutState.RUNNING],
+                attempts=rollout.attempts,
+            ).update(**written)
+            if finished:
+                budget = Budget.objects.filter(evaluation_id=rollout.evaluation_id).first()
+                if budget is not None:
+                    budget_settle(
+                        budget=budget,
+                        reserved=budget_unit(budget),
+                        actual=Amount(
+                            1, prompt_tokens + completion_tokens, wall_seconds(latency_ms)
+                        ),
+                        rollout=rollout,
+                        note=outcome,
+                    )
+        return bool(finished)
+
+    def durably(call: Any) -> Any:
+        if not by_worker:
+            return call()
+        return database_retry(call, what=f"write rollout {rollout.id}'s result")
+
+    finished = durably(write)
     logger.info(
         "rollout %s (evaluation %s, task %s): %s %s",
         rollout.id,
@@ -314,14 +351,14 @@ def rollout_finish(
         detail[:200],
     )
     if not finished:
-        rollout.refresh_from_db()
+        durably(rollout.refresh_from_db)
         return False
     for field, value in written.items():
         setattr(rollout, field, value)
     metrics.rollout_finished(outcome=outcome, error_kind=error_kind, seconds=latency_ms / 1000)
     from coevo.evaluations.lifecycle import evaluation_rollout_ended
 
-    evaluation_rollout_ended(rollout=rollout)
+    durably(lambda: evaluation_rollout_ended(rollout=rollout))
     return True
 
 
