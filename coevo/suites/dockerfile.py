@@ -39,6 +39,8 @@ from coevo.suites.docker_context import (
     has_glob,
     read_regular,
 )
+from workers.containers.dockerfile import DockerfileInvalid
+from workers.containers.dockerfile import dockerfile_parse as builder_parse
 from workers.environments.workspace_files import (
     MAX_TREE_BYTES,
     MAX_TREE_FILES,
@@ -82,7 +84,6 @@ _HEREDOC = re.compile(r"<<-?\s*([\"']?)([A-Za-z_][A-Za-z0-9_]*)\1")
 _VARIABLE = re.compile(
     r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:[-+])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))"
 )
-_DIRECTIVE = re.compile(r"^#\s*([a-zA-Z][a-zA-Z0-9]*)\s*=\s*(.*?)\s*$")
 # tar and what ADD inflates before untarring: ADD unpacks these, COPY does not.
 _ARCHIVE_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
 
@@ -111,57 +112,21 @@ class DockerfileFiles:
 
 def dockerfile_parse(text: str) -> list[Instruction]:
     """Instructions with their first line number: comments dropped, continuations joined,
-    heredoc bodies kept with the instruction that opens them."""
-    lines = text.splitlines()
-    escape = "\\"
-    start = 0
-    # Parser directives: "# name=value" lines before any other line (blank lines included).
-    for index, line in enumerate(lines):
-        match = _DIRECTIVE.match(line)
-        if not match:
-            break
-        if match.group(1).lower() == "escape" and match.group(2) in ("\\", "`"):
-            escape = match.group(2)
-        start = index + 1
-    instructions: list[Instruction] = []
-    parts: list[str] = []
-    first = 0
-    index = start
-    while index < len(lines):
-        line = lines[index]
-        index += 1
-        stripped = line.strip()
-        if not parts and (not stripped or stripped.startswith("#")):
-            continue
-        if parts and (not stripped or stripped.startswith("#")):
-            continue  # comments and blank lines inside a continuation are dropped
-        if not parts:
-            first = index
-        if line.rstrip().endswith(escape):
-            parts.append(line.rstrip()[:-1])
-            continue
-        parts.append(line)
-        logical = " ".join(part.strip() for part in parts)
-        parts = []
-        keyword, *rest = logical.split(None, 1)
-        keyword = keyword.upper()
-        args = rest[0] if rest else ""
-        heredoc = False
-        if keyword in ("RUN", "COPY", "ADD"):
-            for match in _HEREDOC.finditer(args):
-                heredoc = True
-                terminator = match.group(2)
-                while index < len(lines):
-                    body = lines[index]
-                    index += 1
-                    if body.strip() == terminator:
-                        break
-        instructions.append(Instruction(first, keyword, args.strip(), heredoc))
-    if parts:
-        raise DockerfileError(
-            f"line {first}: the last instruction ends with a line continuation ({escape})"
+    heredoc bodies kept with the instruction that opens them. The image builder's reading
+    (workers/containers/dockerfile.py), so that the importer and the builder see one file."""
+    try:
+        parsed = builder_parse(text)
+    except DockerfileInvalid as exc:
+        raise DockerfileError(str(exc)) from None
+    return [
+        Instruction(
+            item.line,
+            item.keyword,
+            item.args,
+            heredoc=item.keyword in ("RUN", "COPY", "ADD") and bool(_HEREDOC.search(item.args)),
         )
-    return instructions
+        for item in parsed.instructions
+    ]
 
 
 def dockerfile_files(*, context: Path, dockerfile: Path) -> DockerfileFiles:

@@ -1,11 +1,11 @@
 """A task's Dockerfile, as the image builder needs it: its instructions with their lines, and
 its ``FROM`` references rewritten to the images this engine has.
 
-coevo/suites/dockerfile.py reads Dockerfiles at import for the files they copy; it sits above
-the workers in the layers (pyproject.toml), so this is the builder's own small reading: logical
-lines (continuations, comments, parser directives, heredoc bodies) with the physical line each
-starts on, since the engine's build log counts steps (instructions) and an error must name the
-line of the Dockerfile the task's author wrote.
+The one reading of a Dockerfile's lines in coevo (coevo/suites/dockerfile.py, which reads
+Dockerfiles at import for the files they copy, uses it too): logical lines (continuations,
+comments, parser directives, heredoc bodies) with the physical line each starts on, since the
+engine's build log counts steps (instructions) and an error must name the line of the
+Dockerfile the task's author wrote.
 """
 
 from __future__ import annotations
