@@ -20,29 +20,18 @@ from coevo.evaluations.models import (
     RolloutState,
     TraceStep,
 )
-from coevo.evaluations.services import evaluation_create, evaluations_resume_paused
+from coevo.evaluations.services import evaluations_resume_paused
 from coevo.policies.concurrency import EndpointLimiter
 from coevo.policies.models import PolicyEndpoint
 from coevo.policies.services import policy_endpoints_check
-from coevo.suites.models import Split
 from tests.conftest import wait_until_final
 from tests.evaluations.test_worker import CORRECT_BODIES
+from tests.support.factories import evaluate_search as evaluate
 from workers.outcomes import ErrorKind
 
 pytestmark = pytest.mark.timeout(180)
 
 TASKS = 4
-
-
-def evaluate(candidate, suite, policy_version, *, tasks: int) -> Evaluation:
-    return evaluation_create(
-        candidate=candidate,
-        suite=suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=tasks,
-        use_cache=False,
-    )
 
 
 def wait_for(condition, *, timeout_s: float, what: str, watchdog: bool = False) -> None:

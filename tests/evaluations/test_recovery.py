@@ -19,7 +19,6 @@ from django.utils import timezone
 from coevo.celery import app
 from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState, TraceStep
 from coevo.evaluations.services import (
-    evaluation_create,
     rollout_claim,
     rollout_end_stuck,
     rollout_progress_bound_s,
@@ -29,9 +28,9 @@ from coevo.evaluations.services import (
 from coevo.evaluations.services import watchdog as watchdog_service
 from coevo.evaluations.services.heartbeats import RolloutHeartbeats
 from coevo.evaluations.tasks import rollouts_watchdog
-from coevo.suites.models import Split
 from harness_store.services import candidate_import_directory
 from tests.conftest import wait_until_final
+from tests.support.factories import evaluate_search as evaluate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -78,17 +77,6 @@ def harness(tmp_path, project, owner, name: str, source: str):
         project=project, directory=directory, message=name, author_name="T", created_by=owner
     )
     return candidate
-
-
-def evaluate(candidate, suite, policy_version, *, tasks: int = 1) -> Evaluation:
-    return evaluation_create(
-        candidate=candidate,
-        suite=suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=tasks,
-        use_cache=False,
-    )
 
 
 def waited(condition, *, timeout_s: float, what: str) -> float:

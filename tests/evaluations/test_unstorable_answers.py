@@ -15,7 +15,6 @@ from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceSte
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.evaluations.services import (
     RolloutRetry,
-    evaluation_create,
     rollout_claim,
     rollout_execute,
     rollout_finish,
@@ -23,10 +22,10 @@ from coevo.evaluations.services import (
 from coevo.evaluations.services import rollouts as rollouts_service
 from coevo.evaluations.storable import MAX_DEPTH
 from coevo.evaluations.traces import trace_step_payload
-from coevo.suites.models import Split
 from tests.conftest import wait_until_final
 from tests.evaluations.test_error_kinds import pending_rollout
 from tests.evaluations.test_storable import nested
+from tests.support.factories import evaluate_search as evaluate
 from tests.support.factories import jsonl_rows, make_agent_candidate, make_jsonl_suite
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,17 +68,6 @@ def numeric_suite(project):
 
 def candidate_answering(project, tmp_path, name: str):
     return make_agent_candidate(project, tmp_path, name, textwrap.dedent(AGENTS[name]))
-
-
-def evaluate(candidate, suite, policy_version, *, tasks: int):
-    return evaluation_create(
-        candidate=candidate,
-        suite=suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
-        task_limit=tasks,
-        use_cache=False,
-    )
 
 
 def answer_step(rollout: Rollout):

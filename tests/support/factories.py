@@ -27,6 +27,7 @@ from coevo.evaluations.models import (
     RolloutState,
     TraceStep,
 )
+from coevo.evaluations.services import evaluation_create
 from coevo.policies.models import EndpointKind, PolicyEndpoint, PolicyVersion
 from coevo.policies.services import policy_version_create
 from coevo.projects.models import Project
@@ -394,3 +395,23 @@ def make_proposals(
             row.rollouts_saved = 5
         rows.append(row)
     return Proposal.objects.bulk_create(rows)
+
+
+def evaluate_search(
+    candidate: Candidate,
+    suite: Suite,
+    policy_version: PolicyVersion,
+    *,
+    tasks: int = 1,
+    use_cache: bool = False,
+) -> Evaluation:
+    """An evaluation of the first ``tasks`` search-split tasks, enqueued on commit; by default
+    it reuses no earlier result (a test about running rollouts must run them)."""
+    return evaluation_create(
+        candidate=candidate,
+        suite=suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=tasks,
+        use_cache=use_cache,
+    )
