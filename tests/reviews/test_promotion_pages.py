@@ -366,6 +366,9 @@ def test_another_reviewer_approves_and_the_channel_moves(project, ready, reviewe
     assert 'id="promotion-state">approved' in body
     assert "real gain" in body and "<strong>reviewer</strong>" in body
     assert 'id="decision-form"' not in body  # final: no more decisions
+    # The channel moved: said as the success it is, not in the error box.
+    detail = re.search(r'<p class="alert ([a-z ]*)" id="promotion-detail">([^<]*)', body)
+    assert detail and detail.group(1) == "success" and "production moved" in detail.group(2)
     assert channel_holder(project=project, name="production") == asker
     channels = html(client.get(reverse("web:channels", args=[project.slug])))
     assert f"promotion {ready.id}" in channels
@@ -378,6 +381,8 @@ def test_a_reviewer_rejects_with_a_reason(project, ready, reviewer, guesser):
     ready.refresh_from_db()
     assert ready.state == PromotionState.REJECTED
     assert "the gain did not generalize" in html(response)
+    if ready.state_detail:
+        assert '<p class="alert error" id="promotion-detail">' in html(response)
     assert channel_holder(project=project, name="production") == guesser
 
 
