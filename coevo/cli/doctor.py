@@ -12,15 +12,28 @@ def register(commands: Any) -> None:
         "doctor",
         help="check this installation (packages, sandbox, database, broker, store, policies)",
         description="Check the installation and print each problem with its fix; exits 1 "
-        "when something is broken (warnings do not fail).",
+        "when something is broken (warnings do not fail) or when there is no installation "
+        "here yet (COEVO_HOME, or the embedded SQLite database, does not exist: the doctor "
+        "then creates nothing).",
     )
     doctor.add_argument("--json", action="store_true", help="print the results as JSON")
     doctor.set_defaults(handler=run)
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from coevo.ops.doctor import FAIL, CheckResult, doctor_format, doctor_run
+    from coevo.ops.doctor import (
+        FAIL,
+        CheckResult,
+        doctor_format,
+        doctor_run,
+        installation_missing,
+    )
 
+    # Before django.setup(): loading settings would create the home and database it checks.
+    missing = installation_missing()
+    if missing is not None:
+        print(doctor_format([missing], as_json=True) if args.json else missing.detail + ".")
+        return 1
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coevo.settings")
     try:
         import django

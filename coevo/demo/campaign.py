@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import sys
 import time
 from typing import Any
 
@@ -25,6 +24,7 @@ from coevo.campaigns.selectors import campaign_progress
 from coevo.campaigns.services import campaign_advance_enqueue, campaign_create, campaign_start
 from coevo.config import BASE_DIR
 from coevo.demo.processes import Services, say
+from coevo.demo.progress import HEARTBEAT_S, progress_step
 from coevo.errors import CoevoError
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.policies.services import policy_version_get_default
@@ -168,45 +168,48 @@ def demo_textworld_suite(
     return suite
 
 
-def wait_for_campaign(campaign: Campaign, services: Services) -> None:
-    last = None
+def wait_for_campaign(
+    campaign: Campaign, services: Services, *, every_s: float = HEARTBEAT_S
+) -> None:
     nudged = time.monotonic()
-    tty = sys.stdout.isatty()
-    while True:
-        services.check_alive()
-        campaign.refresh_from_db()
-        # Counted as the stop rule counts them: policy steps have their own quota.
-        proposals = campaign.proposals.exclude(kind__in=[ProposerKind.SEED, ProposerKind.POLICY])
-        ended = proposals.exclude(state__in=PROPOSAL_OPEN_STATES).count()
-        best = campaign.best_validation_score
-        line = (
-            f"  {ended}/{campaign.max_proposals} proposals ended"
-            f", best validation {'n/a' if best is None else f'{best:.1%}'}"
-        )
-        current = campaign.proposals.filter(state__in=PROPOSAL_OPEN_STATES).first()
-        if current is not None:
-            evaluation_id = current.validation_evaluation_id or current.search_evaluation_id
-            label = "seed" if current.kind == ProposerKind.SEED else f"proposal {current.sequence}"
-            if evaluation_id is not None:
-                evaluation = current.validation_evaluation or current.search_evaluation
-                progress = evaluation_progress(evaluation=evaluation)
-                split = "validation" if current.validation_evaluation_id else "search"
-                line += f"; {label}: {split} {progress.done}/{progress.total} games"
-            elif current.kind == ProposerKind.POLICY:
-                line += f"; {label}: {policy_step_progress(current)}"
-            else:
-                line += f"; {label}: starting"
-        if line != last:
-            print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n", flush=True)
-            last = line
-        if campaign.is_final:
-            if tty:
-                print()
-            return
-        if time.monotonic() - nudged > CAMPAIGN_NUDGE_S:
-            campaign_advance_enqueue(campaign_id=campaign.id)
-            nudged = time.monotonic()
-        time.sleep(1)
+    with progress_step("campaign", waiting_on="waiting for the worker", every_s=every_s) as step:
+        while True:
+            services.check_alive()
+            campaign.refresh_from_db()
+            step.update(campaign_status(campaign))
+            if campaign.is_final:
+                return
+            if time.monotonic() - nudged > CAMPAIGN_NUDGE_S:
+                campaign_advance_enqueue(campaign_id=campaign.id)
+                nudged = time.monotonic()
+            time.sleep(1)
+
+
+def campaign_status(campaign: Campaign) -> str:
+    """One line: proposals ended, the best validation score, and what the open proposal waits
+    on (its games played so far: a game can take minutes, hence the heartbeats)."""
+    # Counted as the stop rule counts them: policy steps have their own quota.
+    proposals = campaign.proposals.exclude(kind__in=[ProposerKind.SEED, ProposerKind.POLICY])
+    ended = proposals.exclude(state__in=PROPOSAL_OPEN_STATES).count()
+    best = campaign.best_validation_score
+    line = (
+        f"{ended}/{campaign.max_proposals} proposals ended"
+        f", best validation {'n/a' if best is None else f'{best:.1%}'}"
+    )
+    current = campaign.proposals.filter(state__in=PROPOSAL_OPEN_STATES).first()
+    if current is not None:
+        evaluation_id = current.validation_evaluation_id or current.search_evaluation_id
+        label = "seed" if current.kind == ProposerKind.SEED else f"proposal {current.sequence}"
+        if evaluation_id is not None:
+            evaluation = current.validation_evaluation or current.search_evaluation
+            progress = evaluation_progress(evaluation=evaluation)
+            split = "validation" if current.validation_evaluation_id else "search"
+            line += f"; {label}: {split} {progress.done}/{progress.total} games played"
+        elif current.kind == ProposerKind.POLICY:
+            line += f"; {label}: {policy_step_progress(current)}"
+        else:
+            line += f"; {label}: starting"
+    return line
 
 
 def policy_step_progress(proposal: Any) -> str:

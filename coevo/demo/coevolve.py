@@ -26,6 +26,7 @@ from coevo.demo.campaign import (
     pct,
 )
 from coevo.demo.processes import Services
+from coevo.demo.progress import progress_step
 from coevo.matrices.models import MATRIX_FINAL_STATES, CompatibilityMatrix
 from coevo.matrices.selectors import matrix_grid, matrix_state
 from coevo.matrices.services import matrix_create
@@ -178,9 +179,11 @@ def demo_matrix(*, campaign: Campaign, user: Any) -> CompatibilityMatrix | None:
 
 
 def wait_for_matrix(matrix: CompatibilityMatrix, services: Services) -> None:
-    while matrix_state(matrix=matrix) not in MATRIX_FINAL_STATES:
-        services.check_alive()
-        time.sleep(2)
+    with progress_step("harness x policy matrix", waiting_on="waiting for the worker") as step:
+        while (state := matrix_state(matrix=matrix)) not in MATRIX_FINAL_STATES:
+            step.update(f"matrix {state}")
+            services.check_alive()
+            time.sleep(2)
 
 
 def matrix_summary(matrix: CompatibilityMatrix) -> list[str]:

@@ -5,12 +5,12 @@ Imported once Django is set up (``coevo.demo.run``).
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 from coevo.config import BASE_DIR
 from coevo.demo.processes import Services, say
+from coevo.demo.progress import HEARTBEAT_S, progress_step
 from coevo.evaluations.models import Evaluation
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.evaluations.services import evaluation_create
@@ -45,25 +45,23 @@ def demo_evaluation(*, project: Project, user: Any, tasks: int) -> Evaluation:
     )
 
 
-def wait_for_evaluation(evaluation: Evaluation, services: Services) -> None:
-    last = None
-    tty = sys.stdout.isatty()
-    while True:
-        services.check_alive()
-        evaluation.refresh_from_db()
-        progress = evaluation_progress(evaluation=evaluation)
-        line = (
-            f"  {progress.done}/{progress.total} rollouts done, {progress.passed} passed, "
-            f"{progress.harness_errors} harness errors, {progress.infra_errors} infra errors"
-        )
-        if line != last:
-            print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
-            last = line
-        if evaluation.is_final:
-            if tty:
-                print()
-            return
-        time.sleep(1)
+def wait_for_evaluation(
+    evaluation: Evaluation, services: Services, *, every_s: float = HEARTBEAT_S
+) -> None:
+    with progress_step(
+        "HumanEval evaluation", waiting_on="waiting for the worker", every_s=every_s
+    ) as step:
+        while True:
+            services.check_alive()
+            evaluation.refresh_from_db()
+            progress = evaluation_progress(evaluation=evaluation)
+            step.update(
+                f"{progress.done}/{progress.total} rollouts done, {progress.passed} passed, "
+                f"{progress.harness_errors} harness errors, {progress.infra_errors} infra errors"
+            )
+            if evaluation.is_final:
+                return
+            time.sleep(1)
 
 
 def evaluation_summary(evaluation: Evaluation, elapsed_s: float) -> str:

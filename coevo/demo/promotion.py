@@ -7,7 +7,6 @@ Imported once Django is set up (``coevo.demo.run``).
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from coevo.campaigns.models import Campaign
 from coevo.demo.campaign import pct
 from coevo.demo.processes import Services, say
+from coevo.demo.progress import HEARTBEAT_S, progress_step
 from coevo.demo.users import demo_user
 from coevo.errors import CoevoError
 from coevo.evaluations.selectors import evaluation_progress
@@ -70,32 +70,31 @@ def demo_promotion(*, campaign: Campaign, requester: Any) -> PromotionRequest | 
     return request
 
 
-def wait_for_promotion(request: PromotionRequest, services: Services) -> None:
+def wait_for_promotion(
+    request: PromotionRequest, services: Services, *, every_s: float = HEARTBEAT_S
+) -> None:
     """Until the held-out evaluations are final and the evidence is assembled."""
-    last = None
-    tty = sys.stdout.isatty()
-    while True:
-        services.check_alive()
-        request.refresh_from_db()
-        evaluations = [
-            e
-            for e in (request.candidate_evaluation, *_reference_evaluations(request))
-            if e is not None
-        ]
-        done = total = 0
-        for evaluation in evaluations:
-            evaluation.refresh_from_db()
-            progress = evaluation_progress(evaluation=evaluation)
-            done, total = done + progress.done, total + progress.total
-        line = f"  held-out: {done}/{total} games played; request {request.state}"
-        if line != last:
-            print(("\r" + line.ljust(80)) if tty else line, end="" if tty else "\n", flush=True)
-            last = line
-        if request.state not in PROMOTION_OPEN_STATES or request.state == PromotionState.READY:
-            if tty:
-                print()
-            return
-        time.sleep(1)
+    with progress_step(
+        "held-out evaluations", waiting_on="waiting for the worker", every_s=every_s
+    ) as step:
+        while True:
+            services.check_alive()
+            request.refresh_from_db()
+            evaluations = [
+                e
+                for e in (request.candidate_evaluation, *_reference_evaluations(request))
+                if e is not None
+            ]
+            done = total = 0
+            for evaluation in evaluations:
+                evaluation.refresh_from_db()
+                progress = evaluation_progress(evaluation=evaluation)
+                done, total = done + progress.done, total + progress.total
+            step.update(f"held-out: {done}/{total} games played; request {request.state}")
+            open_ = request.state in PROMOTION_OPEN_STATES
+            if not open_ or request.state == PromotionState.READY:
+                return
+            time.sleep(1)
 
 
 def _reference_evaluations(request: PromotionRequest) -> list[Any]:

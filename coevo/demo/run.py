@@ -31,6 +31,7 @@ from coevo.demo.processes import (
     say,
     start_policy_and_worker,
 )
+from coevo.demo.progress import progress_step
 
 
 @dataclass
@@ -87,19 +88,23 @@ def run_demo(options: DemoOptions) -> int:
     for flag, port in ports:
         require_free_port(options.host if flag == "--port" else "127.0.0.1", port, flag)
 
-    say("preparing the database")
-    call_command("migrate", interactive=False, verbosity=0)
+    with progress_step("preparing the database", waiting_on="applying migrations"):
+        call_command("migrate", interactive=False, verbosity=0)
 
     with running_services(logs_dir) as services:
-        start_policy_and_worker(
-            services=services,
-            settings=settings,
-            policy_port=options.policy_port,
-            env=child_env,
-            worker_name="demo",
-            # A policy step's training run goes to the training queue.
-            queues=("rollouts", "default", "ops", "training") if options.coevolve else None,
-        )
+        with progress_step(
+            "starting the policy server and the worker",
+            waiting_on="waiting for the policy server to list its model",
+        ):
+            start_policy_and_worker(
+                services=services,
+                settings=settings,
+                policy_port=options.policy_port,
+                env=child_env,
+                worker_name="demo",
+                # A policy step's training run goes to the training queue.
+                queues=("rollouts", "default", "ops", "training") if options.coevolve else None,
+            )
         services.start(
             "web",
             [sys.executable, "-m", "gunicorn", "coevo.wsgi:application",
@@ -111,7 +116,10 @@ def run_demo(options: DemoOptions) -> int:
         )
         user, password = demo_user(project=project, home=home, username="demo", role=Role.ADMIN)
         login = f"(login {user.username} / {password})"
-        evaluation = humaneval.demo_evaluation(project=project, user=user, tasks=options.tasks)
+        with progress_step(
+            "importing the seed harness and HumanEval", waiting_on="importing HumanEval"
+        ):
+            evaluation = humaneval.demo_evaluation(project=project, user=user, tasks=options.tasks)
         base = f"http://{options.host}:{options.port}"
         url = f"{base}/p/{project.slug}/e/{evaluation.id}/"
         say(f"evaluating the seed harness on {options.tasks} HumanEval search tasks")
@@ -120,23 +128,28 @@ def run_demo(options: DemoOptions) -> int:
         humaneval.wait_for_evaluation(evaluation, services)
         print(humaneval.evaluation_summary(evaluation, time.monotonic() - eval_started), flush=True)
         print(f"Dashboard: {url}  {login}", flush=True)
+        preparing = progress_step(
+            "preparing the campaign", waiting_on="importing the TextWorld games and the seed"
+        )
         if options.campaign and options.coevolve:
-            campaign = coevolve.demo_coevolve_campaign(
-                project=project,
-                user=user,
-                games=options.campaign_tasks,
-                max_steps=options.campaign_max_steps,
-                seed=options.campaign_seed,
-            )
+            with preparing:
+                campaign = coevolve.demo_coevolve_campaign(
+                    project=project,
+                    user=user,
+                    games=options.campaign_tasks,
+                    max_steps=options.campaign_max_steps,
+                    seed=options.campaign_seed,
+                )
         elif options.campaign:
-            campaign = demo_campaigns.demo_campaign(
-                project=project,
-                user=user,
-                games=options.campaign_tasks,
-                max_steps=options.campaign_max_steps,
-                proposals=options.campaign_proposals,
-                seed=options.campaign_seed,
-            )
+            with preparing:
+                campaign = demo_campaigns.demo_campaign(
+                    project=project,
+                    user=user,
+                    games=options.campaign_tasks,
+                    max_steps=options.campaign_max_steps,
+                    proposals=options.campaign_proposals,
+                    seed=options.campaign_seed,
+                )
         if options.campaign:
             campaign_url = f"{base}/p/{project.slug}/campaigns/{campaign.id}/"
             what = (
@@ -171,7 +184,8 @@ def run_demo(options: DemoOptions) -> int:
             if options.coevolve:
                 for line in coevolve.coevolve_summary(campaign):
                     print(line, flush=True)
-                matrix = coevolve.demo_matrix(campaign=campaign, user=user)
+                with progress_step("creating the harness x policy matrix"):
+                    matrix = coevolve.demo_matrix(campaign=campaign, user=user)
                 if matrix is not None:
                     matrix_url = f"{base}/p/{project.slug}/matrices/{matrix.id}/"
                     say(f"harness x policy matrix: {matrix_url}")
@@ -179,11 +193,12 @@ def run_demo(options: DemoOptions) -> int:
                     for line in coevolve.matrix_summary(matrix):
                         print(line, flush=True)
                     print(f"Matrix: {matrix_url}  {login}", flush=True)
-            request = (
-                promotion.demo_promotion(campaign=campaign, requester=user)
-                if options.promotion
-                else None
-            )
+            request = None
+            if options.promotion:
+                with progress_step(
+                    "requesting the promotion", waiting_on="sealing the held-out games"
+                ):
+                    request = promotion.demo_promotion(campaign=campaign, requester=user)
             if request is not None:
                 reviewer, reviewer_password = promotion.demo_reviewer(project=project, home=home)
                 review_url = f"{base}/p/{project.slug}/promotions/{request.id}/"

@@ -9,18 +9,23 @@ that do not load as a failed ``configuration`` check instead of a traceback).
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from coevo.config import OTHERS_BITS
+from django.core.exceptions import ImproperlyConfigured
+
+from coevo.config import BASE_DIR, OTHERS_BITS, env_path
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GIB = 1024**3
@@ -72,6 +77,37 @@ def _last_line(exc: BaseException) -> str:
     line = lines[-1] if lines else repr(exc)
     # libpq: "connection to server at … failed: FATAL:  database "x" does not exist".
     return line[line.index("FATAL:") :] if "FATAL:" in line else line
+
+
+# --- before Django: is there an installation at all? ------------------------------------
+
+
+def installation_missing() -> CheckResult | None:
+    """A failed ``installation`` check when there is nothing here to check, else None.
+
+    Runs before Django loads settings, because loading them creates COEVO_HOME (0700) and the
+    embedded SQLite database: a doctor run in a home that does not exist would make an empty
+    installation and report its 59 unapplied migrations instead of saying none is here."""
+    try:
+        home = env_path("COEVO_HOME", BASE_DIR / "var")
+    except ImproperlyConfigured:
+        return None  # the configuration check names the bad variable
+    fix = "Run scripts/demo, or set COEVO_HOME / DATABASE_URL."
+    if not home.is_dir():
+        what = f"COEVO_HOME {home} does not exist"
+    elif (
+        not (os.environ.get("DATABASE_URL") or "").strip() and not (home / "coevo.sqlite3").exists()
+    ):
+        what = f"the embedded database {home / 'coevo.sqlite3'} does not exist"
+    else:
+        return None
+    return CheckResult(
+        "installation",
+        FAIL,
+        f"no coevo installation here yet ({what}): run scripts/demo, or set COEVO_HOME / "
+        "DATABASE_URL",
+        fix,
+    )
 
 
 # --- the checks --------------------------------------------------------------------------
@@ -285,11 +321,13 @@ def check_policy_endpoints() -> CheckResult:
         # Nothing registered yet: probe COEVO_POLICY_URL, without creating rows.
         endpoint = PolicyEndpoint(base_url=settings.COEVO_POLICY_URL, name="configured")
         probes.append((settings.COEVO_POLICY_URL, PolicyVersion(endpoint=endpoint)))
-    with ThreadPoolExecutor(max_workers=min(8, len(probes))) as pool:
+    # Recording an endpoint's health logs "is unhealthy" lines; this check's row says it.
+    with _quiet("coevo.policies.services"), ThreadPoolExecutor(min(8, len(probes))) as pool:
         answers = list(
             pool.map(lambda p: policy_endpoint_reachable(version=p[1], timeout_s=5.0), probes)
         )
     down = [url for (url, _), up in zip(probes, answers, strict=True) if not up]
+    down_versions = [v for (_, v), up in zip(probes, answers, strict=True) if not up]
     if not down:
         return CheckResult(
             "policy endpoints",
@@ -300,6 +338,19 @@ def check_policy_endpoints() -> CheckResult:
         "Start the policy server (docs/deployment.md, 'The policy servers'), or point "
         "COEVO_POLICY_URL / the endpoint in the admin at one that runs."
     )
+    if all(_embedded_policy(v.endpoint) for v in down_versions):
+        # The demo's own llama.cpp host runs only while scripts/demo does: stopped, it is not
+        # broken, and the fix is to start it again.
+        port = urlsplit(down[0]).port or 8089
+        return CheckResult(
+            "policy endpoints",
+            WARN,
+            f"the embedded policy server (the demo's llama.cpp host) at {', '.join(down)} is "
+            "not running: the demo serves it only while it runs",
+            "Start it: scripts/demo, or python -m coevo.policies.llamacpp_host --model "
+            f"BASE.gguf --alias gemma-3-270m --port {port} --adapter-root COEVO_ADAPTER_DIR "
+            "(docs/deployment.md, 'The policy servers').",
+        )
     if configured:
         # No endpoint is in use yet, so nothing is broken: evaluations would fail, though.
         return CheckResult(
@@ -311,6 +362,24 @@ def check_policy_endpoints() -> CheckResult:
         f"{len(down)} of {len(probes)} do not answer /v1/models: " + ", ".join(down),
         fix,
     )
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Drop a logger's records below ERROR while a check runs (its table row says it all)."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _embedded_policy(endpoint: object) -> bool:
+    """A llama.cpp host on this machine's loopback: what scripts/demo starts and stops."""
+    host = urlsplit(str(getattr(endpoint, "base_url", ""))).hostname or ""
+    return getattr(endpoint, "kind", "") == "llamacpp" and host in ("127.0.0.1", "localhost", "::1")
 
 
 def check_disk() -> CheckResult:

@@ -161,3 +161,76 @@ def test_it_warns_about_a_home_other_local_users_can_read_with_the_chmod_that_fi
     subprocess.run(["sh", "-c", home_check["fix"].split("Run: ")[1].split(" (")[0]], check=True)
     code, checks = doctor(capsys)
     assert checks["home permissions"]["status"] == "ok", checks["home permissions"]
+
+
+def doctor_subprocess(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from coevo.cli import main; sys.exit(main())"]
+        + ["doctor", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_it_says_no_installation_is_here_and_creates_nothing_in_a_home_that_does_not_exist(
+    tmp_path,
+):
+    home = tmp_path / "nowhere" / "home"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # the embedded default
+    env["COEVO_HOME"] = str(home)
+
+    done = doctor_subprocess(env)
+
+    assert done.returncode == 1, done
+    assert (
+        f"no coevo installation here yet (COEVO_HOME {home} does not exist): run scripts/demo, "
+        "or set COEVO_HOME / DATABASE_URL" in done.stdout
+    )
+    assert "migrations" not in done.stdout and "broken" not in done.stdout
+    assert not (tmp_path / "nowhere").exists()  # no home, no var/coevo.sqlite3
+
+    done = doctor_subprocess(env, "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["ok"] is False
+    assert [c["name"] for c in report["checks"]] == ["installation"]
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_it_says_no_installation_is_here_when_the_embedded_database_does_not_exist(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["COEVO_HOME"] = str(tmp_path)
+
+    done = doctor_subprocess(env)
+
+    assert done.returncode == 1, done
+    assert f"the embedded database {tmp_path / 'coevo.sqlite3'} does not exist" in done.stdout
+    assert "run scripts/demo, or set COEVO_HOME / DATABASE_URL" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # no database, no secret key, no broker folders
+
+
+def test_the_demo_policy_server_down_is_a_warning_with_how_to_start_it_and_no_log_line(
+    policy_version, capsys, caplog
+):
+    port = free_port()
+    demo = PolicyEndpoint.objects.create(
+        name="default-2", base_url=f"http://127.0.0.1:{port}/v1", kind="llamacpp"
+    )
+    PolicyVersion.objects.create(name="gemma", base_model="m", served_name="m", endpoint=demo)
+
+    code, checks = doctor(capsys)
+    policies = checks["policy endpoints"]
+    assert code == 0 and policies["status"] == "warn", policies
+    assert demo.base_url in policies["detail"] and "not running" in policies["detail"]
+    assert "scripts/demo" in policies["fix"]
+    assert "python -m coevo.policies.llamacpp_host" in policies["fix"]
+    assert f"--port {port}" in policies["fix"]
+
+    caplog.clear()
+    assert main(["doctor"]) == 0
+    captured = capsys.readouterr()
+    assert "is unhealthy" not in captured.out + captured.err + caplog.text
+    assert captured.out.startswith("check ")  # the table comes first
+    assert "broken" not in captured.out
