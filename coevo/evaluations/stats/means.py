@@ -18,6 +18,13 @@ from coevo.evaluations.stats.base import (
     scores_array,
 )
 
+# The two scores an evaluation has, as every page names them (issue 38: one evaluation read 50.0%
+# on one page and 62.5% on another, neither saying which). The pass rate counts rollouts whose
+# outcome is "passed"; the mean per-task score averages each task's score in [0, 1] (its points
+# on graded suites such as TextWorld). On pass/fail suites (HumanEval) the two coincide.
+PASS_RATE = "pass rate"
+MEAN_SCORE = "mean per-task score"
+
 
 @dataclass(frozen=True)
 class ScoreSummary:

@@ -17,7 +17,12 @@ from coevo.evaluations.stats.base import (
     bootstrap_mean_interval,
     normal_quantile,
 )
-from coevo.evaluations.stats.means import per_task_means
+from coevo.evaluations.stats.means import MEAN_SCORE, PASS_RATE, per_task_means
+
+# Below this many paired tasks a percentile bootstrap interval is not shown as numbers: with two
+# tasks it can only take a handful of values (n**n resamples) and read [+25, +100] pts while the
+# exact test, which holds its level at any n, says p = 0.5 (issue 38).
+MIN_INTERVAL_TASKS = 10
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,39 @@ class PairedComparison:
     @property
     def test(self) -> str:
         return "exact McNemar" if self.kind == "binary" else "exact sign test"
+
+    @property
+    def score_name(self) -> str:
+        """What `reference_mean`, `candidate_mean` and `difference` are means of."""
+        return PASS_RATE if self.kind == "binary" else MEAN_SCORE
+
+    @property
+    def shown_interval(self) -> Interval | None:
+        """The bootstrap interval when it may be shown beside the verdict, else None (see
+        `interval_note`). The exact test decides; the interval is shown only where it agrees."""
+        return self.interval if self.interval_note is None else None
+
+    @property
+    def interval_note(self) -> str | None:
+        """Why no interval is shown beside the verdict, or None when it is shown.
+
+        The verdict is the exact McNemar / sign test's alone. A percentile bootstrap interval of
+        the mean difference answers another question (it weighs points, the test counts won
+        tasks) and is unreliable on few tasks, so it is withheld below MIN_INTERVAL_TASKS paired
+        tasks, and wherever it would contradict the verdict (excluding 0 beside "no significant
+        difference", or covering 0 beside a significant one): a page never shows both.
+        """
+        if self.interval is None:
+            return None if self.tasks else "no task scored on both sides"
+        if self.tasks < MIN_INTERVAL_TASKS:
+            return f"too few tasks (n={self.tasks}) for an interval"
+        excludes_zero = self.interval.low > 0 or self.interval.high < 0
+        if excludes_zero != self.significant:
+            return (
+                f"no interval: the bootstrap interval and the {self.test} disagree on "
+                f"{self.tasks} tasks; the test decides"
+            )
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         flips = self.flips

@@ -11,7 +11,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from coevo.evaluations.models import Outcome, Rollout, RolloutState
-from coevo.evaluations.stats.means import ScoreSummary
+from coevo.evaluations.stats.means import MEAN_SCORE, PASS_RATE, ScoreSummary
+from coevo.evaluations.stats.paired import PairedComparison
 
 register = template.Library()
 
@@ -74,6 +75,49 @@ def score_line(score: ScoreSummary, epochs: int = 1) -> SafeString:
         unit,
         "" if score.n == 1 else "s",
     )
+
+
+@register.simple_tag
+def score_name(kind: str) -> str:
+    """The name a page gives a score: "pass_rate" → "pass rate" (evaluation tables, from the
+    outcomes), "mean_score" → "mean per-task score" (campaigns and comparisons, from the
+    scores). Every page that shows an evaluation's score names it with this."""
+    return {"pass_rate": PASS_RATE, "mean_score": MEAN_SCORE}[kind]
+
+
+@register.simple_tag
+def paired_verdict(statistics: PairedComparison) -> SafeString:
+    """A paired comparison as one labelled line: the verdict with the exact test that decides
+    it, then the mean difference, then its bootstrap interval or why none is shown
+    (`PairedComparison.interval_note`), so the line cannot contradict itself."""
+    verdict = format_html(
+        '<strong class="verdict" id="comparison-verdict">{}</strong> '
+        '<span class="verdict-test">(verdict of the {}: p = {})</span>',
+        statistics.verdict,
+        statistics.test,
+        f"{statistics.p_value:.4f}",
+    )
+    if statistics.difference is None:
+        return format_html("{} · {}", verdict, statistics.interval_note or "")
+    difference = format_html(
+        '{} difference <strong id="comparison-difference">{}</strong>',
+        statistics.score_name,
+        signed_percent(statistics.difference),
+    )
+    interval = statistics.shown_interval
+    if interval is None:
+        tail = format_html(
+            '<span class="muted" id="comparison-interval">{}</span>', statistics.interval_note
+        )
+    else:
+        tail = format_html(
+            '<span class="interval" id="comparison-interval">{}% paired bootstrap interval of '
+            "the mean difference [{}, {}]</span>",
+            f"{statistics.confidence * 100:g}",
+            signed_percent(interval.low),
+            signed_percent(interval.high),
+        )
+    return format_html("{} · {} · {}", verdict, difference, tail)
 
 
 @register.simple_tag

@@ -8,7 +8,11 @@ import random
 
 import pytest
 
-from coevo.evaluations.stats.paired import paired_comparison, sign_test_p_value
+from coevo.evaluations.stats.paired import (
+    MIN_INTERVAL_TASKS,
+    paired_comparison,
+    sign_test_p_value,
+)
 
 
 @pytest.mark.parametrize(
@@ -97,3 +101,35 @@ def test_it_compares_no_shared_tasks_without_a_difference():
     result = paired_comparison({"a": [1]}, {"b": [1]})
 
     assert result.tasks == 0 and result.difference is None and not result.significant
+
+
+def test_it_shows_no_numeric_interval_beside_an_exact_test_on_two_tasks():
+    # Issue 38's page: "no significant difference · +62.5 pts [+25.0, +100.0] · p = 0.5".
+    result = paired_comparison({"a": [0.25], "b": [0.0]}, {"a": [0.75], "b": [0.75]})
+    assert result.tasks == 2 and result.test == "exact sign test"
+    assert result.p_value == 0.5 and result.verdict == "no significant difference"
+    assert result.difference == pytest.approx(0.625)
+    assert result.interval is not None and result.interval.low > 0  # the bootstrap's numbers
+    assert result.shown_interval is None
+    assert result.interval_note == "too few tasks (n=2) for an interval"
+    assert result.score_name == "mean per-task score"
+
+
+def test_it_withholds_an_interval_that_contradicts_the_exact_test():
+    # Six large wins and four small losses: the mean difference is clearly positive, but the
+    # sign test (6 vs 4) is not significant; the page shows the test's verdict only.
+    reference = {f"t{i}": [0.5] for i in range(MIN_INTERVAL_TASKS)}
+    candidate = {f"t{i}": [1.0 if i < 6 else 0.49] for i in range(MIN_INTERVAL_TASKS)}
+    result = paired_comparison(reference, candidate)
+    assert result.verdict == "no significant difference"
+    assert result.interval is not None and result.interval.low > 0
+    assert result.shown_interval is None
+    assert "the test decides" in result.interval_note
+
+
+def test_it_shows_the_interval_when_enough_tasks_agree_with_the_test():
+    reference = {f"t{i}": [0] for i in range(MIN_INTERVAL_TASKS)}
+    candidate = {f"t{i}": [1] for i in range(MIN_INTERVAL_TASKS)}
+    result = paired_comparison(reference, candidate)
+    assert result.verdict == "better" and result.score_name == "pass rate"
+    assert result.shown_interval == result.interval and result.interval_note is None
