@@ -59,7 +59,7 @@ class ScriptedPolicy:
     _releases: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
 
     @property
-    def held(self) -> int:
+    def held_replies(self) -> int:
         """Completions waiting for a ``release()`` now."""
         return self._held
 
@@ -75,7 +75,7 @@ class ScriptedPolicy:
             waiting = self._held
         self.release(waiting)
 
-    def hold(self) -> None:
+    def wait_while_holding(self) -> None:
         """Called by the server for each completion: waits for its release while holding."""
         with self._lock:
             if not self.holding:
@@ -171,7 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "list index out of range"), "type": "InternalServerError", "param": None,
                     "code": self.policy.fails_on_status})  # fmt: skip
                 return
-        self.policy.hold()
+        self.policy.wait_while_holding()
         if self.policy.latency_s:
             time.sleep(self.policy.latency_s)
         context = self.policy.context_tokens
