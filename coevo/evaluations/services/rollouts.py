@@ -385,12 +385,15 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
         environment = TaskEnvironment(
             adapter=adapter, inputs=rollout.task.inputs, verifier=rollout.task.verifier
         )
-        with (
-            harness_env,
-            policy_client_for(
+        # Reads the endpoints (a query): a database outage here, before the harness runs, is
+        # waited out too, rather than turning the rollout into a worker error to rerun.
+        policy = database_retry(
+            lambda: policy_client_for(
                 version=evaluation.policy_version, holder=f"rollout {rollout.id}"
-            ) as policy,
-        ):
+            ),
+            what=f"read rollout {rollout.id}'s policy endpoints",
+        )
+        with harness_env, policy:
             return execute_rollout(inputs, policy=policy, environment=environment, on_step=on_step)
 
 
