@@ -198,46 +198,6 @@ def drive(args: argparse.Namespace) -> int:
 # --- one run ------------------------------------------------------------------------------------
 
 
-class AofRedis:
-    """A private redis-server with its append-only file (docker-compose.yml's config), stopped
-    as ``docker stop`` does (SIGTERM: the file is flushed) and started again on its port."""
-
-    def __init__(self, directory: Path) -> None:
-        from tests.support.net import free_port
-
-        self.directory = directory
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        import redis
-
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--dir", str(self.directory),
-             "--logfile", str(self.directory / "redis.log")],
-            start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
-                return
-            except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
-                time.sleep(0.1)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
-        self.proc = None
-
-
 class ApiPoller(threading.Thread):
     """GETs the evaluation through the API every 0.5 s and counts the answers by status."""
 
@@ -270,7 +230,7 @@ def run_one(args: argparse.Namespace) -> int:
     os.chmod(home, 0o755)
     from tests.support.processes import RedisProcess
 
-    redis_server = AofRedis(home) if fault == "redis-aof" else RedisProcess(home)
+    redis_server = RedisProcess(home, appendonly=fault == "redis-aof")
     redis_server.start()
     os.environ.update(
         DJANGO_SETTINGS_MODULE="coevo.settings",

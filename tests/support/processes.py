@@ -139,13 +139,18 @@ class CeleryProcesses:
 
 
 class RedisProcess:
-    """A private redis-server that keeps nothing on disk: a restart loses every message."""
+    """A private redis-server. By default it keeps nothing on disk: a restart loses every
+    message. With ``appendonly`` it keeps an append-only file in ``log_dir`` (the config
+    docker-compose.yml ships) and ``stop`` is a SIGTERM, as ``docker stop`` sends: a restart
+    brings back what was written, leases and messages alike."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, appendonly: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian package redis-server)")
         self.binary = binary
+        self.directory = log_dir
+        self.appendonly = appendonly
         self.port = free_port()
         self.log_path = log_dir / "redis.log"
         self.proc: subprocess.Popen[Any] | None = None
@@ -155,26 +160,30 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--logfile", str(self.log_path)],
-            start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
         import redis
 
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.directory),
+             "--logfile", str(self.log_path)],
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
                 redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
                 return
-            except redis.ConnectionError:
+            except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
                 time.sleep(0.1)
         raise RuntimeError(f"redis-server did not start on port {self.port}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+            if self.appendonly:
+                self.proc.terminate()
+            else:
+                self.proc.kill()
+            self.proc.wait(timeout=20)
         self.proc = None
 
 
