@@ -97,7 +97,9 @@ def test_a_database_outage_loses_no_finished_rollout_and_no_queued_message(
         task_limit=TASKS,
         use_cache=False,
     )
-    waited(lambda: scripted_policy.held_replies == 2, timeout_s=120, what="two rollouts' model calls")
+    waited(
+        lambda: scripted_policy.held_replies == 2, timeout_s=120, what="two rollouts' model calls"
+    )
     assert queue_depth("rollouts") == TASKS - 2  # the other two wait in the queue
 
     own_postgres.stop()
