@@ -34,7 +34,8 @@ def engine() -> EngineInfo:
     try:
         return engine_ping()
     except ContainerUnavailable as exc:
-        if os.geteuid() != 0:
+        # CI runs as root and starts the engine (scripts/test): there, no engine is a failure.
+        if os.geteuid() != 0 and not os.environ.get("CI"):
             pytest.skip(f"no Docker engine answers and starting one needs root: {exc}")
     _lib("ensure_docker_engine")
     return engine_ping()
