@@ -10,6 +10,7 @@ connection the server ended are at the bottom.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -42,7 +43,7 @@ def own_postgres():
     """A PostgreSQL server of this test's own (tests/support/postgres.py), started; the test
     calls ``take_over`` once its fixtures have written what it needs."""
     bin_dir = postgres_bin_dir()
-    if bin_dir is None:
+    if bin_dir is None and not os.environ.get("CI"):  # under CI, a missing server fails
         pytest.skip(
             "needs PostgreSQL's server binaries (initdb, pg_ctl): apt-get install postgresql"
         )
