@@ -4,6 +4,18 @@ PYTHON="${PYTHON:-python3}"
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Starts a daemon that outlives the calling script: in a session of its own, its output appended
+# to LOG, and not a child of the calling shell, so a later bare `wait` (scripts/test waits for
+# its lanes) never waits for it. Prints the daemon's pid. Usage: start_detached LOG COMMAND...
+start_detached() {
+    local log="$1"
+    shift
+    # The pid comes from the daemon's own shell, which then becomes the daemon: setsid forks
+    # when it is started as a process group leader, and then $! would be the wrong process.
+    # shellcheck disable=SC2016  # $$ and "$@" are the inner shell's
+    (setsid sh -c 'echo $$ >&3; exec "$@" 3>&-' coevo-daemon "$@" 3>&1 >>"$log" 2>&1 </dev/null &)
+}
+
 ensure_system_packages() {
     # bubblewrap: the harness sandbox; git: the harness store; extra arguments: more packages.
     local wanted=(bubblewrap git "$@") missing=()
@@ -230,12 +242,11 @@ ensure_docker_engine() {
     local log="$COEVO_DOCKER_RUN/dockerd.log" started=$SECONDS
     mkdir -p "$COEVO_DOCKER_RUN" "$COEVO_DOCKER_ROOT"
     chmod 0700 "$COEVO_DOCKER_RUN"
-    # setsid: the engine outlives this script (tests and workers use it after); its own data
-    # root, exec root and pidfile keep it apart from a system Docker.
-    setsid dockerd --data-root "$COEVO_DOCKER_ROOT" -H "$COEVO_DOCKER_HOST" \
-        --pidfile "$COEVO_DOCKER_RUN/docker.pid" --exec-root "$COEVO_DOCKER_RUN/exec" \
-        >>"$log" 2>&1 </dev/null &
-    local pid=$!
+    # The engine outlives this script (tests and workers use it after); its own data root, exec
+    # root and pidfile keep it apart from a system Docker.
+    local pid
+    pid="$(start_detached "$log" dockerd --data-root "$COEVO_DOCKER_ROOT" -H "$COEVO_DOCKER_HOST" \
+        --pidfile "$COEVO_DOCKER_RUN/docker.pid" --exec-root "$COEVO_DOCKER_RUN/exec")"
     while ! docker_engine_answers; do
         if ! kill -0 "$pid" 2>/dev/null || [ $((SECONDS - started)) -ge "$COEVO_DOCKER_START_TIMEOUT_S" ]; then
             kill -0 "$pid" 2>/dev/null && echo "dockerd did not answer within $COEVO_DOCKER_START_TIMEOUT_S s." >&2
