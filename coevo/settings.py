@@ -305,6 +305,17 @@ COEVO_CONTAINER_BUILD_MEMORY_BYTES = env_int(
     "COEVO_CONTAINER_BUILD_MEMORY_BYTES", 4 * 1024**3, minimum=64 * 1024**2
 )
 COEVO_CONTAINER_RUNTIME = env_str("COEVO_CONTAINER_RUNTIME", "")
+# Tasks that need their container (a Harbor task's docker_image or a Dockerfile that runs
+# commands) import and run in one only with the backend on (web process and workers alike);
+# a task's allow_internet applies only where the operator allows it; a task's [environment]
+# resources are capped by the operator's maximums (and default to them where it sets none).
+COEVO_CONTAINER_BACKEND = env_bool("COEVO_CONTAINER_BACKEND", False)
+COEVO_CONTAINER_ALLOW_INTERNET = env_bool("COEVO_CONTAINER_ALLOW_INTERNET", False)
+COEVO_CONTAINER_MAX_CPUS = env_float("COEVO_CONTAINER_MAX_CPUS", 2.0, minimum=0.1)
+COEVO_CONTAINER_MAX_MEMORY_BYTES = env_int(
+    "COEVO_CONTAINER_MAX_MEMORY_BYTES", 4 * 1024**3, minimum=64 * 1024**2
+)
+COEVO_CONTAINER_MAX_PIDS = env_int("COEVO_CONTAINER_MAX_PIDS", 1024, minimum=16)
 # Harnesses' declared dependencies (workers/harness_env.py): built with uv from wheels only, from
 # COEVO_HARNESS_FIND_LINKS (a local wheel directory; then no index is asked) or else
 # COEVO_HARNESS_INDEX_URL; cached per content hash under COEVO_HARNESS_ENV_DIR, least recently

@@ -39,10 +39,11 @@ from coevo.errors import (
 from harness_store.manifest import Manifest, load_manifest
 from workers import calls, openai_requests
 from workers.channel import HarnessChannel
+from workers.containers import ImageBuildFailed, ImageUnavailable
 from workers.environments import adapter_has_workspace, adapter_helpers, adapter_is_multi_step
 from workers.environments.base import Episode, InvalidHelperCall, Verdict
 from workers.environments.workspace import MAX_VERIFIER_OUTPUT_CHARS, Workspace
-from workers.environments.workspace_files import WorkspaceRefused
+from workers.environments.workspace_files import WorkspaceRefused, WorkspaceTooLarge
 from workers.limits import LimitMeter
 from workers.outcomes import (
     ErrorKind,
@@ -228,9 +229,20 @@ class _Runner:
                 self.episode = self.environment.open_episode(seed=self.inputs.seed)
             if self.has_workspace:
                 assert self.environment is not None
-                self.workspace = self.environment.workspace or Workspace.create(
-                    self.environment.inputs["files"]
-                )
+                try:
+                    self.workspace = self.environment.workspace or Workspace.for_task(
+                        self.environment.inputs
+                    )
+                except (ImageUnavailable, ImageBuildFailed, WorkspaceTooLarge) as exc:
+                    # The task's container cannot be had: not the harness's doing.
+                    return self._end(
+                        Outcome.INFRA_ERROR,
+                        ErrorKind.SANDBOX,
+                        f"the task's container: {exc}",
+                        score=None,
+                    )
+                if self.workspace.applied:
+                    self.record(Step("environment", dict(self.workspace.applied)))
             return self._play(manifest, knobs)
         finally:
             if self.episode is not None:

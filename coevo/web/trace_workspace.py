@@ -100,6 +100,30 @@ class WorkspaceView:
     index: int  # the diff step's, for its link in the trace
     diff: WorkspaceDiffView
     verdict: dict[str, Any] | None
+    # Where it ran, when in a task's container (the trace's ``environment`` step).
+    container: ContainerView | None = None
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    image: str
+    network: str  # "none" or "internet"
+    cpus: float | None
+    memory_mib: int | None
+    cached: bool
+
+
+def container_view(payload: Any) -> ContainerView | None:
+    if not isinstance(payload, dict) or payload.get("backend") != "container":
+        return None
+    cpus, memory = payload.get("cpus"), payload.get("memory_bytes")
+    return ContainerView(
+        image=str(payload.get("image") or "")[:200],
+        network="internet" if payload.get("network") == "internet" else "none",
+        cpus=float(cpus) if isinstance(cpus, int | float) else None,
+        memory_mib=int(memory) // 1024**2 if isinstance(memory, int) else None,
+        cached=payload.get("image_cached") is True,
+    )
 
 
 def workspace_step_views(steps: Iterable[Any], *, shown: WorkspaceView | None = None) -> None:
@@ -141,11 +165,20 @@ def rollout_workspace(*, rollout: Rollout, summary: TraceSummary) -> WorkspaceVi
         None,
     )
     verdict_payload = trace_step_payload(verdict) if verdict is not None else None
+    container = None
+    if "environment" in summary.kinds:
+        step = (
+            TraceStep.objects.filter(rollout=rollout, kind="environment", attempt=diff.attempt)
+            .order_by("-index")
+            .first()
+        )
+        container = container_view(trace_step_payload(step)) if step is not None else None
     return WorkspaceView(
         attempt=diff.attempt,
         index=diff.index,
         diff=workspace_diff_view(trace_step_payload(diff)),
         verdict=verdict_payload if isinstance(verdict_payload, dict) else None,
+        container=container,
     )
 
 

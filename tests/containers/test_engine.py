@@ -20,6 +20,7 @@ from workers.containers import ContainerUnavailable, engine_ping, engine_reap
 from workers.containers.engine import (
     LABEL_MANAGED,
     LABEL_WORKER,
+    LABEL_WORKER_STARTED,
     coevo_labels,
     engine_client,
     worker_id,
@@ -98,3 +99,23 @@ def _snapshots_of(rollout: str) -> list[dict]:
 
 def _sleeping(rollout: str) -> list[dict]:
     return [c for c in containers_of(rollout) if "sleep" in c.get("Command", "")]
+
+
+def test_a_worker_reaps_a_dead_workers_containers_when_it_starts(
+    base_image, rollout, celery_processes
+):
+    # A container made by a worker process that is gone (its pid is a finished child's).
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    labels = coevo_labels(kind="run", rollout=rollout)
+    labels[LABEL_WORKER] = f"{worker_id().rpartition(':')[0]}:{gone.pid}"
+    labels.pop(LABEL_WORKER_STARTED)
+    client = engine_client()
+    orphan = client.api.create_container(base_image, ["sleep", "600"], labels=labels)
+    client.api.start(orphan["Id"])
+    worker = celery_processes.worker("reaper", COEVO_CONTAINER_BACKEND="1")
+    deadline = time.monotonic() + 60
+    while containers_of(rollout) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not containers_of(rollout), worker.log_tail()
+    assert "reaped 1 container(s)" in worker.log_path.read_text()

@@ -99,6 +99,45 @@ class ContainerRun:
     seconds: float = 0.0
 
 
+def bind_mounts(
+    binds: Mapping[Path, str] | None, rw_binds: Mapping[Path, str] | None
+) -> list[Mount]:
+    """Host paths bound into a container: ``binds`` read-only, ``rw_binds`` writable. Mounts,
+    not "host:target:mode" strings: a path may hold a colon. A source that does not exist is
+    an error, where a bind string would have the engine create it."""
+    return [
+        Mount(target, str(Path(host)), type="bind", read_only=read_only)
+        for given, read_only in ((binds, True), (rw_binds, False))
+        for host, target in (given or {}).items()
+    ]
+
+
+def contained_host_config(
+    client: docker.DockerClient,
+    *,
+    mounts: list[Mount],
+    network: bool,
+    cpus: float,
+    memory_bytes: int,
+    pids: int,
+) -> dict:
+    """The host configuration of every container coevo runs (see the module doc)."""
+    return client.api.create_host_config(
+        mounts=mounts,
+        network_mode="bridge" if network else "none",
+        cap_drop=["ALL"],
+        cap_add=list(CONTAINER_CAPABILITIES),
+        security_opt=["no-new-privileges"],
+        mem_limit=memory_bytes,
+        memswap_limit=memory_bytes,
+        nano_cpus=int(cpus * 1e9),
+        pids_limit=pids,
+        init=True,
+        log_config={"type": "none", "config": {}},
+        runtime=settings.COEVO_CONTAINER_RUNTIME or None,
+    )
+
+
 def container_run(
     image: str,
     argv: list[str],
@@ -134,26 +173,9 @@ def container_run(
         raise ValueError("container_run needs a command")
     client = engine_client()
     started = time.monotonic()
-    # Mounts, not "host:target:mode" strings: a path may hold a colon. A source that does
-    # not exist is an error, where a bind string would have the engine create it.
-    mounts = [
-        Mount(target, str(Path(host)), type="bind", read_only=read_only)
-        for given, read_only in ((binds, True), (rw_binds, False))
-        for host, target in (given or {}).items()
-    ]
-    host_config = client.api.create_host_config(
-        mounts=mounts,
-        network_mode="bridge" if network else "none",
-        cap_drop=["ALL"],
-        cap_add=list(CONTAINER_CAPABILITIES),
-        security_opt=["no-new-privileges"],
-        mem_limit=memory_bytes,
-        memswap_limit=memory_bytes,
-        nano_cpus=int(cpus * 1e9),
-        pids_limit=pids,
-        init=True,
-        log_config={"type": "none", "config": {}},
-        runtime=settings.COEVO_CONTAINER_RUNTIME or None,
+    mounts = bind_mounts(binds, rw_binds)
+    host_config = contained_host_config(
+        client, mounts=mounts, network=network, cpus=cpus, memory_bytes=memory_bytes, pids=pids
     )
     all_labels = coevo_labels(kind=KIND_RUN, rollout=rollout, extra=labels)
     try:
@@ -194,9 +216,9 @@ def container_run(
         # Any failure, an interrupt included: the container goes, and the failure is the
         # one raised (a second failure to remove it is logged, and left to the reaper).
         with contextlib.suppress(Exception):
-            _remove(client, container)
+            container_remove(client, container)
         raise
-    _remove(client, container)
+    container_remove(client, container)
     return result
 
 
@@ -325,7 +347,7 @@ def snapshot_remove(image_id: str) -> None:
         client.api.remove_image(image_id, force=True)
 
 
-def _remove(client: docker.DockerClient, container: str) -> None:
+def container_remove(client: docker.DockerClient, container: str) -> None:
     try:
         with contextlib.suppress(docker.errors.NotFound), engine_errors("removing a container"):
             # force: killed first if it still runs; v: its anonymous volumes (VOLUME in the

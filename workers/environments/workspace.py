@@ -26,6 +26,7 @@ tree, workers/environments/workspace_files.py), "metadata", "agent_timeout_s"}``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -42,6 +43,9 @@ from typing import Any
 from django.conf import settings
 
 from workers import sandbox
+from workers.containers.images import image_for_task
+from workers.containers.run import container_run, snapshot_remove
+from workers.containers.session import TaskContainer, container_settings, image_app_extract
 from workers.environments.base import InvalidHelperCall, Verdict
 from workers.environments.workspace_files import (
     FinalTree,
@@ -150,6 +154,63 @@ class Workspace:
     # Set on sealing: every command's sandbox.run kills its sandbox when it sees it.
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _incomplete_checks: int = field(default=0, repr=False)
+    # A task that needs its container (``inputs["environment"]``): its commands run there, and
+    # ``start_tree`` is the image's /app as the rollout began (what the diff compares with).
+    container: TaskContainer | None = None
+    start_tree: FinalTree | None = None
+    # What was applied of the task's environment (the trace's "environment" step).
+    applied: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_task(cls, inputs: Mapping[str, Any]) -> Workspace:
+        """The workspace of a task: its image's container when the task needs one (its data
+        holds an ``environment``: coevo/suites/harbor_tasks.py), else a bubblewrap workspace
+        of its starting files. Raises ImageUnavailable or ImageBuildFailed (the task's image
+        cannot be had), ContainerUnavailable (the engine failed), WorkspaceTooLarge (the
+        image's /app is past the workspace's limits)."""
+        environment = inputs.get("environment")
+        if not environment:
+            return cls.create(inputs["files"])
+        started = time.monotonic()
+        docker_image = environment.get("docker_image") or None
+        image = image_for_task(
+            dockerfile=None if docker_image else environment.get("dockerfile"),
+            context=environment.get("context") or {},
+            docker_image=docker_image,
+            build_timeout_s=environment.get("build_timeout_s"),
+        )
+        applied = container_settings(environment)
+        base = Path(tempfile.mkdtemp(prefix="coevo-workspace-"))
+        root = base / "app"
+        root.mkdir()
+        root.chmod(0o755)
+        try:
+            max_files, max_bytes = limits()
+            image_app_extract(image.image, root, max_files=max_files, max_bytes=max_bytes)
+            uid = sandbox.sandbox_uid()
+            if uid is not None:
+                tree_chown(root, uid)
+            start_tree = tree_read_final(root, max_files=max_files, max_bytes=max_bytes)
+            container = TaskContainer.start(image.image, app=root, rollout=None, **applied)
+        except BaseException:
+            shutil.rmtree(base, ignore_errors=True)
+            raise
+        return cls(
+            root=root,
+            start={},
+            uid=uid,
+            container=container,
+            start_tree=start_tree,
+            applied={
+                "backend": "container",
+                "image": image.image,
+                "image_cached": image.cached,
+                "network": "internet" if applied["network"] else "none",
+                "cpus": applied["cpus"],
+                "memory_bytes": applied["memory_bytes"],
+                "ready_s": round(time.monotonic() - started, 3),
+            },
+        )
 
     @classmethod
     def create(
@@ -173,6 +234,13 @@ class Workspace:
 
     def env(self) -> dict[str, str]:
         return {**sandbox_env(), "COEVO_WORKSPACE": MOUNT}
+
+    def command_env(self) -> dict[str, str]:
+        """The variables of a command run on the workspace: in a task's container, the
+        image's own (its PATH, its ENV lines) and COEVO_WORKSPACE; else the sandbox's."""
+        if self.container is not None:
+            return {"COEVO_WORKSPACE": MOUNT}
+        return self.env()
 
     def sandbox_options(self, *, harness_env: Path | None) -> dict[str, Any]:
         """What the harness's sandbox (workers/channel.py) gets of the workspace: the writable
@@ -235,11 +303,43 @@ class Workspace:
                 raise WorkspaceSealed("the rollout is over: no command may run in its workspace")
             self._running += 1
         try:
-            return sandbox.run(argv, cancel=self._cancel, **options)
+            if self.container is None:
+                return sandbox.run(argv, cancel=self._cancel, **options)
+            return self._container_run(argv, **options)
         finally:
             with self._state:
                 self._running -= 1
                 self._state.notify_all()
+
+    def _container_run(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str = MOUNT,
+        max_output_bytes: int = MAX_OUTPUT_CHARS,
+        watch: Callable[[], bool] | None = None,
+        **_bubblewrap: Any,
+    ) -> Any:
+        """A command in the task's container (``TaskContainer.exec``; the bubblewrap options
+        (binds, uid, limits) have the container's own). What it made in /app is given to the
+        harness's uid after it, so the harness may edit it in turn."""
+        assert self.container is not None
+        try:
+            return self.container.exec(
+                argv,
+                timeout_s=timeout_s,
+                env=env,
+                workdir=cwd,
+                max_output_bytes=max_output_bytes,
+                cancel=self._cancel,
+                watch=watch,
+            )
+        finally:
+            if self.uid is not None and not self._sealed:
+                with contextlib.suppress(OSError, WorkspaceRefused):
+                    tree_chown(self.root, self.uid)
 
     def seal(self) -> None:
         """Make sure nothing of the rollout can change the workspace any more (see the class
@@ -253,6 +353,9 @@ class Workspace:
                     f"a command in the workspace was still running {SEAL_TIMEOUT_S:.0f}s after "
                     "it was killed"
                 )
+        if self.container is not None:
+            # Every process in the task's container, whatever command started it, ends here.
+            self.container.stop()
         if self.uid is not None:
             # A root worker's sandboxes of one rollout, and nothing else, run as this uid: when
             # none is left, nothing the harness started is.
@@ -271,9 +374,11 @@ class Workspace:
         return tree_changes(self.start, self.root, max_files=max_files, max_bytes=max_bytes)
 
     def diff(self, final: FinalTree) -> dict[str, Any]:
-        return tree_diff(self.start, final)
+        return tree_diff(self.start_tree if self.start_tree is not None else self.start, final)
 
     def close(self) -> None:
+        if self.container is not None:
+            self.container.remove()
         shutil.rmtree(self.root.parent, ignore_errors=True)
 
 
@@ -322,7 +427,7 @@ def exec_command(*, workspace: Workspace, params: dict[str, Any], timeout_s: flo
             timeout_s=timeout,
             rw_binds=workspace.binds,
             uid=workspace.uid,
-            env=workspace.env(),
+            env=workspace.command_env(),
             cwd=MOUNT,
             limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 1, processes=64),
             max_output_bytes=MAX_OUTPUT_CHARS,
@@ -359,11 +464,37 @@ def verify(
     """Run the task's tests on a copy of the final workspace (the answer is not used: the
     workspace is what is judged), once nothing of the rollout can change it."""
     workspace.seal()
-    return verify_tree(verifier=verifier, source=workspace.root)
+    if workspace.container is None:
+        return verify_tree(verifier=verifier, source=workspace.root)
+    # The tests run in an image of the container's final state: what the agent installed or
+    # changed outside /app is there too; /app is the copy, as for bubblewrap.
+    snapshot = workspace.container.commit()
+    try:
+        return verify_tree(
+            verifier=verifier,
+            source=workspace.root,
+            image=snapshot,
+            network=workspace.applied.get("network") == "internet",
+            resources={
+                "cpus": workspace.applied["cpus"],
+                "memory_bytes": workspace.applied["memory_bytes"],
+            },
+        )
+    finally:
+        snapshot_remove(snapshot)
 
 
-def verify_tree(*, verifier: Mapping[str, Any], source: Path) -> Verdict:
-    """``bash /tests/test.sh`` on a copy of ``source`` (see the module docstring)."""
+def verify_tree(
+    *,
+    verifier: Mapping[str, Any],
+    source: Path,
+    image: str | None = None,
+    network: bool = False,
+    resources: Mapping[str, Any] | None = None,
+) -> Verdict:
+    """``bash /tests/test.sh`` on a copy of ``source`` (see the module docstring): in a
+    bubblewrap sandbox, or with ``image`` in a container of it (the task's ``[verifier] env``
+    set, the network only with ``network``)."""
     max_files, max_bytes = limits()
     base = Path(tempfile.mkdtemp(prefix="coevo-verify-"))
     try:
@@ -398,31 +529,70 @@ def verify_tree(*, verifier: Mapping[str, Any], source: Path) -> Verdict:
             stopped[0] = "the tests filled the disk past the workspace's limits" if over else ""
             return over
 
-        result = sandbox.run(
-            [BASH, f"{TESTS_MOUNT}/test.sh"],
-            timeout_s=timeout,
-            ro_binds={tests: TESTS_MOUNT},
-            rw_binds={app: MOUNT, logs: LOGS_MOUNT},
-            uid=uid,
-            env=sandbox_env(),
-            cwd=MOUNT,
-            limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 5, processes=128),
-            max_output_bytes=MAX_VERIFIER_OUTPUT_CHARS,
-            watch=watch,
-        )
+        if image is None:
+            result: Any = sandbox.run(
+                [BASH, f"{TESTS_MOUNT}/test.sh"],
+                timeout_s=timeout,
+                ro_binds={tests: TESTS_MOUNT},
+                rw_binds={app: MOUNT, logs: LOGS_MOUNT},
+                uid=uid,
+                env=sandbox_env(),
+                cwd=MOUNT,
+                limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 5, processes=128),
+                max_output_bytes=MAX_VERIFIER_OUTPUT_CHARS,
+                watch=watch,
+            )
+        else:
+            result = container_run(
+                image,
+                ["bash", f"{TESTS_MOUNT}/test.sh"],
+                timeout_s=timeout,
+                binds={tests: TESTS_MOUNT},
+                rw_binds={app: MOUNT, logs: LOGS_MOUNT},
+                env=dict(verifier.get("env") or {}),
+                workdir=MOUNT,
+                network=network,
+                max_output_bytes=MAX_VERIFIER_OUTPUT_CHARS,
+                **dict(resources or {}),
+            )
         output = (result.stdout + result.stderr).decode(errors="replace")
         output = output[-MAX_VERIFIER_OUTPUT_CHARS:]
-        if result.watch_stopped:
+        if getattr(result, "watch_stopped", False):
             return Verdict(False, 0.0, f"not verified: {stopped[0]}", output)
         if result.timed_out:
             return Verdict(False, 0.0, f"the tests timed out after {timeout:.0f}s", output)
         reward, problem = read_reward(logs)
+        offline = _offline_failure(output) if image is not None and not network else ""
+        if offline and (reward is None or reward < 1.0):
+            return Verdict(
+                False,
+                0.0,
+                f"not verified: the tests needed the network, which the verifier does not have "
+                f"({offline}); a task that needs it sets allow_internet, and the operator "
+                "allows it with COEVO_CONTAINER_ALLOW_INTERNET",
+                output,
+            )
         if reward is None:
             return Verdict(False, 0.0, f"no reward: {problem}", output)
         passed = reward >= 1.0
         return Verdict(passed, reward, _detail(reward, output, result.returncode), output)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# What a command prints when it could not resolve a host name (no network at all).
+_OFFLINE = re.compile(
+    r"(Temporary failure in name resolution|Could not resolve host:? ?\S*|"
+    r"Name or service not known|getaddrinfo (?:ENOTFOUND|EAI_AGAIN)\S*|"
+    r"Failed to establish a new connection: \[Errno -3\][^\n]{0,80}|"
+    r"Network is unreachable)"
+)
+
+
+def _offline_failure(output: str) -> str:
+    """The line that says the tests tried to reach the network, or ""."""
+    found = _OFFLINE.search(output)
+    return found.group(1)[:160] if found else ""
 
 
 def read_reward(logs: Path) -> tuple[float | None, str]:
@@ -496,34 +666,42 @@ class SolutionCheck:
 
 
 def solution_check(*, inputs: Mapping[str, Any], verifier: Mapping[str, Any]) -> SolutionCheck:
-    """Verify the starting files as they are, then run ``solution/solve.sh`` on a fresh copy
-    (the solution read-only at ``/solution``, in a sandbox with the workspace's limits and the
-    task's agent timeout) and verify what it leaves."""
-    start = Workspace.create(inputs["files"])
+    """Verify the starting state as it is, then run ``solution/solve.sh`` on a fresh one (the
+    solution read-only at ``/solution``, with the task's ``[solution] env``, the workspace's
+    limits and the task's agent timeout) and verify what it leaves: in bubblewrap, or in the
+    task's container exactly as a rollout's would be."""
+    start = Workspace.for_task(inputs)
     try:
-        untouched = verify_tree(verifier=verifier, source=start.root)
+        untouched = verify(
+            inputs=dict(inputs), verifier=dict(verifier), answer=None, workspace=start
+        )
     finally:
         start.close()
     solution = verifier.get("solution") or {}
     if "solve.sh" not in solution:
         return SolutionCheck(untouched, None)
-    workspace = Workspace.create(inputs["files"])
+    workspace = Workspace.for_task(inputs)
     base = Path(tempfile.mkdtemp(prefix="coevo-solution-"))
     try:
-        # The sandbox's uid reads it: not the private (0700) temporary directory itself.
-        solution_dir = base / "solution"
-        solution_dir.mkdir()
-        solution_dir.chmod(0o755)  # whatever the worker's umask
-        tree_write(solution, solution_dir)
+        ro_binds: dict[Path, str] = {}
+        if workspace.container is not None:
+            workspace.container.put_tree(solution, SOLUTION_MOUNT)
+        else:
+            # The sandbox's uid reads it: not the private (0700) temporary directory itself.
+            solution_dir = base / "solution"
+            solution_dir.mkdir()
+            solution_dir.chmod(0o755)  # whatever the worker's umask
+            tree_write(solution, solution_dir)
+            ro_binds = {solution_dir: SOLUTION_MOUNT}
         wall = task_wall_s(dict(inputs)) or settings.COEVO_WORKSPACE_VERIFIER_TIMEOUT_S
         timeout = float(min(wall, settings.COEVO_ROLLOUT_WALL_S))  # no more than a harness gets
         result = workspace.run(
             [BASH, f"{SOLUTION_MOUNT}/solve.sh"],
             timeout_s=timeout,
-            ro_binds={solution_dir: SOLUTION_MOUNT},
+            ro_binds=ro_binds,
             rw_binds=workspace.binds,
             uid=workspace.uid,
-            env=workspace.env(),
+            env={**workspace.command_env(), **dict(verifier.get("solution_env") or {})},
             cwd=MOUNT,
             limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout)) + 5),
             max_output_bytes=MAX_OUTPUT_CHARS,
@@ -535,10 +713,10 @@ def solution_check(*, inputs: Mapping[str, Any], verifier: Mapping[str, Any]) ->
             if result.watch_stopped:
                 how = "filled the workspace past its limits"
             return SolutionCheck(untouched, Verdict(False, 0.0, f"solve.sh {how}", output), output)
-        workspace.seal()
-        return SolutionCheck(
-            untouched, verify_tree(verifier=verifier, source=workspace.root), output
+        verdict = verify(
+            inputs=dict(inputs), verifier=dict(verifier), answer=None, workspace=workspace
         )
+        return SolutionCheck(untouched, verdict, output)
     finally:
         workspace.close()
         shutil.rmtree(base, ignore_errors=True)

@@ -343,9 +343,13 @@ def tree_changes(
 
 
 def tree_diff(
-    start: Mapping[str, Mapping[str, Any]], final: FinalTree, *, max_chars: int = MAX_DIFF_CHARS
+    start: Mapping[str, Mapping[str, Any]] | FinalTree,
+    final: FinalTree,
+    *,
+    max_chars: int = MAX_DIFF_CHARS,
 ) -> dict[str, Any]:
-    """The workspace's final state against its starting files, as the trace keeps it.
+    """The workspace's final state against its starting files (a stored tree, or a tree read
+    from disk: a task image's /app), as the trace keeps it.
 
     ``{"files": [{"path", "status", "diff"?, "note"?}], "added", "modified", "deleted",
     "truncated"}``: status is ``added``, ``modified`` or ``deleted``; ``diff`` is a unified
@@ -356,25 +360,25 @@ def tree_diff(
     used = 0
     truncated = False
     counts = {"added": 0, "modified": 0, "deleted": 0}
-    for path in sorted(set(start) | set(final.files)):
-        before = start.get(path)
+    starting = start.files if isinstance(start, FinalTree) else start
+    for path in sorted(set(starting) | set(final.files)):
+        before = _as_final(starting.get(path))
         after = final.files.get(path)
-        old = spec_bytes(before) if before is not None else None
         if after is None:
             status = "deleted"
         elif before is None:
             status = "added"
-        elif (
-            after.kind == "file"
-            and after.sha256 == hashlib.sha256(old or b"").hexdigest()
-            and after.executable == bool(before.get("executable"))
-        ):
+        elif _same(before, after):
             continue
         else:
             status = "modified"
         counts[status] += 1
         row: dict[str, Any] = {"path": path, "status": status}
-        text, note = _diff_text(path, old, after)
+        if before is not None and before.kind == "file" and before.data is None:
+            text, note = None, f"{before.size} bytes before, too large to show line by line"
+        else:
+            old = before.data if before is not None and before.kind == "file" else None
+            text, note = _diff_text(path, old, after)
         if text is not None and used + len(text) > max_chars:
             text, note, truncated = None, "the diff is over the size kept with a rollout", True
         if text is not None:
@@ -384,6 +388,30 @@ def tree_diff(
             row["note"] = note
         rows.append(row)
     return {"files": rows, **counts, "truncated": truncated}
+
+
+def _as_final(entry: Mapping[str, Any] | FinalFile | None) -> FinalFile | None:
+    """A starting entry (a stored spec, or one read from disk) as a FinalFile."""
+    if entry is None or isinstance(entry, FinalFile):
+        return entry
+    data = spec_bytes(entry)
+    return FinalFile(
+        "file",
+        size=len(data),
+        executable=bool(entry.get("executable")),
+        sha256=hashlib.sha256(data).hexdigest(),
+        data=data,
+    )
+
+
+def _same(before: FinalFile, after: FinalFile) -> bool:
+    if before.kind != after.kind:
+        return False
+    if after.kind == "file":
+        return after.sha256 == before.sha256 and after.executable == before.executable
+    if after.kind == "symlink":
+        return after.target == before.target
+    return True  # a special file stays one
 
 
 def _diff_text(path: str, old: bytes | None, after: FinalFile | None) -> tuple[str | None, str]:

@@ -1,0 +1,429 @@
+"""A rollout's task container: the container a workspace task's commands run in, alive for the
+whole agent phase (workers/environments/workspace.py, ``Workspace.for_task``).
+
+- **/app** is a directory on the worker's disk, filled from the task image's own ``/app``
+  (``image_app_extract``: whatever its Dockerfile's COPY and RUN steps left there) and bound
+  writable into the container, so the worker keeps watching its size and reads it back
+  without following links, as for a bubblewrap workspace. The rest of the container's files
+  are the image's, and what commands change there (``apt-get install``) stays in the
+  container until the verifier's snapshot of it.
+- **Commands** (``TaskContainer.exec``) run as the image's root, with the capabilities and
+  limits of every coevo container (workers/containers/run.py), to their end, their timeout,
+  a cancel or too much output; a command stopped early is killed with every process it
+  started that is still its descendant (the kill comes from the worker's side, which sees the
+  container's processes: the engine is local, as the bound /app requires). What escaped its
+  command's process tree dies with the container (``stop``).
+- **Stopping** kills the container's PID 1, after which the kernel ends every process of its
+  PID namespace: sealing the workspace stops it before anything is read back. It is kept,
+  stopped, for ``commit`` (the verifier's image of the final state) and removed by ``remove``;
+  a worker killed outright leaves it to ``engine_reap`` (its labels name the worker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import signal
+import socket
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+from django.conf import settings
+from docker.utils.socket import STDERR, STDOUT, frames_iter
+
+from workers.containers.engine import (
+    KIND_RUN,
+    ContainerUnavailable,
+    coevo_labels,
+    engine_client,
+    engine_errors,
+)
+from workers.containers.images import ImageUnavailable
+from workers.containers.run import (
+    WAIT_AFTER_KILL_S,
+    bind_mounts,
+    contained_host_config,
+    container_commit,
+    container_remove,
+)
+from workers.environments.workspace_files import (
+    WorkspaceTooLarge,
+    spec_bytes,
+    tree_validate,
+)
+
+logger = logging.getLogger(__name__)
+
+APP = "/app"
+# What keeps the container alive between commands (its PID 1 is the engine's init).
+KEEPALIVE = ["sleep", "infinity"]
+# How often a running command's timeout, cancel and watch are looked at.
+POLL_S = 0.05
+WATCH_EVERY_S = 0.5
+# After its command's processes are killed, how long the output stream may stay open (held by
+# a process that left the command's tree) before the worker stops reading it.
+DRAIN_AFTER_KILL_S = 2.0
+
+
+@dataclass(frozen=True)
+class ContainerExec:
+    """A command's end, shaped as workers/sandbox.py's ``SandboxRun``."""
+
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    output_exceeded: bool = False
+    watch_stopped: bool = False
+    cancelled: bool = False
+
+
+def image_app_extract(image: str, target: Path, *, max_files: int, max_bytes: int) -> None:
+    """Copy the image's ``/app`` into ``target`` (an empty directory): directories, regular
+    files and symbolic links, with tarfile's ``data`` filter (no absolute or escaping paths
+    or links, no device files, no setuid bits; owned by the worker). An image without /app
+    gives an empty one. Raises WorkspaceTooLarge past the workspace's limits."""
+    client = engine_client()
+    with engine_errors("creating a container to read the image's /app"):
+        try:
+            created = client.api.create_container(
+                image,
+                entrypoint=["true"],
+                labels=coevo_labels(kind=KIND_RUN),
+                host_config=client.api.create_host_config(network_mode="none"),
+                use_config_proxy=False,
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise ImageUnavailable(f"the image {image} is not on the Docker engine") from exc
+    container = created["Id"]
+    try:
+        try:
+            with engine_errors("reading the image's /app"):
+                chunks, _ = client.api.get_archive(container, APP)
+        except docker.errors.NotFound:
+            return
+        files = 0
+        total = 0
+        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+            for member in archive:
+                name = member.name.split("/", 1)[1] if "/" in member.name else ""
+                if not name:
+                    continue  # "app" itself
+                files += 1
+                total += member.size if member.isreg() else 0
+                if files > max_files or total > max_bytes:
+                    raise WorkspaceTooLarge(
+                        f"the task image's /app holds more than {max_files} files or "
+                        f"{max_bytes // 1024**2} MiB (COEVO_WORKSPACE_MAX_FILES/_BYTES)"
+                    )
+                if not (member.isdir() or member.isreg() or member.issym()):
+                    continue  # devices, FIFOs and hard links are not a workspace's
+                member.name = name
+                archive.extract(member, path=target, filter="data")
+    finally:
+        with contextlib.suppress(Exception):
+            container_remove(client, container)
+
+
+class _ChunkReader(io.RawIOBase):
+    """The engine's archive stream (an iterator of byte chunks) as a file for tarfile."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._buffer:
+            try:
+                self._buffer = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self._buffer))
+        buffer[:size] = self._buffer[:size]
+        self._buffer = self._buffer[size:]
+        return size
+
+
+@dataclass
+class TaskContainer:
+    """One rollout's running container of its task image (see the module doc)."""
+
+    id: str
+    image: str
+    network: bool
+    rollout: str | None = None
+    stopped: bool = False
+
+    @classmethod
+    def start(
+        cls,
+        image: str,
+        *,
+        app: Path,
+        rollout: str | None,
+        cpus: float,
+        memory_bytes: int,
+        pids: int,
+        network: bool,
+    ) -> TaskContainer:
+        """A started container of ``image`` with ``app`` bound at /app. Raises
+        ImageUnavailable, or ContainerUnavailable when the engine fails or the image cannot
+        keep a container alive (it has no ``sleep``)."""
+        client = engine_client()
+        host_config = contained_host_config(
+            client,
+            mounts=bind_mounts(None, {app: APP}),
+            network=network,
+            cpus=cpus,
+            memory_bytes=memory_bytes,
+            pids=pids,
+        )
+        with engine_errors("creating the task's container"):
+            try:
+                created = client.api.create_container(
+                    image,
+                    entrypoint=KEEPALIVE[:1],
+                    command=KEEPALIVE[1:],
+                    working_dir=APP,
+                    labels=coevo_labels(kind=KIND_RUN, rollout=rollout),
+                    host_config=host_config,
+                    use_config_proxy=False,
+                )
+            except docker.errors.ImageNotFound as exc:
+                raise ImageUnavailable(f"the image {image} is not on the Docker engine") from exc
+        container = cls(created["Id"], image, network, rollout)
+        try:
+            with engine_errors("starting the task's container"):
+                client.api.start(container.id)
+            time.sleep(0.05)
+            state = client.api.inspect_container(container.id)["State"]
+            if not state.get("Running"):
+                raise ContainerUnavailable(
+                    f"the task's container of {image} ended at once (exit {state.get('ExitCode')}"
+                    f"{', ' + state['Error'] if state.get('Error') else ''}): coevo keeps it "
+                    "alive with `sleep infinity`, which the image must have"
+                )
+        except BaseException:
+            container.remove()
+            raise
+        return container
+
+    def exec(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        workdir: str = APP,
+        max_output_bytes: int = 1024 * 1024,
+        output_limit_bytes: int = 64 * 1024 * 1024,
+        cancel: threading.Event | None = None,
+        watch: Callable[[], bool] | None = None,
+    ) -> ContainerExec:
+        """Run ``argv`` in the container as root (see the module doc). At most
+        ``max_output_bytes`` of stdout and of stderr are kept (their ends); ``watch``, called
+        every ``WATCH_EVERY_S``, stops the command when it returns True."""
+        if self.stopped:
+            raise ContainerUnavailable("the task's container is stopped: no command may run in it")
+        client = engine_client()
+        with engine_errors("starting a command in the task's container"):
+            exec_id = client.api.exec_create(
+                self.id,
+                argv,
+                stdout=True,
+                stderr=True,
+                environment=dict(env or {}),
+                workdir=workdir,
+                user="0",
+            )["Id"]
+            stream = client.api.exec_start(exec_id, socket=True)
+        raw: socket.socket = getattr(stream, "_sock", stream)
+        started = time.monotonic()
+        done = threading.Event()
+        why: dict[str, bool] = {}
+        flooded = [False]
+
+        def stop_command(reason: str) -> None:
+            why[reason] = True
+            self._kill_exec(client, exec_id)
+            # Whatever still holds the command's output open (a process that left its tree)
+            # does not keep the worker reading.
+            if not done.wait(DRAIN_AFTER_KILL_S):
+                with contextlib.suppress(OSError):
+                    raw.shutdown(socket.SHUT_RDWR)
+
+        def watcher() -> None:
+            deadline = started + timeout_s
+            next_watch = started + WATCH_EVERY_S
+            while not done.wait(POLL_S):
+                now = time.monotonic()
+                if flooded[0]:
+                    return stop_command("output_exceeded")
+                if cancel is not None and cancel.is_set():
+                    return stop_command("cancelled")
+                if now >= deadline:
+                    return stop_command("timed_out")
+                if watch is not None and now >= next_watch:
+                    next_watch = now + WATCH_EVERY_S
+                    if watch():
+                        return stop_command("watch_stopped")
+
+        thread = threading.Thread(target=watcher, name="coevo-container-exec", daemon=True)
+        thread.start()
+        tails = {STDOUT: bytearray(), STDERR: bytearray()}
+        written = 0
+        try:
+            for kind, data in frames_iter(stream, tty=False):
+                if flooded[0] or kind not in tails:
+                    continue
+                tail = tails[kind]
+                tail += data
+                del tail[:-max_output_bytes]
+                written += len(data)
+                if written > output_limit_bytes:
+                    flooded[0] = True
+        except OSError:
+            pass
+        finally:
+            done.set()
+            thread.join()
+            with contextlib.suppress(OSError):
+                stream.close()
+            with contextlib.suppress(OSError):
+                raw.close()
+        returncode = None
+        if not why:
+            with engine_errors("reading a command's exit status"):
+                returncode = client.api.exec_inspect(exec_id).get("ExitCode")
+        return ContainerExec(
+            returncode=returncode,
+            stdout=bytes(tails[STDOUT]),
+            stderr=bytes(tails[STDERR]),
+            timed_out=bool(why.get("timed_out")),
+            output_exceeded=bool(why.get("output_exceeded")),
+            watch_stopped=bool(why.get("watch_stopped")),
+            cancelled=bool(why.get("cancelled")),
+        )
+
+    def _kill_exec(self, client: docker.DockerClient, exec_id: str) -> None:
+        """SIGKILL a command and its descendants. The engine has no call for it: the command's
+        pid (as the worker's machine sees it) comes from the engine, its descendants from
+        /proc. Where the worker cannot see that pid (an engine on another machine), the whole
+        container is stopped instead: the rollout's later commands then fail."""
+        try:
+            pid = int(client.api.exec_inspect(exec_id).get("Pid") or 0)
+        except (docker.errors.DockerException, OSError):
+            pid = 0
+        if pid <= 0 or not _process_tree_kill(pid):
+            self.stop()
+
+    def put_tree(self, tree: Mapping[str, Mapping[str, Any]], target: str) -> None:
+        """Write a stored tree (validated) into the container at ``target`` (made, empty),
+        root-owned and read-only to others: a task's solution for its check."""
+        tree = tree_validate(dict(tree), label=target)
+        buffer = io.BytesIO()
+        top = target.strip("/")
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            directories = {top}
+            for path in sorted(tree):
+                parts = f"{top}/{path}".split("/")
+                directories.update("/".join(parts[:i]) for i in range(1, len(parts)))
+            for directory in sorted(directories):
+                info = tarfile.TarInfo(directory)
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                archive.addfile(info)
+            for path, spec in sorted(tree.items()):
+                data = spec_bytes(spec)
+                info = tarfile.TarInfo(f"{top}/{path}")
+                info.size, info.mode = len(data), 0o755 if spec.get("executable") else 0o644
+                archive.addfile(info, io.BytesIO(data))
+        client = engine_client()
+        with engine_errors("copying files into the task's container"):
+            client.api.put_archive(self.id, "/", buffer.getvalue())
+
+    def stop(self) -> None:
+        """Kill every process of the container and wait for its end (idempotent)."""
+        if self.stopped:
+            return
+        client = engine_client()
+        with contextlib.suppress(docker.errors.APIError), engine_errors("stopping a container"):
+            client.api.kill(self.id)
+        with engine_errors("waiting for a container's end"):
+            client.api.wait(self.id, timeout=WAIT_AFTER_KILL_S)
+        self.stopped = True
+
+    def commit(self) -> str:
+        """An image of the container's final state (stop it first): the verifier runs in it."""
+        return container_commit(self.id, rollout=self.rollout)
+
+    def remove(self) -> None:
+        with contextlib.suppress(Exception):
+            container_remove(engine_client(), self.id)
+        self.stopped = True
+
+
+def _process_tree_kill(pid: int) -> bool:
+    """SIGKILL ``pid`` and every descendant of it, in rounds until none is left (one forking
+    between a round's listing and its kills is caught by the next). False when this machine
+    does not see ``pid`` (another PID namespace)."""
+    if not os.path.exists(f"/proc/{pid}"):
+        return False
+    for _ in range(10):
+        doomed = _descendants(pid) | ({pid} if os.path.exists(f"/proc/{pid}") else set())
+        if not doomed:
+            return True
+        for target in doomed:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signal.SIGKILL)
+        time.sleep(0.02)
+    return True
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the fields after its last ")".
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def container_settings(environment: Mapping[str, Any]) -> dict[str, Any]:
+    """A task's ``[environment]`` resources and network as applied: each capped by the
+    operator's maximum (and that maximum where the task sets none); internet only where both
+    the task and the operator allow it."""
+    cpus = float(environment.get("cpus") or settings.COEVO_CONTAINER_MAX_CPUS)
+    memory = int(environment.get("memory_bytes") or settings.COEVO_CONTAINER_MAX_MEMORY_BYTES)
+    return {
+        "cpus": min(cpus, float(settings.COEVO_CONTAINER_MAX_CPUS)),
+        "memory_bytes": min(memory, int(settings.COEVO_CONTAINER_MAX_MEMORY_BYTES)),
+        "pids": int(settings.COEVO_CONTAINER_MAX_PIDS),
+        "network": bool(environment.get("allow_internet"))
+        and bool(settings.COEVO_CONTAINER_ALLOW_INTERNET),
+    }
