@@ -43,7 +43,7 @@ from workers.containers import ImageBuildFailed, ImageUnavailable
 from workers.environments import adapter_has_workspace, adapter_helpers, adapter_is_multi_step
 from workers.environments.base import Episode, InvalidHelperCall, Verdict
 from workers.environments.workspace import MAX_VERIFIER_OUTPUT_CHARS, Workspace
-from workers.environments.workspace_files import WorkspaceRefused, WorkspaceTooLarge
+from workers.environments.workspace_files import WorkspaceRefused
 from workers.limits import LimitMeter
 from workers.outcomes import (
     ErrorKind,
@@ -233,7 +233,7 @@ class _Runner:
                     self.workspace = self.environment.workspace or Workspace.for_task(
                         self.environment.inputs
                     )
-                except (ImageUnavailable, ImageBuildFailed, WorkspaceTooLarge) as exc:
+                except (ImageUnavailable, ImageBuildFailed, WorkspaceRefused) as exc:
                     # The task's container cannot be had: not the harness's doing.
                     return self._end(
                         Outcome.INFRA_ERROR,

@@ -1,6 +1,6 @@
-"""The container backend's foundation: task images and commands run in containers on a Docker
-engine (issue 35), for tasks defined by their container (Harbor's ``docker_image`` or an
-``environment/Dockerfile`` that runs commands).
+"""The container backend: task images and commands run in containers on a Docker engine, for
+tasks defined by their container (Harbor's ``docker_image`` or an ``environment/Dockerfile``
+that runs commands).
 
 - ``engine``: the client for COEVO_DOCKER_HOST, ``engine_ping``, the labels every object
   carries, ``engine_reap`` (what dead workers left), ``ContainerUnavailable`` (infra error).
@@ -12,9 +12,11 @@ engine (issue 35), for tasks defined by their container (Harbor's ``docker_image
 - ``state``: a worker machine's build locks and build logs (COEVO_CONTAINER_DIR).
 - ``run``: ``container_run`` (a command to completion or its timeout, contained and removed),
   ``container_commit`` and ``snapshot_remove``.
+- ``session``: a rollout's task container (``TaskContainer``: the agent phase's commands, its
+  stop and commit) and the image's /app copied out (``image_app_extract``).
 
 docs/deployment.md ("The container backend") says how a worker gets an engine, and
-docs/threat-model.md ("Containers (foundation)") what a container isolates.
+docs/threat-model.md ("Containers") what a container isolates.
 """
 
 from workers.containers.build import ImageBuildFailed

@@ -1,7 +1,7 @@
 """Running a command in a container of a task image, to completion or its timeout, with the
 same result shape as the bubblewrap sandbox's ``sandbox.run`` (workers/sandbox.py).
 
-Every container is made like this (docs/threat-model.md, "Containers (foundation)"):
+Every container is made like this (docs/threat-model.md, "Containers"):
 
 - **Capabilities**: all dropped but CONTAINER_CAPABILITIES, what a root process inside needs
   for the work tasks do as root (package installs, builds, test servers), each with its reason

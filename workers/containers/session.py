@@ -56,6 +56,7 @@ from workers.containers.run import (
 )
 from workers.environments.workspace_files import (
     WorkspaceTooLarge,
+    WorkspaceUnreadable,
     spec_bytes,
     tree_validate,
 )
@@ -90,7 +91,8 @@ def image_app_extract(image: str, target: Path, *, max_files: int, max_bytes: in
     """Copy the image's ``/app`` into ``target`` (an empty directory): directories, regular
     files and symbolic links, with tarfile's ``data`` filter (no absolute or escaping paths
     or links, no device files, no setuid bits; owned by the worker). An image without /app
-    gives an empty one. Raises WorkspaceTooLarge past the workspace's limits."""
+    gives an empty one. Raises WorkspaceTooLarge past the workspace's limits, and
+    WorkspaceUnreadable for an entry the filter refuses."""
     client = engine_client()
     with engine_errors("creating a container to read the image's /app"):
         try:
@@ -127,7 +129,13 @@ def image_app_extract(image: str, target: Path, *, max_files: int, max_bytes: in
                 if not (member.isdir() or member.isreg() or member.issym()):
                     continue  # devices, FIFOs and hard links are not a workspace's
                 member.name = name
-                archive.extract(member, path=target, filter="data")
+                try:
+                    archive.extract(member, path=target, filter="data")
+                except tarfile.FilterError as exc:
+                    # A link that leads out of /app, an absolute path: the image is hostile.
+                    raise WorkspaceUnreadable(
+                        f"the task image's /app holds {name[:200]!r}, which cannot be taken: {exc}"
+                    ) from None
     finally:
         with contextlib.suppress(Exception):
             container_remove(client, container)
