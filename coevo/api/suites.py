@@ -76,8 +76,10 @@ class SuiteImportHarborIn(serializers.Serializer):
     split_seed = serializers.CharField(max_length=64, required=False)
     allow_dockerfile = serializers.BooleanField(
         default=False,
-        help_text="Take tasks whose Dockerfile does more than copy files, with only the files "
-        "it copies into /app (otherwise they are refused).",
+        help_text="Take tasks that need their container (a Dockerfile that does more than "
+        "copy files, a prebuilt docker_image) with only the files their Dockerfile copies into "
+        "/app. Without it they are refused, unless the container backend is on "
+        "(COEVO_CONTAINER_BACKEND), which imports them as they are.",
     )
 
 

@@ -1,6 +1,7 @@
 """The build context of a Harbor task's Dockerfile (its environment/ directory), read as
-``docker build`` would send it, without following a link: the listing, ``.dockerignore`` and
-the glob patterns of COPY sources (Go's ``filepath.Match``, as Docker uses).
+``docker build`` would send it, without following a link: the listing, ``.dockerignore``, the
+glob patterns of COPY sources (Go's ``filepath.Match``, as Docker uses), and the context itself
+as a stored tree for the container backend (``context_tree``).
 
 Globs are matched by RE2, not Python's ``re``: ``**a**a**a…`` became ``.*a.*a.*a…``, which
 ``re`` backtracks through in time exponential in the stars, holding the interpreter lock, so
@@ -16,8 +17,17 @@ import posixpath
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import re2
+
+from workers.environments.workspace_files import (
+    MAX_TREE_BYTES,
+    MAX_TREE_FILES,
+    TreeError,
+    spec_for_bytes,
+    tree_validate,
+)
 
 MAX_IGNORE_BYTES = 64 * 1024
 # Entries of a build context listed before anything is read: room for a context that holds
@@ -78,6 +88,40 @@ def context_listing(context: Path) -> dict[str, ContextEntry]:
                 else:
                     listing[relative] = ContextEntry("special")
     return listing
+
+
+def context_tree(context: Path) -> dict[str, dict[str, Any]]:
+    """``context`` as ``docker build`` sends it to the engine, ``.dockerignore`` applied, as a
+    stored tree (workers/environments/workspace_files.py) within its bounds: what the
+    container backend builds a task's image from. Empty directories are not kept (a tree
+    holds files). A link or special file that is sent is refused: a stored tree has no place
+    for one, and the files-only reading refuses them too."""
+    listing = context_listing(context)
+    ignore = dockerignore_rules(context, listing)
+    tree: dict[str, dict[str, Any]] = {}
+    total = 0
+    for path, entry in sorted(listing.items()):
+        if entry.kind == "dir" or ignore.excludes(path):
+            continue
+        if entry.kind != "file":
+            what = "a symbolic link" if entry.kind == "symlink" else "not a regular file"
+            raise DockerfileError(
+                f"environment/{path} is {what}; only plain files are taken (list it in "
+                "environment/.dockerignore if the image does not need it)"
+            )
+        total += entry.size
+        if total > MAX_TREE_BYTES or len(tree) >= MAX_TREE_FILES:
+            raise DockerfileError(
+                f"environment/ holds more than {MAX_TREE_FILES} files or "
+                f"{MAX_TREE_BYTES // 1024**2} MiB once .dockerignore is applied; list what "
+                "the image does not need in environment/.dockerignore"
+            )
+        data = read_regular(context.joinpath(*path.split("/")), entry.size)
+        tree[path] = spec_for_bytes(data, executable=entry.executable)
+    try:
+        return tree_validate(tree, label="environment/ (the build context)")
+    except TreeError as exc:
+        raise DockerfileError(str(exc)) from None
 
 
 @dataclass(frozen=True)

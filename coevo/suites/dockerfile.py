@@ -1,16 +1,18 @@
 """A Harbor task's ``environment/Dockerfile``, read for the files it puts in ``/app``.
 
-coevo runs workspace tasks in a bwrap sandbox with the worker's own tools, not in a container
-built from the task's image: nothing here builds or runs anything. A Dockerfile is *files-only*
-when its only effect that matters to the task is copying files from its build context into
-``/app``: every instruction is FROM (one stage), WORKDIR /app, COPY or ADD of local files into
-``/app``, or an instruction that changes nothing on disk (ENV, ARG, LABEL, USER, EXPOSE, CMD,
-ENTRYPOINT and the like, listed as ignored). Those copies are mapped the way ``docker build``
-maps them (a directory source copies its contents; a destination ending in ``/``, an existing
-directory or several sources is a directory; ``.dockerignore`` applies; later copies overwrite
-earlier ones). Everything else (RUN, a second stage, ``COPY --from``, a URL, a destination
-outside ``/app``, ...) is *unsupported*: the task needs its container. The caller decides what
-that means (coevo/suites/harbor.py refuses the task unless told to take the copied files only).
+A task with a files-only Dockerfile runs in a bwrap sandbox with the worker's own tools, not
+in a container built from the task's image: nothing here builds or runs anything. A
+Dockerfile is *files-only* when its only effect that matters to the task is copying files from
+its build context into ``/app``: every instruction is FROM (one stage), WORKDIR /app, COPY or
+ADD of local files into ``/app``, or an instruction that changes nothing on disk (ENV, ARG,
+LABEL, USER, EXPOSE, CMD, ENTRYPOINT and the like, listed as ignored). Those copies are mapped
+the way ``docker build`` maps them (a directory source copies its contents; a destination
+ending in ``/``, an existing directory or several sources is a directory; ``.dockerignore``
+applies; later copies overwrite earlier ones). Everything else (RUN, a second stage,
+``COPY --from``, a URL, a destination outside ``/app``, ...) is *unsupported*: the task needs
+its container. The caller decides what
+that means (coevo/suites/harbor_tasks.py stores it for the container backend when that is on,
+with ``DockerfileFiles.text``; otherwise refuses it unless told to take the copied files only).
 
 Refused outright (DockerfileError), whatever the caller allows: a source that is absolute or
 climbs out of the build context with ``..``, a destination with ``..``, a source that is a
@@ -41,6 +43,7 @@ from coevo.suites.docker_context import (
 )
 from workers.containers.dockerfile import DockerfileInvalid
 from workers.containers.dockerfile import dockerfile_parse as builder_parse
+from workers.containers.images import MAX_DOCKERFILE_BYTES
 from workers.environments.workspace_files import (
     MAX_TREE_BYTES,
     MAX_TREE_FILES,
@@ -51,7 +54,6 @@ from workers.environments.workspace_files import (
 )
 
 MOUNT = "/app"
-MAX_DOCKERFILE_BYTES = 64 * 1024
 # $VAR expansion. Each `ENV Vn=$Vn-1$Vn-1` line doubles a value: a 6 KB Dockerfile took
 # 1.17 GB of the importer's memory, a few more lines asked for 100 GB. Lengths are summed
 # before a value is built, and refused past these. One value (an ARG or ENV value, a WORKDIR,
@@ -103,8 +105,11 @@ class Instruction:
 
 @dataclass
 class DockerfileFiles:
-    """What a Dockerfile puts in ``/app`` (a stored tree), and what it does besides."""
+    """What a Dockerfile puts in ``/app`` (a stored tree), and what it does besides; ``text``
+    is the Dockerfile itself, which the container backend builds when ``unsupported`` is not
+    empty (within the builder's bound, ``MAX_DOCKERFILE_BYTES``, checked as it is read)."""
 
+    text: str = ""
     tree: dict[str, dict[str, Any]] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)  # instructions with no effect on files
     unsupported: list[str] = field(default_factory=list)  # ... that need the container
@@ -137,7 +142,7 @@ def dockerfile_files(*, context: Path, dockerfile: Path) -> DockerfileFiles:
     listing = context_listing(context)
     ignore = dockerignore_rules(context, listing)
     visible = {path: entry for path, entry in listing.items() if not ignore.excludes(path)}
-    result = DockerfileFiles()
+    result = DockerfileFiles(text=text)
     plan = _Plan(context=context, listing=visible, result=result)
     for instruction in instructions:
         plan.apply(instruction)

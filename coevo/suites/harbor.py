@@ -2,13 +2,18 @@
 
 A task is a directory: ``instruction.md`` (what the harness is asked), ``task.toml`` (timeouts
 and metadata), ``environment/`` (a Dockerfile and its build context: the starting files),
-``tests/`` (``test.sh`` writes the reward) and optionally ``solution/solve.sh``. coevo does
-not build images: the starting workspace is what a *files-only* Dockerfile copies into
-``/app`` (coevo/suites/dockerfile.py); a task whose environment needs its container (RUN, a
-compose file, a prebuilt image) is refused unless ``allow_dockerfile``, which takes its copied
-files only. workers/environments/workspace.py runs what this writes:
+``tests/`` (``test.sh`` writes the reward) and optionally ``solution/solve.sh``. A task whose
+Dockerfile is *files-only* runs in the bwrap sandbox, its starting workspace what the
+Dockerfile copies into ``/app`` (coevo/suites/dockerfile.py). A task whose environment needs
+its container (RUN, a prebuilt ``docker_image``) is stored as it is when the container backend
+is on (``COEVO_CONTAINER_BACKEND``, read here for every import: the web process and the
+command line alike), and otherwise refused unless ``allow_dockerfile``, which takes its copied
+files only; a compose file is refused either way (coevo/suites/harbor_tasks.py).
+workers/environments/workspace.py runs what this writes:
 ``inputs = {"instruction", "files", "metadata", "agent_timeout_s"}``,
-``verifier = {"tests", "solution", "timeout_s"}``.
+``verifier = {"tests", "solution", "timeout_s"}``, and for a container task also
+``inputs["environment"]`` (coevo/suites/harbor_environment.py), ``verifier["env"]`` and
+``verifier["solution_env"]``.
 
 An import takes every task it can and reports the others (``HarborReport``): one broken task
 does not stop a suite of hundreds, and the report says what was left out and why.
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from coevo.projects.models import Project
@@ -86,7 +92,10 @@ def suite_import_harbor(
     for key, task_dir in _task_dirs(Path(directory)):
         try:
             task, warnings = harbor_task_read(
-                key=key, directory=task_dir, allow_dockerfile=allow_dockerfile
+                key=key,
+                directory=task_dir,
+                allow_dockerfile=allow_dockerfile,
+                container_backend=settings.COEVO_CONTAINER_BACKEND,
             )
         except TaskRefused as exc:
             report.refused.append((key, str(exc)))
@@ -188,7 +197,10 @@ def suite_import_workspace_basic(
 
 def harbor_content_hash(tasks: list[HarborTask]) -> str:
     """SHA-256 of every task's stored content (trees by their hashes). The split seed is not
-    in it: it is the suite's other identity column, as for JSONL suites."""
+    in it: it is the suite's other identity column, as for JSONL suites. A container task's
+    environment (its Dockerfile, build context, image and resources) and env maps are in it,
+    so a changed Dockerfile is a new version; a files-only task has none, and its row is what
+    it always was, so suites imported before the container backend keep their hashes."""
     digest = hashlib.sha256(FORMAT.encode())
     for task in sorted(tasks, key=lambda t: t.key):
         inputs, verifier = task.inputs, task.verifier
@@ -202,6 +214,10 @@ def harbor_content_hash(tasks: list[HarborTask]) -> str:
             tree_hash(verifier["solution"]),
             verifier["timeout_s"],
         ]
+        if "environment" in inputs:
+            environment = inputs["environment"]
+            row.append({**environment, "context": tree_hash(environment["context"])})
+            row.extend([verifier["env"], verifier["solution_env"]])
         digest.update(b"\n" + json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
     return digest.hexdigest()
 

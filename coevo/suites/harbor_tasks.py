@@ -2,6 +2,13 @@
 imports them): ``instruction.md``, ``task.toml``, ``tests/``, ``solution/`` and the starting
 files that ``environment/`` puts in ``/app`` (coevo/suites/dockerfile.py). Nothing is followed
 through a link and every file is bounded before it is read.
+
+A task whose environment needs its container (a ``docker_image``, or a Dockerfile that does
+more than copy files) is stored as it is when the container backend is on
+(``container_backend``: ``COEVO_CONTAINER_BACKEND``), with what the worker builds and runs
+(coevo/suites/harbor_environment.py); otherwise it is refused, or with ``allow_dockerfile``
+taken with its copied files only. A Docker Compose task is refused either way: one task, one
+container. Files-only tasks are stored as they always were, and run in the bwrap sandbox.
 """
 
 from __future__ import annotations
@@ -17,6 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from coevo.suites.dockerfile import DockerfileError, DockerfileFiles, dockerfile_files
+from coevo.suites.harbor_environment import (
+    APPLIED_KEYS,
+    EnvironmentRefused,
+    TaskContainer,
+    task_container,
+)
 from workers.environments.workspace_files import TreeError, spec_bytes, tree_from_dir
 
 TASK_KEY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
@@ -38,6 +51,18 @@ _USED: dict[str, tuple[str, ...] | None] = {
     # docker_image is read (a task with one needs its container); the rest is not.
     "environment": ("docker_image",),
 }
+# ... and for a task stored for the container backend, what its container applies besides.
+_USED_IN_CONTAINER: dict[str, tuple[str, ...] | None] = {
+    **_USED,
+    **{
+        section: tuple(dict.fromkeys((*(_USED.get(section) or ()), *keys)))
+        for section, keys in APPLIED_KEYS.items()
+    },
+}
+CONTAINER_BACKEND_ADVICE = (
+    'set COEVO_CONTAINER_BACKEND=1 on the web process and the workers (docs/deployment.md, "The '
+    'container backend") to import it as it is'
+)
 
 
 @dataclass(frozen=True)
@@ -53,9 +78,11 @@ class TaskRefused(Exception):
 
 
 def harbor_task_read(
-    *, key: str, directory: Path, allow_dockerfile: bool = False
+    *, key: str, directory: Path, allow_dockerfile: bool = False, container_backend: bool = False
 ) -> tuple[HarborTask, list[str]]:
-    """One task directory as stored task data and its warnings; raises TaskRefused."""
+    """One task directory as stored task data and its warnings; raises TaskRefused.
+    ``container_backend`` (COEVO_CONTAINER_BACKEND) stores a task that needs its container
+    with what the worker builds and runs; see the module docstring."""
     if not TASK_KEY.match(key):
         raise TaskRefused(
             "the directory name is not a usable task key: use 1 to 100 lowercase letters, "
@@ -65,9 +92,7 @@ def harbor_task_read(
         raise TaskRefused("the task directory is a symbolic link; only plain directories are taken")
     warnings: list[str] = []
     config = _task_toml(directory / "task.toml")
-    metadata, agent_timeout, verifier_timeout, ignored = _task_config(config)
-    if ignored:
-        warnings.append(f"task.toml: not applied here: {listed(ignored)}")
+    metadata, agent_timeout, verifier_timeout, dropped = _task_config(config)
     instruction = _text_file(directory / "instruction.md", "instruction.md", MAX_INSTRUCTION_BYTES)
     if not instruction.strip():
         raise TaskRefused("instruction.md is empty; write what the task asks for")
@@ -75,9 +100,18 @@ def harbor_task_read(
     if not _is_regular(directory / "tests" / "test.sh"):
         raise TaskRefused("tests/test.sh is missing: it runs the tests and writes the reward")
     solution = _tree(directory / "solution", "solution", required=False)
-    files = _starting_files(
-        directory / "environment", config, allow=allow_dockerfile, warnings=warnings
+    env_warnings: list[str] = []
+    files, container = _environment(
+        directory / "environment",
+        config,
+        allow=allow_dockerfile,
+        container_backend=container_backend,
+        warnings=env_warnings,
     )
+    ignored = _not_applied(config, _USED_IN_CONTAINER if container else _USED) + dropped
+    if ignored:
+        warnings.append(f"task.toml: not applied here: {listed(ignored)}")
+    warnings.extend(env_warnings)
     inputs = {
         "instruction": instruction,
         "files": files,
@@ -86,6 +120,12 @@ def harbor_task_read(
     }
     verifier = {"tests": tests, "solution": solution, "timeout_s": verifier_timeout}
     size = len(instruction.encode()) + sum(_tree_bytes(t) for t in (files, tests, solution))
+    if container is not None:
+        inputs["environment"] = container.environment
+        verifier["env"] = container.verifier_env
+        verifier["solution_env"] = container.solution_env
+        size += len((container.environment["dockerfile"] or "").encode())
+        size += _tree_bytes(container.environment["context"])
     return HarborTask(key=key, inputs=inputs, verifier=verifier, size=size), warnings
 
 
@@ -100,38 +140,45 @@ def _task_toml(path: Path) -> dict[str, Any]:
 def _task_config(
     config: dict[str, Any],
 ) -> tuple[dict[str, Any], float | None, float, list[str]]:
-    """(metadata, agent timeout, verifier timeout, keys not applied) from task.toml."""
+    """(metadata, agent timeout, verifier timeout, metadata values dropped) from task.toml."""
     if "steps" in config:
         raise TaskRefused(
             "task.toml declares [[steps]]: multi-step tasks are not supported; import each "
             "step as a task of its own"
         )
-    ignored: list[str] = []
-    for section, value in config.items():
-        used = _USED.get(section, ())
-        if used is None:
-            continue
-        if section in _USED and not isinstance(value, dict):
+    for section, keys in _USED.items():
+        if keys is not None and section in config and not isinstance(config[section], dict):
             raise TaskRefused(f"task.toml: [{section}] must be a table")
-        if not isinstance(value, dict):
-            ignored.append(section)
-            continue
-        ignored.extend(f"{section}.{key}" for key in value if key not in used)
     metadata_table = config.get("metadata", {})
     if not isinstance(metadata_table, dict):
         raise TaskRefused("task.toml: [metadata] must be a table")
     task_table = config.get("task", {})
     metadata: dict[str, Any] = {k: task_table[k] for k in _TASK_KEYS if k in task_table}
     metadata.update(metadata_table)
-    metadata = _jsonable(metadata, "metadata", ignored)
+    dropped: list[str] = []
+    metadata = _jsonable(metadata, "metadata", dropped)
     agent = _timeout(config.get("agent", {}), "agent")
     verifier = _timeout(config.get("verifier", {}), "verifier")
     return (
         metadata,
         agent,
         verifier if verifier is not None else DEFAULT_VERIFIER_TIMEOUT_S,
-        ignored,
+        dropped,
     )
+
+
+def _not_applied(config: dict[str, Any], used: dict[str, tuple[str, ...] | None]) -> list[str]:
+    """task.toml's keys that ``used`` does not name (a section named None is used whole)."""
+    ignored: list[str] = []
+    for section, value in config.items():
+        keys = used.get(section, ())
+        if keys is None:
+            continue
+        if not isinstance(value, dict):
+            ignored.append(section)
+            continue
+        ignored.extend(f"{section}.{key}" for key in value if key not in keys)
+    return ignored
 
 
 def _timeout(section: dict[str, Any], name: str) -> float | None:
@@ -169,58 +216,121 @@ def _jsonable(value: Any, where: str, dropped: list[str]) -> Any:
 _DROP = object()
 
 
-def _starting_files(
-    environment: Path, config: dict[str, Any], *, allow: bool, warnings: list[str]
-) -> dict[str, dict[str, Any]]:
-    """The starting workspace from environment/ (see the module docstring)."""
-    try:
-        mode = environment.lstat().st_mode
-    except FileNotFoundError:
-        warnings.append("no environment/: the task starts from an empty /app")
-        return {}
-    if not stat.S_ISDIR(mode):
-        raise TaskRefused("environment is not a directory (a symbolic link or a file)")
-    needs: list[str] = []
-    image = (config.get("environment") or {}).get("docker_image")
-    if image:
-        needs.append(f"task.toml sets [environment] docker_image = {str(image)[:80]!r}")
-    compose = [name for name in COMPOSE_FILES if (environment / name).exists()]
-    if compose:
-        needs.append(f"environment/{compose[0]} defines the task's containers")
+def _environment(
+    environment: Path,
+    config: dict[str, Any],
+    *,
+    allow: bool,
+    container_backend: bool,
+    warnings: list[str],
+) -> tuple[dict[str, dict[str, Any]], TaskContainer | None]:
+    """The starting files of /app from environment/, and the task's container when it needs
+    one and the container backend is on (see the module docstring)."""
+    exists = _environment_exists(environment)
     files = DockerfileFiles()
     dockerfile = environment / "Dockerfile"
-    if dockerfile.exists() or dockerfile.is_symlink():
+    has_dockerfile = exists and (dockerfile.exists() or dockerfile.is_symlink())
+    if has_dockerfile:
         try:
             files = dockerfile_files(context=environment, dockerfile=dockerfile)
         except DockerfileError as exc:
             raise TaskRefused(str(exc)) from None
-        if files.unsupported:
-            first = files.unsupported[0]
-            verb = "runs" if first.startswith("RUN ") else "has"
-            more = len(files.unsupported) - 1
-            needs.append(
-                f"environment/Dockerfile {verb} `{first}`"
-                + (f" (and {more} more instruction{'s' * (more > 1)} of the kind)" if more else "")
-            )
-    elif not needs:
-        warnings.append("environment/ has no Dockerfile: the task starts from an empty /app")
-    if needs:
-        reason = "; ".join(needs) + ": the bwrap sandbox cannot build images"
-        if not allow:
-            raise TaskRefused(
-                f"{reason}; pass --allow-dockerfile (API: allow_dockerfile) to import it with "
-                "only its copied files"
-            )
-        skipped = f" (skipped: {listed(files.unsupported)})" if files.unsupported else ""
-        warnings.append(
-            f"{reason}; imported with only the files its Dockerfile copies into /app{skipped}: "
-            "anything else the image would hold is missing"
+    compose = [name for name in COMPOSE_FILES if exists and (environment / name).exists()]
+    needs = _container_needs(config, compose, files)
+    if not needs:
+        if not exists:
+            warnings.append("no environment/: the task starts from an empty /app")
+        elif not has_dockerfile:
+            warnings.append("environment/ has no Dockerfile: the task starts from an empty /app")
+        _ignored_instructions(files, warnings)
+        return files.tree, None
+    if compose:
+        reason = (
+            f"{needs}: multi-container tasks are not supported (the container backend runs "
+            "one container a task)"
         )
+    elif container_backend:
+        return files.tree, _container(environment, config, files, has_dockerfile, warnings)
+    else:
+        reason = f"{needs}: the task needs its container, which the bwrap sandbox cannot build"
+    advice = "" if compose else f"{CONTAINER_BACKEND_ADVICE}, or "
+    if not allow:
+        raise TaskRefused(
+            f"{reason}; {advice}pass --allow-dockerfile (API: allow_dockerfile) to import it "
+            "with only its copied files"
+        )
+    skipped = f" (skipped: {listed(files.unsupported)})" if files.unsupported else ""
+    warnings.append(
+        f"{reason}; imported with only the files its Dockerfile copies into /app{skipped}: "
+        "anything else the image would hold is missing"
+        + ("" if compose else f" ({CONTAINER_BACKEND_ADVICE})")
+    )
+    _ignored_instructions(files, warnings)
+    return files.tree, None
+
+
+def _environment_exists(environment: Path) -> bool:
+    try:
+        mode = environment.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(mode):
+        raise TaskRefused("environment is not a directory (a symbolic link or a file)")
+    return True
+
+
+def _container_needs(config: dict[str, Any], compose: list[str], files: DockerfileFiles) -> str:
+    """Why the task needs its container ("" when its files are all it needs)."""
+    needs: list[str] = []
+    image = (config.get("environment") or {}).get("docker_image")
+    if image:
+        needs.append(f"task.toml sets [environment] docker_image = {str(image)[:80]!r}")
+    if compose:
+        needs.append(f"environment/{compose[0]} defines the task's containers")
+    if files.unsupported:
+        first = files.unsupported[0]
+        verb = "runs" if first.startswith("RUN ") else "has"
+        more = len(files.unsupported) - 1
+        needs.append(
+            f"environment/Dockerfile {verb} `{first}`"
+            + (f" (and {more} more instruction{'s' * (more > 1)} of the kind)" if more else "")
+        )
+    return "; ".join(needs)
+
+
+def _container(
+    environment: Path,
+    config: dict[str, Any],
+    files: DockerfileFiles,
+    has_dockerfile: bool,
+    warnings: list[str],
+) -> TaskContainer:
+    """The task's container for the container backend, and what it applies in the report."""
+    try:
+        container = task_container(
+            config=config,
+            environment_dir=environment,
+            dockerfile=files.text if has_dockerfile else None,
+        )
+    except EnvironmentRefused as exc:
+        raise TaskRefused(str(exc)) from None
+    image = container.environment["docker_image"]
+    runs = "runs in its container (COEVO_CONTAINER_BACKEND): " + (
+        f"the image {image}"
+        if image is not None
+        else f"the image environment/Dockerfile builds, with {listed(files.unsupported)}"
+    )
+    warnings.append(runs)
+    warnings.append(f"task.toml: applied in its container: {'; '.join(container.applied)}")
+    warnings.extend(container.notes)
+    return container
+
+
+def _ignored_instructions(files: DockerfileFiles, warnings: list[str]) -> None:
     if files.ignored:
         warnings.append(
             f"environment/Dockerfile: ignored (no effect on /app's files): {listed(files.ignored)}"
         )
-    return files.tree
 
 
 def _tree(path: Path, label: str, *, required: bool) -> dict[str, dict[str, Any]]:

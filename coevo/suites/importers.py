@@ -134,8 +134,9 @@ def _harbor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-dockerfile",
         action="store_true",
-        help="take tasks whose Dockerfile does more than copy files (RUN, ...) with only the "
-        "files it copies into /app, instead of refusing them",
+        help="take tasks that need their container (RUN, a docker_image, ...) with only the "
+        "files their Dockerfile copies into /app, instead of refusing them; with the container "
+        "backend on (COEVO_CONTAINER_BACKEND=1) they are imported as they are without it",
     )
     _check_solutions_argument(parser)
 

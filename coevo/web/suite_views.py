@@ -66,7 +66,10 @@ class HarborImportForm(forms.Form):
     split_seed = forms.CharField(max_length=64, initial="0", required=False)
     allow_dockerfile = forms.BooleanField(
         required=False,
-        help_text="take tasks whose Dockerfile runs commands, with only the files it copies",
+        help_text="take tasks that need their container (a Dockerfile that runs commands, a "
+        "prebuilt image) with only the files their Dockerfile copies; without it they are "
+        "refused, unless the container backend is on (COEVO_CONTAINER_BACKEND), which imports "
+        "them as they are",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

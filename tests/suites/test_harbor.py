@@ -184,7 +184,8 @@ RUN_DOCKERFILE = (
 )
 
 
-def test_it_refuses_a_dockerfile_that_runs_commands_unless_allowed(project, tmp_path):
+def test_it_refuses_a_dockerfile_that_runs_commands_unless_allowed(project, tmp_path, settings):
+    settings.COEVO_CONTAINER_BACKEND = False
     write_harbor_task(tmp_path, "needs-image", dockerfile=RUN_DOCKERFILE)
     write_harbor_task(tmp_path, "plain")
 
@@ -194,8 +195,10 @@ def test_it_refuses_a_dockerfile_that_runs_commands_unless_allowed(project, tmp_
     reason = refusals(report)["needs-image"]
     assert reason.startswith(
         "environment/Dockerfile runs `RUN apt-get update && apt-get install -y git` "
-        "(and 1 more instruction of the kind): the bwrap sandbox cannot build images; "
-        "pass --allow-dockerfile"
+        "(and 1 more instruction of the kind): the task needs its container, which the bwrap "
+        "sandbox cannot build; set COEVO_CONTAINER_BACKEND=1 on the web process and the workers "
+        '(docs/deployment.md, "The container backend") to import it as it is, or pass '
+        "--allow-dockerfile"
     ), reason
     assert list(suite.tasks.values_list("key", flat=True)) == ["plain"]
 
@@ -222,8 +225,9 @@ def test_it_refuses_a_dockerfile_that_runs_commands_unless_allowed(project, tmp_
     ],
 )
 def test_it_counts_what_is_not_a_copy_into_app_as_needing_the_container(
-    project, tmp_path, dockerfile, expected
+    project, tmp_path, settings, dockerfile, expected
 ):
+    settings.COEVO_CONTAINER_BACKEND = False
     write_harbor_task(tmp_path, "t", dockerfile=dockerfile)
     write_harbor_task(tmp_path, "ok")
 
@@ -232,7 +236,8 @@ def test_it_counts_what_is_not_a_copy_into_app_as_needing_the_container(
     assert f"environment/Dockerfile {expected}" in refusals(report)["t"]
 
 
-def test_it_refuses_a_compose_file_or_a_prebuilt_image_unless_allowed(project, tmp_path):
+def test_it_refuses_a_compose_file_or_a_prebuilt_image_unless_allowed(project, tmp_path, settings):
+    settings.COEVO_CONTAINER_BACKEND = False
     write_harbor_task(tmp_path, "compose", dockerfile=None, environment={"docker-compose.yaml": ""})
     write_harbor_task(
         tmp_path, "image", task_toml='[environment]\ndocker_image = "ghcr.io/x/y:1"\n'
