@@ -13,6 +13,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from tests.conftest import REPO_ROOT
+from tests.support.browser import browser, page  # noqa: F401  (the container rollout's page)
 from workers.containers import ContainerUnavailable, EngineInfo, engine_ping, image_for_task
 from workers.containers.engine import LABEL_ROLLOUT, engine_client
 

@@ -1,0 +1,132 @@
+"""A task that needs its container, end to end: a Harbor directory imported with the container
+backend on (its solution checked in containers), examples/workspace-agent evaluated on it by a
+real Celery worker over the real broker (its commands in the task's container, the scripted
+server as the model), and the rollout's page in a real headless Chromium: where it ran, the
+diff against the image's /app and the test output. Screenshot:
+``var/test-artifacts/screenshots/container-rollout.png``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+# playwright's sync API runs an event loop in this thread; the ORM calls the fixtures make
+# while it runs are still plain synchronous calls.
+os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+from playwright.sync_api import expect  # noqa: E402
+
+from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep  # noqa: E402
+from coevo.evaluations.services import evaluation_create  # noqa: E402
+from coevo.suites.harbor import suite_import_harbor  # noqa: E402
+from coevo.suites.models import Split, Task  # noqa: E402
+from harness_store.services import candidate_import_directory  # noqa: E402
+from tests.conftest import PASSWORD, REPO_ROOT, wait_until_final  # noqa: E402
+from tests.containers.conftest import BASE_IMAGE  # noqa: E402
+from tests.containers.test_task_workspace import DOCKERFILE, TEST_SH  # noqa: E402
+from tests.evaluations.test_program_worker import WHEELHOUSE  # noqa: E402
+from tests.examples.test_workspace_agents import AGENT  # noqa: E402
+from tests.web.test_workspace_trace import url  # noqa: E402
+
+SCREENSHOT = REPO_ROOT / "var" / "test-artifacts" / "screenshots" / "container-rollout.png"
+FIXED = "def add(a, b):\n    return a + b\n"
+COMMAND = "cat /opt/made-by-run; touch /opt/agent-was-here"
+
+pytestmark = [pytest.mark.browser]
+
+
+def harbor_dir(root, keys):
+    """Harbor tasks that need their container (a Dockerfile that runs commands)."""
+    for key in keys:
+        task = root / key
+        (task / "environment").mkdir(parents=True)
+        (task / "environment" / "Dockerfile").write_text(
+            DOCKERFILE.replace("python:3.11-slim-bookworm", "debian:bookworm-slim")
+        )
+        (task / "environment" / "notes.txt").write_text("fix add\n")
+        (task / "instruction.md").write_text("Fix add in repo/calc.py.\n")
+        (task / "task.toml").write_text(
+            'version = "1.0"\n[environment]\nbuild_timeout_sec = 300.0\ncpus = 1\n'
+            '[verifier]\ntimeout_sec = 60.0\n[verifier.env]\nEXPECTED = "a + b"\n'
+        )
+        (task / "tests").mkdir()
+        (task / "tests" / "test.sh").write_text(TEST_SH.replace("'return a + b'", '"$EXPECTED"'))
+        (task / "solution").mkdir()
+        (task / "solution" / "solve.sh").write_text(
+            "#!/bin/bash\nsed -i 's/a - b/a + b/' /app/repo/calc.py && touch /opt/agent-was-here\n"
+        )
+    return root
+
+
+def test_a_container_task_is_imported_checked_evaluated_and_shown(
+    celery_worker_thread,
+    live_server,
+    page,
+    settings,
+    tmp_path,
+    project,
+    owner,
+    policy_version,
+    scripted_policy,
+    base_image,
+):
+    settings.COEVO_CONTAINER_BACKEND = True
+    settings.COEVO_IMAGE_MAP = {"debian:bookworm-slim": BASE_IMAGE}
+    settings.COEVO_HARNESS_FIND_LINKS = str(WHEELHOUSE)
+    settings.COEVO_HARNESS_ENV_DIR = tmp_path / "envs"
+    keys = [f"fix-add-{i}" for i in range(4)]
+    suite, _, report = suite_import_harbor(
+        project=project,
+        name="container-tasks",
+        directory=harbor_dir(tmp_path / "tasks", keys),
+        check_solutions=True,
+    )
+    assert not report.refused, report.refused
+    tasks = Task.objects.filter(suite=suite)
+    assert tasks.count() == 4
+    task = tasks.filter(split=Split.SEARCH).order_by("key").first()
+    assert task is not None and task.inputs["environment"]["dockerfile"]
+
+    scripted_policy.tool_rules[:] = [
+        ("Fix add", [("run_command", {"command": COMMAND})]),
+        ("built", [("read_file", {"path": "repo/calc.py"})]),
+        ("return a - b", [("write_file", {"path": "/app/repo/calc.py", "content": FIXED})]),
+    ]
+    scripted_policy.default = "Fixed add."
+    candidate, _ = candidate_import_directory(
+        project=project, directory=AGENT, message="workspace-agent", author_name="t"
+    )
+    evaluation = evaluation_create(
+        candidate=candidate,
+        suite=suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        task_limit=1,
+        knobs={"mode": "tools"},
+        use_cache=False,
+    )
+    evaluation = wait_until_final(evaluation, timeout_s=300)
+    assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
+    rollout = Rollout.objects.get(evaluation=evaluation)
+    assert rollout.outcome == Outcome.PASSED, rollout.detail
+    kinds = list(TraceStep.objects.filter(rollout=rollout).values_list("kind", flat=True))
+    assert "environment" in kinds and "workspace_diff" in kinds
+
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "owner")
+    page.fill("#id_password", PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.goto(live_server.url + url(project, rollout))
+    section = page.locator("#workspace")
+    expect(section.locator("#workspace-container")).to_contain_text("coevo-task:")
+    expect(section.locator("#workspace-container")).to_contain_text("network: none")
+    expect(section.locator("#workspace-container")).to_contain_text("· 1 CPU ·")
+    expect(section).to_contain_text("1 file changed")
+    expect(section.locator(".diff .gi", has_text="return a + b")).to_be_visible()
+    expect(section.locator("#workspace-verdict")).to_contain_text("passed")
+    expect(page.locator("#trace-steps")).to_contain_text(COMMAND)
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    shutil.rmtree(tmp_path / "tasks")
