@@ -142,7 +142,10 @@ def _resources(table: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             "COEVO_CONTAINER_MAX_MEMORY_BYTES)"
         )
     if storage is not None:
-        applied.append(f"environment.{storage[1]} = {storage[2]} ({_mib(storage[0])})")
+        applied.append(
+            f"environment.{storage[1]} = {storage[2]} ({_mib(storage[0])}): bounds /app (at "
+            "most COEVO_WORKSPACE_MAX_BYTES); the rest of the container's disk is not limited"
+        )
     default = "" if "allow_internet" in table else " (Harbor's default)"
     applied.append(
         f"environment.allow_internet = {'true' if allow_internet else 'false'}{default}"

@@ -21,6 +21,7 @@ from workers.environments.workspace import (
     verify,
 )
 from workers.environments.workspace_files import tree_read_final
+from workers.outcomes import LimitExceeded
 
 DOCKERFILE = f"""\
 FROM {TASK_BASE}
@@ -193,3 +194,12 @@ def test_the_solution_check_runs_in_containers(base_image, image_map):
         check.solution.detail,
         check.solve_output,
     )
+
+
+def test_a_tasks_storage_bound_limits_app(base_image, image_map):
+    workspace = Workspace.for_task(inputs(storage_bytes=1024**2))
+    try:
+        with pytest.raises(LimitExceeded, match="more than 1 MiB"):
+            shell(workspace, "head -c 3000000 /dev/zero > /app/big; sleep 5", timeout_s=30)
+    finally:
+        workspace.close()

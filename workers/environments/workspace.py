@@ -160,6 +160,8 @@ class Workspace:
     start_tree: FinalTree | None = None
     # What was applied of the task's environment (the trace's "environment" step).
     applied: dict[str, Any] = field(default_factory=dict)
+    # A task's own storage bound ([environment] storage_mb), below the operator's.
+    max_bytes: int | None = None
 
     @classmethod
     def for_task(cls, inputs: Mapping[str, Any]) -> Workspace:
@@ -210,6 +212,7 @@ class Workspace:
                 "memory_bytes": applied["memory_bytes"],
                 "ready_s": round(time.monotonic() - started, 3),
             },
+            max_bytes=environment.get("storage_bytes") or None,
         )
 
     @classmethod
@@ -272,7 +275,7 @@ class Workspace:
 
         Never raises: a tree that cannot be measured (too deep, a directory made unreadable, a
         check spoiled by renames ``MAX_INCOMPLETE_CHECKS`` times in a row) is over them."""
-        max_files, max_bytes = limits()
+        max_files, max_bytes = self.limits()
         try:
             usage = tree_usage(self.root, max_files=max_files)
         except WorkspaceRefused as exc:
@@ -294,6 +297,12 @@ class Workspace:
                 f"{MAX_INCOMPLETE_CHECKS * WATCH_S:.0f}s, so its size could not be bounded"
             )
         return ""
+
+    def limits(self) -> tuple[int, int]:
+        """(files, bytes) this workspace may hold: the operator's, or a task's storage bound
+        below them."""
+        max_files, max_bytes = limits()
+        return max_files, min(max_bytes, self.max_bytes or max_bytes)
 
     def run(self, argv: list[str], **options: Any) -> sandbox.SandboxRun:
         """``sandbox.run`` on this workspace, as a command sealing will kill and wait for;
@@ -364,7 +373,7 @@ class Workspace:
     def final(self) -> FinalTree:
         """The state the harness left (raises WorkspaceRefused), once sealed."""
         self.seal()
-        max_files, max_bytes = limits()
+        max_files, max_bytes = self.limits()
         return tree_read_final(self.root, max_files=max_files, max_bytes=max_bytes)
 
     def changes(self, *, max_files: int, max_bytes: int) -> dict[str, bytes | None]:
