@@ -1,0 +1,3 @@
+from pkgver.version import parse_version
+
+__all__ = ["parse_version"]

@@ -1,0 +1,15 @@
+import unittest
+
+from pkgver import parse_version
+
+
+class ParseVersion(unittest.TestCase):
+    def test_plain(self):
+        self.assertEqual(parse_version("1.4.2"), (1, 4, 2))
+
+    def test_prefix_and_suffix(self):
+        self.assertEqual(parse_version("v2.0.0-rc1"), (2, 0, 0))
+
+    def test_rejects_garbage(self):
+        with self.assertRaises(ValueError):
+            parse_version("1.4")

@@ -1,0 +1,3 @@
+from pkgver.version import is_newer, parse_version
+
+__all__ = ["is_newer", "parse_version"]
