@@ -316,6 +316,9 @@ COEVO_CONTAINER_MAX_MEMORY_BYTES = env_int(
     "COEVO_CONTAINER_MAX_MEMORY_BYTES", 4 * 1024**3, minimum=64 * 1024**2
 )
 COEVO_CONTAINER_MAX_PIDS = env_int("COEVO_CONTAINER_MAX_PIDS", 1024, minimum=16)
+# Where a container task's tests run: "final", an image of the agent's final container (what it
+# installed is there; Harbor's way), or "image", the task's image as built with the agent's /app.
+COEVO_CONTAINER_VERIFY_ON = env_choice("COEVO_CONTAINER_VERIFY_ON", "final", ("final", "image"))
 # Harnesses' declared dependencies (workers/harness_env.py): built with uv from wheels only, from
 # COEVO_HARNESS_FIND_LINKS (a local wheel directory; then no index is asked) or else
 # COEVO_HARNESS_INDEX_URL; cached per content hash under COEVO_HARNESS_ENV_DIR, least recently

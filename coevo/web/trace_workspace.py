@@ -76,6 +76,8 @@ class WorkspaceDiffView:
     deleted: int
     truncated: bool
     error: str  # the workspace was over its limits: no diff was taken
+    # A task container's changes outside /app (its engine's diff), when it ran in one.
+    outside: OutsideView | None = None
 
     @property
     def changed(self) -> int:
@@ -199,6 +201,33 @@ def exec_view(payload: dict[str, Any]) -> ExecView:
     )
 
 
+@dataclass(frozen=True)
+class OutsideView:
+    added: int
+    changed: int
+    deleted: int
+    paths: list[str]
+    tampered: list[str]
+
+    @property
+    def total(self) -> int:
+        return self.added + self.changed + self.deleted
+
+
+def outside_view(payload: Any) -> OutsideView | None:
+    if not isinstance(payload, dict):
+        return None
+    paths = [str(p)[:500] for p in payload.get("paths") or [] if isinstance(p, str)]
+    tampered = [str(p)[:500] for p in payload.get("tampered") or [] if isinstance(p, str)]
+    return OutsideView(
+        added=_int(payload.get("added")) or 0,
+        changed=_int(payload.get("changed")) or 0,
+        deleted=_int(payload.get("deleted")) or 0,
+        paths=paths[:200],
+        tampered=tampered[:50],
+    )
+
+
 def workspace_diff_view(payload: Any) -> WorkspaceDiffView:
     if not isinstance(payload, dict):
         payload = {}
@@ -219,7 +248,13 @@ def workspace_diff_view(payload: Any) -> WorkspaceDiffView:
         for f, path, text in zip(rows, paths, texts, strict=True)
     ]
     counts = [_int(payload.get(status)) or 0 for status in DIFF_STATUSES]
-    return WorkspaceDiffView(files, *counts, truncated=payload.get("truncated") is True, error="")
+    return WorkspaceDiffView(
+        files,
+        *counts,
+        truncated=payload.get("truncated") is True,
+        error="",
+        outside=outside_view(payload.get("outside_app")),
+    )
 
 
 def _patch(path: str, text: str) -> FilePatch:

@@ -127,6 +127,11 @@ def test_a_container_task_is_imported_checked_evaluated_and_shown(
     expect(section.locator(".diff .gi", has_text="return a + b")).to_be_visible()
     expect(section.locator("#workspace-verdict")).to_contain_text("passed")
     expect(page.locator("#trace-steps")).to_contain_text(COMMAND)
+    # What the command changed outside /app (the tests ran on it) is listed too.
+    outside = section.locator("details.workspace-outside")
+    expect(outside.locator("summary")).to_contain_text("Outside /app")
+    outside.locator("summary").click()
+    expect(outside).to_contain_text("added /opt/agent-was-here")
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     shutil.rmtree(tmp_path / "tasks")

@@ -72,6 +72,8 @@ WATCH_EVERY_S = 0.5
 # After its command's processes are killed, how long the output stream may stay open (held by
 # a process that left the command's tree) before the worker stops reading it.
 DRAIN_AFTER_KILL_S = 2.0
+# The most changes outside /app a rollout keeps (the engine lists every file apt installed).
+MAX_CHANGES = 5000
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,12 @@ def image_app_extract(image: str, target: Path, *, max_files: int, max_bytes: in
             for member in archive:
                 name = member.name.split("/", 1)[1] if "/" in member.name else ""
                 if not name:
-                    continue  # "app" itself
+                    if not member.isdir():  # "app" itself: a link or a file is refused
+                        raise WorkspaceUnreadable(
+                            "the task image's /app is not a directory (a link or a file): "
+                            "coevo binds the workspace there"
+                        )
+                    continue
                 files += 1
                 total += member.size if member.isreg() else 0
                 if files > max_files or total > max_bytes:
@@ -370,6 +377,18 @@ class TaskContainer:
         with engine_errors("waiting for a container's end"):
             client.api.wait(self.id, timeout=WAIT_AFTER_KILL_S)
         self.stopped = True
+
+    def changes(self, *, limit: int = MAX_CHANGES) -> list[tuple[str, str]]:
+        """What the container changed in its image's files (the engine's diff of its writable
+        layer; binds such as /app are not in it): ``(path, "added"|"changed"|"deleted")``,
+        at most ``limit``."""
+        client = engine_client()
+        with engine_errors("listing a container's changes"):
+            rows = client.api.diff(self.id) or []
+        kinds = {0: "changed", 1: "added", 2: "deleted"}
+        return [(str(r.get("Path", ""))[:400], kinds.get(r.get("Kind"), "changed")) for r in rows][
+            :limit
+        ]
 
     def commit(self) -> str:
         """An image of the container's final state (stop it first): the verifier runs in it."""

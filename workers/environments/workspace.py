@@ -75,6 +75,19 @@ MAX_OUTPUT_CHARS = 16 * 1024
 # What the verifier's output keeps for reviewers (the tail).
 MAX_VERIFIER_OUTPUT_CHARS = 32 * 1024
 DEFAULT_EXEC_TIMEOUT_S = 60.0
+# Of a container's changes outside /app, how many paths the trace lists (all are counted).
+MAX_OUTSIDE_SHOWN = 200
+_OUTSIDE_IGNORED = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/run",
+    "/tmp",
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/resolv.conf",
+    "/etc/mtab",
+)
 # How often the workspace's size is checked while the harness runs.
 WATCH_S = 0.5
 # Size checks in a row that the harness may spoil by renaming or removing what they were
@@ -162,6 +175,7 @@ class Workspace:
     applied: dict[str, Any] = field(default_factory=dict)
     # A task's own storage bound ([environment] storage_mb), below the operator's.
     max_bytes: int | None = None
+    _outside: list[tuple[str, str]] | None = field(default=None, repr=False)
 
     @classmethod
     def for_task(cls, inputs: Mapping[str, Any]) -> Workspace:
@@ -211,6 +225,19 @@ class Workspace:
                 "cpus": applied["cpus"],
                 "memory_bytes": applied["memory_bytes"],
                 "ready_s": round(time.monotonic() - started, 3),
+                # The build this call ran (none on a cache hit): the worker task records it for
+                # the suite's page (coevo/suites/image_builds.py), with the log's last 16 KiB.
+                **(
+                    {}
+                    if image.cached
+                    else {
+                        "build": {
+                            "seconds": round(image.seconds, 3),
+                            "content_hash": image.content_hash,
+                            "log": image.log[-16 * 1024 :],
+                        }
+                    }
+                ),
             },
             max_bytes=environment.get("storage_bytes") or None,
         )
@@ -383,7 +410,34 @@ class Workspace:
         return tree_changes(self.start, self.root, max_files=max_files, max_bytes=max_bytes)
 
     def diff(self, final: FinalTree) -> dict[str, Any]:
-        return tree_diff(self.start_tree if self.start_tree is not None else self.start, final)
+        diff = tree_diff(self.start_tree if self.start_tree is not None else self.start, final)
+        if self.container is not None:
+            changes = self.outside_changes()
+            counts = {kind: 0 for kind in ("added", "changed", "deleted")}
+            for _path, kind in changes:
+                counts[kind] += 1
+            diff["outside_app"] = {
+                **counts,
+                "paths": [f"{kind} {path}" for path, kind in changes[:MAX_OUTSIDE_SHOWN]],
+                "tampered": verifier_tampering(changes),
+            }
+        return diff
+
+    def outside_changes(self) -> list[tuple[str, str]]:
+        """What the task's container changed outside /app (its engine's diff), once sealed;
+        the system's own files (/proc, /sys, /dev, the engine's /etc/hosts and resolv.conf,
+        /tmp) are left out. Read once and kept."""
+        assert self.container is not None
+        self.seal()
+        if self._outside is None:
+            self._outside = [
+                (path, kind)
+                for path, kind in self.container.changes()
+                if not path.startswith(_OUTSIDE_IGNORED)
+                and path != "/app"
+                and not path.startswith("/app/")
+            ]
+        return self._outside
 
     def close(self) -> None:
         if self.container is not None:
@@ -475,22 +529,72 @@ def verify(
     workspace.seal()
     if workspace.container is None:
         return verify_tree(verifier=verifier, source=workspace.root)
+    resources = {
+        "cpus": workspace.applied["cpus"],
+        "memory_bytes": workspace.applied["memory_bytes"],
+    }
+    network = workspace.applied.get("network") == "internet"
+    if settings.COEVO_CONTAINER_VERIFY_ON == "image":
+        # The operator's choice: the task's image as built, with the agent's /app only.
+        return verify_tree(
+            verifier=verifier,
+            source=workspace.root,
+            image=workspace.applied["image"],
+            network=network,
+            resources=resources,
+        )
     # The tests run in an image of the container's final state: what the agent installed or
-    # changed outside /app is there too; /app is the copy, as for bubblewrap.
+    # changed outside /app is there too; /app is the copy, as for bubblewrap. That state is the
+    # agent's to shape, the programs the tests run with included: a change to those is caught
+    # here, before anything runs (the rest is the threat model's "Containers").
+    tampered = verifier_tampering(workspace.outside_changes())
+    if tampered:
+        return Verdict(
+            False,
+            0.0,
+            f"not verified: the agent changed {', '.join(tampered[:3])}"
+            f"{f' (and {len(tampered) - 3} more)' if len(tampered) > 3 else ''}, which the tests "
+            "would run with, so what they report could be the agent's; a task whose state "
+            "outside /app does not matter is verified on its image instead with "
+            "COEVO_CONTAINER_VERIFY_ON=image",
+        )
     snapshot = workspace.container.commit()
     try:
         return verify_tree(
             verifier=verifier,
             source=workspace.root,
             image=snapshot,
-            network=workspace.applied.get("network") == "internet",
-            resources={
-                "cpus": workspace.applied["cpus"],
-                "memory_bytes": workspace.applied["memory_bytes"],
-            },
+            network=network,
+            resources=resources,
         )
     finally:
         snapshot_remove(snapshot)
+
+
+# Where a container's programs are found (PATH's usual directories).
+_BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
+# The programs the verifier itself starts (``bash /tests/test.sh``, its ``#!`` line, ``env``):
+# no package an agent installs replaces these.
+_VERIFIER_PROGRAMS = frozenset({"bash", "sh", "dash", "env"})
+
+
+def verifier_tampering(changes: list[tuple[str, str]]) -> list[str]:
+    """The paths among a container's changes that the tests' own start depends on: the shell
+    and ``env`` in any program directory (a copy put first on PATH shadows the image's), the
+    dynamic loader's preload and configuration, Python's start-up hooks (``sitecustomize``,
+    ``usercustomize``), and the verifier's own mounts. Deletions count too (a shell removed
+    and a link left in its place)."""
+    found = []
+    for path, _kind in changes:
+        directory, _, name = path.rpartition("/")
+        if (
+            (directory in _BIN_DIRS and name in _VERIFIER_PROGRAMS)
+            or path == "/etc/ld.so.preload"
+            or path.startswith(("/etc/ld.so.conf", "/logs", "/tests"))
+            or name in ("sitecustomize.py", "usercustomize.py")
+        ):
+            found.append(path)
+    return found
 
 
 def verify_tree(
