@@ -10,6 +10,11 @@ model is assembled under COEVO_HOME/models, as the demo does).
     .venv/bin/python benchmarks/workspace_gemma.py                      # examples/workspace-basic
     .venv/bin/python benchmarks/workspace_gemma.py --harness examples/workspace-agent
     .venv/bin/python benchmarks/workspace_gemma.py --tasks fix-off-by-one create-hello-file
+    # the shipped tasks that need their container (a Docker engine: docs/deployment.md)
+    .venv/bin/python benchmarks/workspace_gemma.py --containers --harness examples/workspace-agent
+
+A harness with declared dependencies gets them built as a worker builds them (from
+COEVO_HARNESS_FIND_LINKS, e.g. var/wheelhouse, which scripts/test fills).
 """
 
 from __future__ import annotations
@@ -34,7 +39,14 @@ def main() -> int:
     parser.add_argument("--tasks", nargs="*", help="task keys (default: every shipped task)")
     parser.add_argument("--knobs", default="{}", help="knob overrides as JSON")
     parser.add_argument("--wall", type=int, default=600, help="wall time per rollout (s)")
+    parser.add_argument(
+        "--containers",
+        action="store_true",
+        help="the shipped tasks that need their container (coevo/suites/data/workspace-containers)",
+    )
     args = parser.parse_args()
+    if args.containers:
+        os.environ.setdefault("COEVO_IMAGE_MAP", "debian:bookworm-slim=local/debian:bookworm")
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "coevo.settings")
     os.environ.setdefault("COEVO_LOG_LEVEL", "WARNING")
@@ -54,11 +66,12 @@ def main() -> int:
     from coevo.suites.harbor_tasks import harbor_task_read
     from tests.support.net import free_port
     from workers.environments import workspace
+    from workers.harness_env import harness_env_prepare
     from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
-    keys = args.tasks or sorted(
-        p.name for p in WORKSPACE_DATA_DIR.iterdir() if (p / "task.toml").is_file()
-    )
+    data_dir = WORKSPACE_DATA_DIR.with_name("workspace-containers") if args.containers else None
+    data_dir = data_dir or WORKSPACE_DATA_DIR
+    keys = args.tasks or sorted(p.name for p in data_dir.iterdir() if (p / "task.toml").is_file())
     model = base_model_gguf(DEFAULT_MODEL_ALIAS)
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
@@ -75,9 +88,14 @@ def main() -> int:
     rows = []
     try:
         wait_until_serving(url, model=DEFAULT_MODEL_ALIAS, process=server)
-        with PolicyClient(url, model=DEFAULT_MODEL_ALIAS) as policy:
+        with (
+            PolicyClient(url, model=DEFAULT_MODEL_ALIAS) as policy,
+            harness_env_prepare(harness_dir=args.harness.resolve()) as harness_env,
+        ):
             for key in keys:
-                task, _ = harbor_task_read(key=key, directory=WORKSPACE_DATA_DIR / key)
+                task, _ = harbor_task_read(
+                    key=key, directory=data_dir / key, container_backend=args.containers
+                )
                 environment = TaskEnvironment(
                     adapter=workspace, inputs=task.inputs, verifier=task.verifier
                 )
@@ -89,6 +107,7 @@ def main() -> int:
                     seed=0,
                     wall_time_s=args.wall,
                     policy_version=DEFAULT_MODEL_ALIAS,
+                    harness_env=harness_env.path,
                 )
                 started = time.monotonic()
                 result = execute_rollout(inputs, policy=policy, environment=environment)
