@@ -1,5 +1,16 @@
 # Shared by scripts/demo and scripts/test: idempotent installation steps.
-VENV="${COEVO_VENV:-$PWD/.venv}"
+
+# The virtual environment: .venv in the checkout, except for a checkout under /tmp, whose
+# environment lives in the user's cache (.venv a link to it). A rollout's sandbox gets a fresh
+# /tmp of its own, which would cover a Python installed under /tmp, and warm sandboxes need the
+# worker's Python visible in theirs (workers/warm.py, warm_possible).
+default_venv() {
+    case "$PWD/" in
+        /tmp/*) echo "${XDG_CACHE_HOME:-$HOME/.cache}/coevo/venvs/$(printf %s "$PWD" | sha256sum | cut -c1-16)" ;;
+        *) echo "$PWD/.venv" ;;
+    esac
+}
+VENV="${COEVO_VENV:-$(default_venv)}"
 PYTHON="${PYTHON:-python3}"
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -41,8 +52,14 @@ ensure_system_packages() {
 ensure_venv() {
     if [ ! -x "$VENV/bin/python" ]; then
         step "creating the virtual environment $VENV"
+        mkdir -p "$(dirname "$VENV")"
         "$PYTHON" -m venv "$VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip
+    fi
+    # Elsewhere than .venv (a checkout under /tmp): .venv links to it, so that the README's
+    # .venv/bin/... commands work (a real .venv directory is left alone).
+    if [ "$VENV" != "$PWD/.venv" ] && { [ -L "$PWD/.venv" ] || [ ! -e "$PWD/.venv" ]; }; then
+        ln -sfn "$VENV" "$PWD/.venv"
     fi
 }
 
@@ -70,9 +87,12 @@ ensure_llama_cpp() {
         echo "minutes (about 4 on 2 cores). The wheel is kept in $wheels for later installs."
         local log="${TMPDIR:-/tmp}/coevo-llama-build.$$.log"
         local started=$SECONDS
-        rm -rf "$wheels.partial"
+        # A build folder of this process's own: another install building at once on this
+        # machine neither removes nor sees it half-written.
+        local partial="$wheels.partial.$$"
+        rm -rf "$partial"
         CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-            "$VENV/bin/python" -m pip wheel -v --no-deps --no-cache-dir -w "$wheels.partial" \
+            "$VENV/bin/python" -m pip wheel -v --no-deps --no-cache-dir -w "$partial" \
             "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >"$log" 2>&1 &
         local pid=$!
         local tick=0
@@ -93,8 +113,9 @@ ensure_llama_cpp() {
             echo "The llama-cpp-python build failed; full log: $log" >&2
             exit 1
         fi
-        rm -rf "$wheels"
-        mv "$wheels.partial" "$wheels"
+        # An atomic rename; where another install finished first, its wheel is kept.
+        mkdir -p "$(dirname "$wheels")"
+        mv -T "$partial" "$wheels" 2>/dev/null || rm -rf "$partial"
         echo "  built in $((SECONDS - started))s"
         rm -f "$log"
     fi
