@@ -203,3 +203,16 @@ def test_a_tasks_storage_bound_limits_app(base_image, image_map):
             shell(workspace, "head -c 3000000 /dev/zero > /app/big; sleep 5", timeout_s=30)
     finally:
         workspace.close()
+
+
+def test_a_pid_that_is_not_the_containers_is_never_killed(workspace):
+    """A worker in a PID namespace of its own sees other processes under the engine's pid
+    numbers: the kill goes to the container's processes only (their cgroup names it)."""
+    from workers.containers.session import _in_container
+
+    assert not _in_container(os.getpid(), workspace.container.id)
+    reply = shell(workspace, "echo $$")
+    assert reply["exit_code"] == 0
+    ps = engine_client().api.top(workspace.container.id)
+    pids = [int(row[ps["Titles"].index("PID")]) for row in ps["Processes"]]
+    assert pids and all(_in_container(pid, workspace.container.id) for pid in pids)

@@ -334,13 +334,14 @@ class TaskContainer:
     def _kill_exec(self, client: docker.DockerClient, exec_id: str) -> None:
         """SIGKILL a command and its descendants. The engine has no call for it: the command's
         pid (as the worker's machine sees it) comes from the engine, its descendants from
-        /proc. Where the worker cannot see that pid (an engine on another machine), the whole
-        container is stopped instead: the rollout's later commands then fail."""
+        /proc, once its cgroup shows it is the container's. Where the worker cannot see that
+        process (an engine on another machine, a worker in a PID namespace of its own), the
+        whole container is stopped instead: the rollout's later commands then fail."""
         try:
             pid = int(client.api.exec_inspect(exec_id).get("Pid") or 0)
         except (docker.errors.DockerException, OSError):
             pid = 0
-        if pid <= 0 or not _process_tree_kill(pid):
+        if pid <= 0 or not _in_container(pid, self.id) or not _process_tree_kill(pid):
             self.stop()
 
     def put_tree(self, tree: Mapping[str, Mapping[str, Any]], target: str) -> None:
@@ -398,6 +399,17 @@ class TaskContainer:
         with contextlib.suppress(Exception):
             container_remove(engine_client(), self.id)
         self.stopped = True
+
+
+def _in_container(pid: int, container: str) -> bool:
+    """Whether ``pid``, as this machine sees it, is a process of ``container`` (its cgroup
+    names the container): a worker in a PID namespace of its own (a worker in a container)
+    sees other processes under the same numbers, and must not kill those."""
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as handle:
+            return container.encode() in handle.read(64 * 1024)
+    except OSError:
+        return False
 
 
 def _process_tree_kill(pid: int) -> bool:
