@@ -234,6 +234,19 @@ class _Runner:
                         self.environment.inputs
                     )
                 except (ImageUnavailable, ImageBuildFailed, WorkspaceRefused) as exc:
+                    if isinstance(exc, ImageBuildFailed):
+                        # Where the build stopped, as data: the worker task records it for the
+                        # suite's page (coevo/suites/image_builds.py), the log's last 16 KiB.
+                        failed = {
+                            "step": exc.step,
+                            "line": exc.line,
+                            "timed_out": exc.timed_out,
+                            "error": str(exc)[:4000],
+                            "log": exc.log[-16 * 1024 :],
+                        }
+                        self.record(
+                            Step("environment", {"backend": "container", "build_failed": failed})
+                        )
                     # The task's container cannot be had: not the harness's doing.
                     return self._end(
                         Outcome.INFRA_ERROR,

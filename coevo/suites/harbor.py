@@ -35,8 +35,9 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from coevo.projects.models import Project
 from coevo.suites.harbor_tasks import HarborTask, TaskRefused, harbor_task_read
+from coevo.suites.image_builds import ImageBuild, task_image_builds_record, task_image_prepare
 from coevo.suites.jsonl import SuiteImportError
-from coevo.suites.models import Suite, SuiteKind, Task
+from coevo.suites.models import ImageBuildSource, Suite, SuiteKind, Task
 from coevo.suites.services import SUITE_NAME, suite_version_create
 from coevo.suites.splits import split_for
 from harness_store.archives import archive_extract
@@ -113,8 +114,9 @@ def suite_import_harbor(
             )
         tasks.append(task)
         report.warnings.extend((key, warning) for warning in warnings)
+    builds: list[tuple[str, ImageBuild]] = []
     if check_solutions:
-        tasks = _check_solutions(tasks, report, progress)
+        tasks = _check_solutions(tasks, report, progress, builds=builds)
     report.taken = [task.key for task in tasks]
     if not tasks:
         raise SuiteImportError(
@@ -135,6 +137,13 @@ def suite_import_harbor(
         description=description,
         actor=actor,
     )
+    if builds:
+        # The check's builds, now that their tasks have rows (the suite page shows them).
+        rows = dict(Task.objects.filter(suite=suite).values_list("key", "id"))
+        task_image_builds_record(
+            builds=[(rows[key], build) for key, build in builds if key in rows],
+            source=ImageBuildSource.SOLUTION_CHECK,
+        )
     return suite, created, report
 
 
@@ -258,9 +267,14 @@ def _task_dirs(directory: Path) -> list[tuple[str, Path]]:
 
 
 def _check_solutions(
-    tasks: list[HarborTask], report: HarborReport, progress: Progress | None
+    tasks: list[HarborTask],
+    report: HarborReport,
+    progress: Progress | None,
+    *,
+    builds: list[tuple[str, ImageBuild]],
 ) -> list[HarborTask]:
-    """The tasks whose solution passes (and those without one); the others are refused."""
+    """The tasks whose solution passes (and those without one); the others are refused.
+    ``builds`` gets each image build the check ran, by task key."""
     checked = {task.key for task in tasks if "solve.sh" in task.verifier["solution"]}
     kept: list[HarborTask] = []
     done = 0
@@ -269,6 +283,11 @@ def _check_solutions(
             report.warnings.append((task.key, "no solution/solve.sh: its tests were not checked"))
             kept.append(task)
             continue
+        # The image first, as the check's workspaces would have it (they then find it built):
+        # a build that ran is recorded for the suite's page.
+        build = task_image_prepare(inputs=task.inputs)
+        if build is not None:
+            builds.append((task.key, build))
         check = solution_check(inputs=task.inputs, verifier=task.verifier)
         done += 1
         if progress:

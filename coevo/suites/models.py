@@ -137,3 +137,62 @@ class Task(models.Model):
                 f"Task {self.key} cannot be {verb}: its suite has been used by an evaluation. "
                 "Import the changed file instead: it becomes a new version of the suite."
             )
+
+
+class ImageBuildOutcome(models.TextChoices):
+    BUILT = "built"
+    FAILED = "failed"
+
+
+class ImageBuildSource(models.TextChoices):
+    ROLLOUT = "rollout", "a rollout"
+    SOLUTION_CHECK = "solution_check", "the import's solution check"
+
+
+class TaskImageBuild(TimeStampedModel):
+    """One build of a task's image that ran (a cache hit is not one), on whichever machine ran
+    it: a worker at a rollout's start, or the importing process checking solutions. Workers
+    build on their own machines and the web process has no engine, so this row is how the
+    suite's page learns of a build (coevo/suites/image_builds.py writes it)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="image_builds")
+    outcome = models.CharField(max_length=16, choices=ImageBuildOutcome.choices)
+    source = models.CharField(max_length=16, choices=ImageBuildSource.choices)
+    # What was built: the image's content hash (workers/containers/images.py), empty for a
+    # docker_image's CA layer; the tag it got, empty when it failed.
+    content_hash = models.CharField(max_length=64, blank=True)
+    image = models.CharField(max_length=255, blank=True)
+    seconds = models.FloatField(null=True, blank=True)
+    # Where a failed build stopped: the instruction as written and its Dockerfile line, when
+    # the builder got that far; ``error`` is the failure's message, bounded.
+    failed_step = models.TextField(blank=True)
+    failed_line = models.PositiveIntegerField(null=True, blank=True)
+    timed_out = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    # The build's log, bounded (its head and its tail: image_builds.MAX_LOG_BYTES). Only the
+    # suite page's detail of a task that is not held out ever reads it.
+    log = models.TextField(blank=True)
+    machine = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # The latest build of each task (the suite page's "Images"): one index scan per task.
+            models.Index(fields=["task", "-created_at"], name="task_image_build_latest"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(outcome__in=ImageBuildOutcome.values),
+                name="task_image_build_outcome_valid",
+            ),
+            # A failed step belongs to a failed build: a built image names none.
+            models.CheckConstraint(
+                condition=models.Q(outcome=ImageBuildOutcome.FAILED)
+                | models.Q(failed_step="", failed_line__isnull=True, timed_out=False),
+                name="task_image_build_built_names_no_failed_step",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.outcome} {self.created_at:%Y-%m-%d %H:%M}"

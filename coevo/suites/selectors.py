@@ -1,3 +1,6 @@
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -7,7 +10,7 @@ from django.db.models.functions import Coalesce
 
 from coevo.errors import NotFound
 from coevo.projects.models import Project
-from coevo.suites.models import Split, Suite, SuiteKind, Task
+from coevo.suites.models import Split, Suite, SuiteKind, Task, TaskImageBuild
 from workers.environments.regexes import regex_problem
 
 
@@ -156,3 +159,80 @@ def suite_unrunnable_patterns(*, suite: Suite, task_ids: list[Any]) -> int:
         for pattern in patterns.iterator()
         if isinstance(pattern, str) and regex_problem(pattern) is not None
     )
+
+
+# --- image builds --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageBuildView:
+    """A task's latest image build as a page may show it. A held-out task's has its outcome
+    and time only: its step, error and log are never read from the database."""
+
+    outcome: str
+    created_at: datetime
+    seconds: float | None = None
+    machine: str = ""
+    source: str = ""
+    failed_step: str = ""
+    failed_line: int | None = None
+    timed_out: bool = False
+    error: str = ""
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class TaskImageRow:
+    key: str
+    split: str
+    sealed: bool
+    build: ImageBuildView | None  # None: no build recorded yet
+
+
+# What a held-out task's build shows (DESIGN.md §8): that it was built or failed, and when. A
+# log or a failed step quotes the task's Dockerfile and what its RUN steps print.
+_SEALED_BUILD_FIELDS = ("id", "outcome", "created_at")
+_BUILD_FIELDS = (
+    *_SEALED_BUILD_FIELDS,
+    "seconds",
+    "machine",
+    "source",
+    "failed_step",
+    "failed_line",
+    "timed_out",
+    "error",
+    "log",
+)
+
+
+def suite_image_rows(*, suite: Suite, task_ids: Iterable[Any]) -> list[TaskImageRow]:
+    """For the tasks among ``task_ids`` that run in their container (``inputs.environment``),
+    in suite order: each one's latest recorded image build, sealed for held-out tasks."""
+    if suite.kind != SuiteKind.WORKSPACE:
+        return []
+    latest = (
+        TaskImageBuild.objects.filter(task=OuterRef("pk")).order_by("-created_at").values("id")[:1]
+    )
+    tasks = list(
+        Task.objects.filter(suite=suite, id__in=list(task_ids), inputs__has_key="environment")
+        .order_by("position")
+        .annotate(latest_build=Subquery(latest))
+        .values("key", "split", "latest_build")
+    )
+    sealed = {t["latest_build"] for t in tasks if t["split"] == Split.HELDOUT} - {None}
+    shown = {t["latest_build"] for t in tasks if t["split"] != Split.HELDOUT} - {None}
+    builds: dict[Any, ImageBuildView] = {}
+    for ids, fields in ((sealed, _SEALED_BUILD_FIELDS), (shown, _BUILD_FIELDS)):
+        if ids:
+            for row in TaskImageBuild.objects.filter(id__in=ids).values(*fields):
+                build_id = row.pop("id")
+                builds[build_id] = ImageBuildView(**row)
+    return [
+        TaskImageRow(
+            key=t["key"],
+            split=t["split"],
+            sealed=t["split"] == Split.HELDOUT,
+            build=builds.get(t["latest_build"]),
+        )
+        for t in tasks
+    ]

@@ -29,7 +29,12 @@ from coevo.suites.harbor import (
 )
 from coevo.suites.jsonl import MAX_FILE_BYTES, SCORERS, SuiteImportError, scorer_spec_build
 from coevo.suites.models import Split, Suite
-from coevo.suites.selectors import suite_get_by_id, suite_summaries, task_catalogue
+from coevo.suites.selectors import (
+    suite_get_by_id,
+    suite_image_rows,
+    suite_summaries,
+    task_catalogue,
+)
 from coevo.suites.services import suite_import_humaneval, suite_import_jsonl
 from coevo.web.access import project_view
 from coevo.web.presenters import task_row
@@ -113,6 +118,9 @@ def suite_detail(request: HttpRequest, project: Project, suite_id: UUID) -> Http
             "splits": Split.choices,
             "page": page,
             "tasks": [task_row(task) for task in page],
+            # The images of this page's tasks that run in their container (sealed when held
+            # out): a page of them, as each may carry a build log.
+            "images": suite_image_rows(suite=suite, task_ids=[task.id for task in page]),
         },
     )
 

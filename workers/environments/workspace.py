@@ -43,7 +43,7 @@ from typing import Any
 from django.conf import settings
 
 from workers import sandbox
-from workers.containers.images import image_for_task
+from workers.containers.images import TaskImage, image_for_task
 from workers.containers.run import container_run, snapshot_remove
 from workers.containers.session import TaskContainer, container_settings, image_app_extract
 from workers.environments.base import InvalidHelperCall, Verdict
@@ -135,6 +135,19 @@ def sandbox_env() -> dict[str, str]:
     return {"PATH": sandbox_path(), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
+def task_image(environment: Mapping[str, Any]) -> TaskImage:
+    """The image of a task that needs its container, from its stored ``environment``: its
+    ``docker_image`` when it names one (as Harbor, over a Dockerfile), else its Dockerfile
+    built with its context (``image_for_task``: cached per content on this machine)."""
+    docker_image = environment.get("docker_image") or None
+    return image_for_task(
+        dockerfile=None if docker_image else environment.get("dockerfile"),
+        context=environment.get("context") or {},
+        docker_image=docker_image,
+        build_timeout_s=environment.get("build_timeout_s"),
+    )
+
+
 def limits() -> tuple[int, int]:
     """(files, bytes) a workspace may hold."""
     return settings.COEVO_WORKSPACE_MAX_FILES, settings.COEVO_WORKSPACE_MAX_BYTES
@@ -188,13 +201,7 @@ class Workspace:
         if not environment:
             return cls.create(inputs["files"])
         started = time.monotonic()
-        docker_image = environment.get("docker_image") or None
-        image = image_for_task(
-            dockerfile=None if docker_image else environment.get("dockerfile"),
-            context=environment.get("context") or {},
-            docker_image=docker_image,
-            build_timeout_s=environment.get("build_timeout_s"),
-        )
+        image = task_image(environment)
         applied = container_settings(environment)
         base = Path(tempfile.mkdtemp(prefix="coevo-workspace-"))
         root = base / "app"

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -33,6 +33,7 @@ from coevo.evaluations.storable import Unstorable, storable_json, storable_text
 from coevo.evaluations.traces import TraceWriter
 from coevo.logs import log_bind, log_context, rollout_log_ids
 from coevo.policies.services import policy_client_for, policy_endpoint_reachable
+from coevo.suites.image_builds import task_image_builds_record_steps
 from harness_store.tree_cache import candidate_tree
 from workers import metrics
 from workers.environments import adapter_for
@@ -120,11 +121,15 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     # Beaten with the process's other rollouts (services/heartbeats.py), so a long model call
     # does not look like a dead worker; ``cancelled`` says the rollout was taken from it.
     with rollout_heartbeat(rollout=rollout) as cancelled:
+        # The task's image builds this attempt ran, for the suite's page (recorded below).
+        environment_steps: list[Step] = []
 
         def on_step(step: Step) -> None:
             if cancelled.is_set():
                 raise RolloutCancelled(f"rollout {rollout.id} was cancelled")
             trace.add(step)
+            if step.kind == "environment":
+                environment_steps.append(step)
 
         started = timezone.now()
         ended = None
@@ -137,6 +142,7 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
             raise  # not the rollout's fault, and the database is needed to record one
         except RolloutCancelled:
             trace.flush_after_failure()
+            _rollout_record_image_builds(rollout=rollout, steps=environment_steps)
             logger.info("rollout %s: cancelled while running", rollout.id)
             return None
         except Exception as exc:  # a fault of this worker, not of the candidate: retry it
@@ -148,6 +154,7 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
                 detail=f"worker error: {type(exc).__name__}: {exc}",
                 error_kind=ErrorKind.WORKER,
             )
+    _rollout_record_image_builds(rollout=rollout, steps=environment_steps)
     latency_ms = int(((ended or timezone.now()) - started).total_seconds() * 1000)
     if result.outcome == Outcome.INFRA_ERROR:
         try:
@@ -171,6 +178,20 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
         by_worker=True,
     )
     return rollout
+
+
+def _rollout_record_image_builds(*, rollout: Rollout, steps: list[Step]) -> None:
+    """The image builds this attempt's "environment" steps record, as the task's builds (the
+    suite's page shows them: coevo/suites/image_builds.py), before the attempt ends or is
+    retried. Written once, not waited for through an outage (a repeated insert would record a
+    build twice): a failure is logged, never the rollout's, and what they record is in its
+    trace too."""
+    if not steps:
+        return
+    try:
+        task_image_builds_record_steps(task_id=rollout.task_id, steps=steps)
+    except DatabaseError:
+        logger.exception("rollout %s: its image builds were not recorded", rollout.id)
 
 
 def _handle_infra_error(*, rollout: Rollout, detail: str, endpoint_down: bool = False) -> None:
