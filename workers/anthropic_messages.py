@@ -26,17 +26,34 @@ Thinking blocks sent back by a client are dropped (the policy never made them); 
 chat counterpart (``top_k``, ``metadata``, ``thinking``, …) are dropped and reported as the
 request's dropped keys; Anthropic's built-in tools (bash, text editor, web search) and
 document blocks are refused, since no policy server behind the boundary runs them.
+
+``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}`` for a Messages request
+(``count_tokens``): the request's messages and tools, translated as above, counted by the
+policy server's tokenizer where the boundary's handler offers one, else estimated (see
+``CHARS_PER_TOKEN_ESTIMATE``); in both cases with a chat template's per-message markers added.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from workers.openai_requests import BadRequest
 
 PATH = "/v1/messages"
+COUNT_TOKENS_PATH = PATH + "/count_tokens"
+# count_tokens with no tokenizer at hand: code and prose run about 3-4 characters a token in
+# Gemma's, Llama's and Qwen's tokenizers (coevo/campaigns/proposers/fitting.py); the low end,
+# so that the estimate errs high and an agent that compacts its context at a threshold does
+# so early rather than past the window.
+CHARS_PER_TOKEN_ESTIMATE = 3.0
+# A chat template's role markers and separators around each message, and the reply's opening.
+MESSAGE_OVERHEAD_TOKENS = 4
+REPLY_OVERHEAD_TOKENS = 3
+# An image, whatever its size (Anthropic's own count for one of about 1.15 megapixels).
+IMAGE_TOKENS_ESTIMATE = 1600
 
 # Request keys translated to the chat body; every other key is dropped and reported.
 _TRANSLATED = frozenset(
@@ -103,6 +120,35 @@ def chat_request(body: Any) -> tuple[dict[str, Any], list[str]]:
     if choice is not None:
         chat.update(_tool_choice(choice))
     return chat, sorted(key for key in body if key not in _TRANSLATED)
+
+
+def count_tokens(
+    body: Any, *, tokenizer: Callable[[str], int | None] | None = None
+) -> dict[str, int]:
+    """``count_tokens``' answer for a Messages request (without ``max_tokens``, as there):
+    its text (messages, tool calls and tool schemas) counted by ``tokenizer`` (None, or one
+    that answers None: estimated), plus each message's template markers and each image."""
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    chat, _ = chat_request({**body, "max_tokens": 1})
+    texts, images = [], 0
+    for said in chat["messages"]:
+        content = said.get("content")
+        for part in content if isinstance(content, list) else [{"text": content or ""}]:
+            if part.get("type") == "image_url":
+                images += 1
+            else:
+                texts.append(str(part.get("text") or ""))
+        for call in said.get("tool_calls") or []:
+            texts.append(call["function"]["name"] + call["function"]["arguments"])
+    if chat.get("tools"):
+        texts.append(json.dumps(chat["tools"]))
+    text = "\n".join(texts)
+    counted = tokenizer(text) if tokenizer is not None else None
+    if counted is None:
+        counted = math.ceil(len(text) / CHARS_PER_TOKEN_ESTIMATE)
+    overhead = MESSAGE_OVERHEAD_TOKENS * len(chat["messages"]) + REPLY_OVERHEAD_TOKENS
+    return {"input_tokens": counted + overhead + IMAGE_TOKENS_ESTIMATE * images}
 
 
 def message(reply: dict[str, Any], *, stop_sequences: list[str] | None = None) -> dict[str, Any]:

@@ -8,11 +8,14 @@ capability made for this rollout: worthless elsewhere, and checked on every requ
 
 What is served: ``GET /v1/models`` and ``POST /v1/completions`` and ``/v1/chat/completions``
 (with tools, tool_choice, response_format, n, stop, seed and ``stream``; a streamed reply is
-the whole reply sent as server-sent events), and Anthropic's ``POST /v1/messages``, translated
-to a chat call (workers/anthropic_messages.py). Whatever model a request names, the rollout's
-policy version answers. Every call goes through ``BoundaryHandler.model_call`` — the rollout's
-runner, which counts it against the manifest's limits and records it — and a refusal is an
-OpenAI-style error body (Anthropic's shape on ``/v1/messages``).
+the whole reply sent as server-sent events), Anthropic's ``POST /v1/messages`` and OpenAI's
+``POST /v1/responses``, each translated to a chat call (workers/anthropic_messages.py,
+workers/openai_responses/), and ``POST /v1/messages/count_tokens``. Whatever model a request
+names, the rollout's policy version answers. Every call goes through
+``BoundaryHandler.model_call`` — the rollout's runner, which counts it against the manifest's
+limits and records it — and a refusal is an OpenAI-style error body (Anthropic's shape on
+``/v1/messages``). The conversations of the Responses this boundary made are kept here, one
+boundary per rollout, so that a ``previous_response_id`` reaches its own rollout's only.
 
 Bounds against a hostile client: a size limit on headers and body; a deadline for each request
 to arrive whole (request line, headers, body: ``IO_TIMEOUT_S`` from when its connection began
@@ -43,7 +46,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Protocol
 
-from workers import anthropic_messages, openai_requests
+from workers import anthropic_messages, openai_requests, openai_responses
 from workers.openai_requests import error_body
 
 logger = logging.getLogger(__name__)
@@ -95,6 +98,9 @@ class BoundaryHandler(Protocol):
         BoundaryRefusal."""
         ...
 
+    # Optional: ``token_count(text) -> int | None``, the policy server's count of ``text``
+    # (count_tokens estimates without it, or when it answers None).
+
 
 class ModelBoundary:
     """One rollout's endpoint: ``start`` it, bind ``socket_dir`` into the sandbox, ``close``."""
@@ -108,6 +114,7 @@ class ModelBoundary:
         os.chmod(self.socket_dir, 0o711)
         self.socket_path = self.socket_dir / SOCKET_NAME
         self.calls = threading.BoundedSemaphore(MAX_CONCURRENT_CALLS)
+        self.responses = openai_responses.ResponseStore()
         self._server = _Server(str(self.socket_path), self)
         os.chmod(self.socket_path, 0o777)
         self._thread = threading.Thread(
@@ -265,6 +272,8 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/completions": "completions",
             "/completions": "completions",
             anthropic_messages.PATH: "messages",
+            anthropic_messages.COUNT_TOKENS_PATH: "count_tokens",
+            **dict.fromkeys(openai_responses.PATHS, "responses"),
             ROUTES_PREFIX + "/env/reset": "env.reset",
             ROUTES_PREFIX + "/env/step": "env.step",
         }.get(path)
@@ -281,6 +290,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if api == "messages":
             self._messages(body)
+            return
+        if api == "responses":
+            self._responses(body)
+            return
+        if api == "count_tokens":
+            self._count_tokens(body)
             return
         if api.startswith(("env.", "helper.")):
             self._coevo(api, body)
@@ -324,6 +339,46 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(anthropic_messages.stream_events(message))
         else:
             self._json(200, message)
+
+    def _responses(self, body: Any) -> None:
+        """OpenAI's Responses API: the request (with the conversation its
+        previous_response_id names) translated to a chat one, then checked, counted and
+        recorded as one; the reply translated back, and its conversation kept under its id."""
+        boundary = self.server.boundary
+        handler = boundary.handler
+        try:
+            request = openai_responses.parse_request(body, history=boundary.responses.get)
+            clean, dropped = handler.check_request("chat", request.chat)
+        except openai_requests.BadRequest as exc:
+            code = exc.code if isinstance(exc, openai_responses.UnknownResponse) else None
+            self._json(400, error_body(str(exc), param=exc.param, code=code))
+            return
+        try:
+            with boundary.calls:
+                reply = handler.model_call(
+                    "chat", clean, dropped=sorted({*request.dropped, *dropped})
+                )
+        except BoundaryRefusal as exc:
+            self._json(exc.status, exc.body)
+            return
+        response_id = openai_responses.new_id("resp")
+        whole, said = openai_responses.response(reply, request, clean, response_id=response_id)
+        if request.store:
+            boundary.responses.put(response_id, [*request.conversation, said])
+        if request.stream:
+            self._stream(openai_responses.stream_events(whole))
+        else:
+            self._json(200, whole)
+
+    def _count_tokens(self, body: Any) -> None:
+        """Anthropic's count_tokens: no model call, nothing counted against the limits."""
+        counter = getattr(self.server.boundary.handler, "token_count", None)
+        try:
+            counted = anthropic_messages.count_tokens(body, tokenizer=counter)
+        except openai_requests.BadRequest as exc:
+            self._json(400, error_body(str(exc), param=exc.param))
+            return
+        self._json(200, counted)
 
     def _coevo(self, method: str, body: Any) -> None:
         """The suite's environment and helpers (``ctx.env`` and ``ctx.helper`` for programs):
@@ -419,7 +474,8 @@ class _Handler(BaseHTTPRequestHandler):
             404,
             error_body(
                 f"{self.command} {self.path.split('?')[0]} is not served here: the boundary "
-                "serves /v1/models, /v1/completions, /v1/chat/completions and /v1/messages.",
+                "serves /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, "
+                "/v1/messages and /v1/messages/count_tokens.",
                 code="unknown_url",
             ),
         )
@@ -438,7 +494,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.reading.pop(self.connection, None)
 
     def _json(self, status: int, payload: dict[str, Any]) -> None:
-        if status >= 400 and self.path.split("?")[0].rstrip("/") == anthropic_messages.PATH:
+        path = self.path.split("?")[0].rstrip("/")
+        if status >= 400 and path in (
+            anthropic_messages.PATH,
+            anthropic_messages.COUNT_TOKENS_PATH,
+        ):
             payload = anthropic_messages.error_of(status, payload)  # Anthropic's SDKs read it
         data = json.dumps(payload).encode()
         try:
