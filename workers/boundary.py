@@ -84,9 +84,12 @@ class BoundaryRefusal(Exception):
 class BoundaryHandler(Protocol):
     model_name: str
 
-    def model_call(self, api: str, body: dict[str, Any], *, dropped: list[str]) -> dict[str, Any]:
+    def model_call(
+        self, api: str, body: dict[str, Any], *, dropped: list[str], spoken: str | None = None
+    ) -> dict[str, Any]:
         """Answer one checked request (``api``: ``chat`` or ``completions``) with the policy
-        server's reply, or raise BoundaryRefusal."""
+        server's reply, or raise BoundaryRefusal. ``spoken``: the API the harness used when
+        the request was translated (``messages``, ``responses``), for the trace."""
         ...
 
     def check_request(self, api: str, body: Any) -> tuple[dict[str, Any], list[str]]:
@@ -330,7 +333,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             with self.server.boundary.calls:
-                reply = handler.model_call("chat", clean, dropped=sorted({*ignored, *dropped}))
+                reply = handler.model_call(
+                    "chat", clean, dropped=sorted({*ignored, *dropped}), spoken="messages"
+                )
         except BoundaryRefusal as exc:
             self._json(exc.status, exc.body)
             return
@@ -356,7 +361,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             with boundary.calls:
                 reply = handler.model_call(
-                    "chat", clean, dropped=sorted({*request.dropped, *dropped})
+                    "chat", clean, dropped=sorted({*request.dropped, *dropped}), spoken="responses"
                 )
         except BoundaryRefusal as exc:
             self._json(exc.status, exc.body)

@@ -282,7 +282,9 @@ class _ProgramRollout:
             left = meter.limits.max_tokens - meter.tokens
         return openai_requests.check_request(api, body, seed=seed, max_tokens_left=left)
 
-    def model_call(self, api: str, body: dict[str, Any], *, dropped: list[str]) -> dict[str, Any]:
+    def model_call(
+        self, api: str, body: dict[str, Any], *, dropped: list[str], spoken: str | None = None
+    ) -> dict[str, Any]:
         runner = self.runner
         meter = runner.meter
         assert meter is not None
@@ -322,7 +324,7 @@ class _ProgramRollout:
                         Step(
                             "model_call",
                             {
-                                **self._payload(api, body, dropped),
+                                **self._payload(api, body, dropped, spoken),
                                 "call": index,
                                 "rejected": str(exc)[:2000],
                             },
@@ -357,7 +359,7 @@ class _ProgramRollout:
                 Step(
                     "model_call",
                     {
-                        **self._payload(api, body, dropped),
+                        **self._payload(api, body, dropped, spoken),
                         **place,
                         "model": completion.model,
                         "endpoint": completion.endpoint,
@@ -398,7 +400,9 @@ class _ProgramRollout:
                     status, error_body(str(exc), type="coevo_error", code=str(exc.error_kind))
                 ) from None
 
-    def _payload(self, api: str, body: dict[str, Any], dropped: list[str]) -> dict[str, Any]:
+    def _payload(
+        self, api: str, body: dict[str, Any], dropped: list[str], spoken: str | None = None
+    ) -> dict[str, Any]:
         content_keys = (
             ("messages", "tools", "tool_choice", "response_format")
             if api == "chat"
@@ -414,6 +418,10 @@ class _ProgramRollout:
         }
         if dropped:
             payload["dropped"] = dropped
+        if spoken:
+            # The harness spoke another API (Anthropic's Messages, OpenAI's Responses); what
+            # is recorded is the chat call it was translated to.
+            payload["spoken"] = spoken
         return payload
 
 

@@ -141,6 +141,7 @@ def program_steps(task: Task) -> list[Step]:
             relation="repeats",
             content="yes",
             dropped=["logit_bias", "user"],
+            spoken="responses",
         ),
         boundary_call(
             4,
@@ -279,6 +280,9 @@ def test_it_notes_dropped_keys_and_shows_the_programs_command_and_output(
         "<code>user</code></p>" in step_html(page, "1-4")
     )
     assert "<code class=\"command\">python3 agent.py --mode 'two words'</code>" in page
+    # A call the harness made in another API says so (the Responses API, here).
+    assert "chat (the harness spoke responses) · scripted" in step_html(page, "1-4")
+    assert "the harness spoke" not in step_html(page, "1-1")
     assert "entrypoint" not in step_html(page, "1-0")
     output = step_html(page, "1-7")
     assert "exit code <strong>0</strong>" in output

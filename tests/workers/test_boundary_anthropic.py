@@ -426,7 +426,9 @@ class FakeRunner:
     def check_request(self, api: str, body: Any) -> tuple[dict[str, Any], list[str]]:
         return openai_requests.check_request(api, body, seed=7, max_tokens_left=1000)
 
-    def model_call(self, api: str, body: dict[str, Any], *, dropped: list[str]) -> dict[str, Any]:
+    def model_call(
+        self, api: str, body: dict[str, Any], *, dropped: list[str], spoken: str | None = None
+    ) -> dict[str, Any]:
         self.calls.append((api, body, dropped))
         if self.refusal is not None:
             raise self.refusal
@@ -569,7 +571,7 @@ def test_the_unmodified_anthropic_sdk_gets_a_message(tmp_path):
     assert result.answer[:3] == ["yes", "end_turn", "base"]
     (call,) = steps(result, "model_call")
     assert result.answer[3:] == [call["usage"]["prompt_tokens"], 1, 0]
-    assert call["api"] == "chat" and call["via"] == "boundary"
+    assert call["api"] == "chat" and call["via"] == "boundary" and call["spoken"] == "messages"
     assert call["messages"] == [
         {"role": "system", "content": "Answer yes or no."},
         {"role": "user", "content": "is the sky blue?"},

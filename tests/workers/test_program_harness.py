@@ -84,7 +84,7 @@ def test_a_python_program_answers_through_the_boundary_and_is_scored(tmp_path, s
 
     assert (result.outcome, result.score, result.answer) == (Outcome.PASSED, 1.0, "yes")
     (call,) = steps(result, "model_call")
-    assert call["via"] == "boundary" and call["api"] == "chat"
+    assert call["via"] == "boundary" and call["api"] == "chat" and "spoken" not in call
     assert call["messages"] == [{"role": "user", "content": "terse is the sky blue?"}]
     assert call["policy_version"] == "base" and call["completion"] == "yes"
     assert (call["session"], call["parent"], call["relation"]) == (0, None, "starts")

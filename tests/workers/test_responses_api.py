@@ -633,6 +633,7 @@ def test_the_openai_sdk_gets_responses_and_round_trips_a_function_call(tmp_path)
     }, result.detail  # fmt: skip
     assert len(calls) == 4 and result.model_calls == 4
     assert plain["api"] == "chat" and plain["via"] == "boundary"
+    assert all(call["spoken"] == "responses" for call in calls)  # the API the harness used
     assert plain["messages"] == [
         {"role": "system", "content": "Answer yes or no."},
         {"role": "user", "content": "is the sky blue?"},
