@@ -11,7 +11,7 @@ is llama.cpp serving Gemma 3 270M (or COEVO_POLICY_URL), run by one Celery worke
 Per campaign: the validation gain of its best over the seed (paired, 95% interval:
 ``evaluation_compare``), and the held-out gain, from a promotion request of the best to an empty
 channel of its own (``bench-<strategy>-<seed>``), whose evidence compares it with the campaign's
-seed on the sealed held-out split (DESIGN.md §8: held-out scores only through promotions, never
+seed on the sealed held-out split (docs/architecture.md, "The held-out seal": held-out scores only through promotions, never
 an evaluation of the held-out split started here). A best that is the seed is not promoted; its
 gain is 0 and not significant. The row also holds the HDA split of the search-set gain (what
 held out, what did not), the rollouts and proposer tokens spent, the rollouts racing saved and

@@ -70,7 +70,7 @@ class MatrixCreateIn(serializers.Serializer):
     )
     suite = serializers.SlugField(max_length=64, help_text="Suite name (latest version).")
     suite_version = serializers.CharField(max_length=32, required=False)
-    # Held-out is sealed (DESIGN.md §8): not a choice here.
+    # Held-out is sealed (docs/architecture.md, "The held-out seal"): not a choice here.
     split = serializers.ChoiceField(choices=OPEN_SPLITS)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     epochs = serializers.IntegerField(min_value=1, max_value=100, default=1)

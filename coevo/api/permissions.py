@@ -62,7 +62,7 @@ def project_for_request(*, request: Request, slug: str, role: Role = Role.VIEWER
 
 
 def can_see_heldout(*, request: Request, project: Project) -> bool:
-    """Held-out results are sealed (DESIGN.md §8): only reviewers, with a personal token."""
+    """Held-out results are sealed (docs/architecture.md, "The held-out seal"): only reviewers, with a personal token."""
     token = request.auth
     user: AbstractBaseUser = request.user
     return (

@@ -1,7 +1,7 @@
 """API: promotion requests (see docs/api.md, Promotions). Included under
 ``projects/<slug:slug>/``.
 
-Held-out per-task details (flips and their rollouts) are sealed (DESIGN.md §8): the evidence
+Held-out per-task details (flips and their rollouts) are sealed (docs/architecture.md, "The held-out seal"): the evidence
 goes out whole only to reviewers' personal tokens (``ApiView.can_see_heldout``); everyone else
 gets the aggregates. Approve/reject need the ``promotions:approve`` scope, which
 ``coevo.accounts`` never grants to CI tokens, and the reviewer role; the service refuses the

@@ -7,7 +7,7 @@ proposals (their patches, search scores, per-task search results, why rejected o
 rejected), the traces of failed SEARCH-split tasks, and the campaign's failure patterns when
 that module exists.
 
-The sealed-split rule (DESIGN.md §8, AutoSaddler): only SEARCH-split material is read here.
+The sealed-split rule (docs/architecture.md, "The held-out seal"): only SEARCH-split material is read here.
 Every evaluation and rollout is filtered on the campaign's search split at the query, and no
 validation score is shown either: a proposer that saw validation scores would be searching on
 the split the campaign selects on.

@@ -35,7 +35,7 @@ from harness_store.services import candidate_import_directory
 
 TEXTWORLD_HARNESS = BASE_DIR / "examples" / "textworld-naive"
 # The knobs the demo's campaign searches. list_commands is left out: free-text commands are
-# known to score nothing with a 270M base model (DESIGN.md §5), so a short demo budget is better
+# known to score nothing with a 270M base model (docs/architecture.md, "Shipped suites"), so a short demo budget is better
 # spent elsewhere. temperature is left out too: sampling only adds noise to a 270M model's
 # choice of a number, and each draw spent on it is one not spent on what matters (``order``).
 CAMPAIGN_KNOBS = ["order", "max_listed", "history"]
@@ -119,7 +119,7 @@ def demo_textworld_suite(
             )
         chosen += picked
     keys = ",".join(task.key for task in chosen)
-    # Held-out games are sealed (DESIGN.md §8): the description, shown wherever the suite is,
+    # Held-out games are sealed (docs/architecture.md, "The held-out seal"): the description, shown wherever the suite is,
     # names the games a proposer may know of and only counts the held-out ones.
     open_keys = ", ".join(task.key for task in chosen if task.split != Split.HELDOUT)
     description = (

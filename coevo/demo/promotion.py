@@ -1,6 +1,6 @@
 """The demo's promotion: the campaign's best candidate is requested for ``production``, the
 sealed held-out games are played, and a second demo user, a reviewer, is shown where to
-approve it (approval needs a reviewer other than the requester, DESIGN.md §8).
+approve it (approval needs a reviewer other than the requester: docs/architecture.md, "The held-out seal").
 
 Imported once Django is set up (``coevo.demo.run``).
 """

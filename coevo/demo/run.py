@@ -6,8 +6,8 @@ HumanEval, evaluates the seed on a small search split and prints a one-line summ
 story of harness evolution, start to end:
 
 1. a short config campaign on a few TextWorld games from a deliberately naive seed
-   (``examples/textworld-naive``), where the harness visibly moves Gemma's score (DESIGN.md
-   §5): the seed's scores, the best validation score and what changed;
+   (``examples/textworld-naive``), where the harness visibly moves Gemma's score (docs/architecture.md,
+   "Shipped suites"): the seed's scores, the best validation score and what changed;
 2. a promotion of the campaign's best candidate to ``production``: the sealed held-out games
    are played and the evidence assembled (the paired held-out comparison, the gap between the
    search-set gain and the held-out gain);

@@ -6,7 +6,7 @@ the same suite (its content and its split seed: the same tasks split another way
 suite), the same seed and the same resolved knob values. Only scored results (passed,
 task_failure) are reused: errors are worth running again.
 
-The cache never crosses the held-out seal (DESIGN.md §8): a held-out rollout is never a source
+The cache never crosses the held-out seal (docs/architecture.md, "The held-out seal"): a held-out rollout is never a source
 and never reuses, and a result never travels between projects or between splits. A reused
 rollout links to its source (its page, its trace, the trajectory exports follow that link), so a
 source the reusing evaluation may not see would leak it; the key and the lookup both hold the

@@ -64,7 +64,7 @@ def evaluation_list(
     *, project: Project, candidate: Candidate | None = None, include_heldout: bool = True
 ) -> QuerySet[Evaluation]:
     """``include_heldout=False`` for every view outside promotion requests: held-out results
-    are sealed (DESIGN.md §8)."""
+    are sealed (docs/architecture.md, "The held-out seal")."""
     qs = Evaluation.objects.filter(project=project).select_related("candidate", "suite")
     if candidate is not None:
         qs = qs.filter(candidate=candidate)
@@ -433,7 +433,7 @@ class EvaluationComparison:
 
 def evaluation_comparable_list(*, evaluation: Evaluation) -> QuerySet[Evaluation]:
     """The evaluations ``evaluation`` compares with task by task (evaluation_compare): the same
-    suite and split, itself left out; never held-out ones (sealed, DESIGN.md §8)."""
+    suite and split, itself left out; never held-out ones (sealed: docs/architecture.md, "The held-out seal")."""
     return (
         Evaluation.objects.filter(
             project_id=evaluation.project_id, suite_id=evaluation.suite_id, split=evaluation.split

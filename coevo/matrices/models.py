@@ -45,7 +45,7 @@ class CompatibilityMatrix(TimeStampedModel):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            # Held-out tasks are sealed (DESIGN.md §8): only a promotion request evaluates them.
+            # Held-out tasks are sealed (docs/architecture.md, "The held-out seal"): only a promotion request evaluates them.
             models.CheckConstraint(
                 condition=~models.Q(split=Split.HELDOUT), name="matrix_split_not_heldout"
             ),

@@ -142,7 +142,7 @@ def task_catalogue(*, suite: Suite, split: Split | None = None) -> QuerySet[Task
 
 
 def task_is_sealed(*, task: Task) -> bool:
-    """Held-out tasks are sealed (DESIGN.md §8): no page or proposer may see their inputs."""
+    """Held-out tasks are sealed (docs/architecture.md, "The held-out seal"): no page or proposer may see their inputs."""
     return task.split == Split.HELDOUT
 
 
@@ -189,7 +189,7 @@ class TaskImageRow:
     build: ImageBuildView | None  # None: no build recorded yet
 
 
-# What a held-out task's build shows (DESIGN.md §8): that it was built or failed, and when. A
+# What a held-out task's build shows (docs/architecture.md, "The held-out seal"): that it was built or failed, and when. A
 # log or a failed step quotes the task's Dockerfile and what its RUN steps print.
 _SEALED_BUILD_FIELDS = ("id", "outcome", "created_at")
 _BUILD_FIELDS = (

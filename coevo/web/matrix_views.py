@@ -52,7 +52,7 @@ class MatrixCreateForm(forms.Form):
         help_text=f"the columns (at most {MAX_COLUMNS})",
     )
     suite = forms.ModelChoiceField(queryset=Suite.objects.none())
-    # Held-out is sealed (DESIGN.md §8): not even offered.
+    # Held-out is sealed (docs/architecture.md, "The held-out seal"): not even offered.
     split = forms.ChoiceField(
         choices=[(Split.SEARCH.value, "search"), (Split.VALIDATION.value, "validation")],
         initial=Split.VALIDATION.value,

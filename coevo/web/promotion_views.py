@@ -1,7 +1,7 @@
 """Channel and promotion pages (issue 5): the channels with their history and rollback, the
 promotion request form and list, and one request's evidence with the review forms.
 
-Held-out task inputs, traces and per-task results (DESIGN.md §8) appear only here and only for
+Held-out task inputs, traces and per-task results (docs/architecture.md, "The held-out seal") appear only here and only for
 reviewers: ``promotion_detail`` gives the per-task part of the evidence to reviewers alone, and
 ``promotion_rollout`` is the one page that unseals a held-out rollout, for reviewers, when the
 rollout belongs to one of the request's own evaluations.
@@ -221,7 +221,7 @@ def promotion_detail(request: HttpRequest, project: Project, request_id: UUID) -
         "sides": sides,
         "reference_side": sides[1][1],
         "reference": promotion_reference_summary(evidence=evidence, promotion=promotion),
-        # Sealed (DESIGN.md §8): the per-task held-out list reaches the template for
+        # Sealed (docs/architecture.md, "The held-out seal"): the per-task held-out list reaches the template for
         # reviewers only.
         "heldout_tasks": promotion_heldout_tasks(evidence=evidence) if is_reviewer else None,
         "looks": promotion_looks(promotion=promotion),

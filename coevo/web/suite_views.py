@@ -1,6 +1,6 @@
 """Dashboard pages for task suites: the list, one suite's tasks, and the import form.
 
-Held-out tasks are sealed (DESIGN.md §8): their pages show key and split only, never inputs.
+Held-out tasks are sealed (docs/architecture.md, "The held-out seal"): their pages show key and split only, never inputs.
 No page shows a task's ``verifier`` payload (expected answers, hidden tests, verifier source).
 """
 

@@ -202,7 +202,7 @@ def rollout_detail(request: HttpRequest, project: Project, rollout_id: UUID) -> 
     """A rollout and its trace, a page of steps at a time (``?from=attempt.index``), searched
     with ``?q=``; htmx's "load more" gets only the next page's steps."""
     rollout = rollout_get(project=project, rollout_id=rollout_id)
-    # Held-out inputs are sealed (DESIGN.md §8): the prompt is in the task and in every model
+    # Held-out inputs are sealed (docs/architecture.md, "The held-out seal"): the prompt is in the task and in every model
     # call of the trace, so neither is shown. Reviewers reach held-out rollouts only through a
     # promotion request (coevo.web.promotion_views.promotion_rollout), which unseals them.
     return rollout_page(request, project, rollout, sealed=task_is_sealed(task=rollout.task))

@@ -1,4 +1,4 @@
-"""The held-out split is sealed (DESIGN.md §8, issue 5): a marker string planted in held-out
+"""The held-out split is sealed (docs/architecture.md, "The held-out seal"; issue 5): a marker string planted in held-out
 task inputs and traces never appears on a dashboard page a researcher or viewer can reach, nor
 in an API answer to a non-reviewer token (a researcher's, a reviewer's CI token); a reviewer
 sees it on the promotion pages only.

@@ -67,7 +67,7 @@ def evaluation_create(
     """Create the evaluation, its stages and rollouts, reserve its budget, and start it once the
     transaction commits. Refused (nothing created) when the budget cannot cover the worst case.
 
-    The held-out split is sealed (DESIGN.md §8): only a promotion request runs it, and says so
+    The held-out split is sealed (docs/architecture.md, "The held-out seal"): only a promotion request runs it, and says so
     with ``purpose="promotion"`` (coevo.reviews.promotions), so every held-out look is one the
     request counts and shows to its reviewers.
 

@@ -563,7 +563,7 @@ class _Fill:
     def promotions(self) -> None:
         """Requests to move ``production``, oldest first: most approved (moving the channel and
         tagging the commit), some rejected or withdrawn, the newest still open for review.
-        Their held-out evaluations exist only here (DESIGN.md §8)."""
+        Their held-out evaluations exist only here (docs/architecture.md, "The held-out seal")."""
         plan, rng, writer = self.plan, self.rng, self.writer()
         base = self.policies[0][0]
         by_skill = sorted(self.nodes, key=lambda n: n.skill)

@@ -1,5 +1,5 @@
 """Promotion requests: the held-out evaluations, the evidence, comments, two-person approval and
-the channel move an approval makes (DESIGN.md §8). Import each service from its module:
+the channel move an approval makes (docs/architecture.md, "The held-out seal"). Import each service from its module:
 
 - ``create``: ``promotion_request_create`` (and the held-out evaluations it starts: the
   candidate's and its reference's, the holder or, for an empty channel, a baseline);

@@ -1,5 +1,5 @@
-"""A promotion request's evidence: what reviewers decide on (DESIGN.md §8, RESEARCH.md
-"Evaluation honesty").
+"""A promotion request's evidence: what reviewers decide on (docs/architecture.md, "The held-out
+seal" and "Evaluation honesty").
 
 Assembled once the request's held-out evaluations are final and stored on the request as JSON,
 so the request page shows the same figures on every reload and after the traces are pruned:
