@@ -326,6 +326,12 @@ COEVO_CONTAINER_VERIFY_ON = env_choice("COEVO_CONTAINER_VERIFY_ON", "final", ("f
 # COEVO_HARNESS_ENV_BUILD_TIMEOUT_S.
 COEVO_HARNESS_INDEX_URL = env_str("COEVO_HARNESS_INDEX_URL", "https://pypi.org/simple")
 COEVO_HARNESS_FIND_LINKS = env_str("COEVO_HARNESS_FIND_LINKS", "")
+# Harnesses' declared Node dependencies (an npm lock: workers/harness_env.py): installed by
+# `npm ci` from COEVO_HARNESS_NPM_CACHE (an npm cache directory prefilled with every tarball,
+# `npm cache add`; then npm is never online) or else COEVO_HARNESS_NPM_REGISTRY, into the same
+# cache, bounds and timeout as the Python environments.
+COEVO_HARNESS_NPM_CACHE = env_str("COEVO_HARNESS_NPM_CACHE", "")
+COEVO_HARNESS_NPM_REGISTRY = env_str("COEVO_HARNESS_NPM_REGISTRY", "https://registry.npmjs.org/")
 # Candidate trees exported on a worker (harness_store/tree_cache.py): shared by the tree's
 # rollouts, the least recently used beyond the maximum removed.
 COEVO_HARNESS_TREE_DIR = env_path("COEVO_HARNESS_TREE_DIR", COEVO_HOME / "harness-trees")

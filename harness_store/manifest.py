@@ -30,10 +30,15 @@ HARNESS_KEYS = (
     "components",
     "description",
     "requirements",
+    "node_lock",
+    "node_scripts",
 )
 # Declared dependencies (docs/harnesses.md): a pinned requirements file, or a pyproject.toml
 # with the uv.lock beside it.
 LOCK_NAME = "uv.lock"
+# Declared Node dependencies: an npm lock (lockfileVersion 3) with its package.json beside it.
+NODE_LOCK_NAME = "package-lock.json"
+NODE_PACKAGE_NAME = "package.json"
 # A program harness's command: argv, run in the harness directory (docs/harnesses.md).
 MAX_COMMAND_ARGS = 64
 MAX_COMMAND_ARG_CHARS = 4096
@@ -112,6 +117,11 @@ class Manifest:
     # Declared dependencies: the path of a pinned requirements file (``*.txt``) or of a
     # ``pyproject.toml`` with a ``uv.lock`` beside it; "" when the harness declares none.
     requirements: str = ""
+    # Declared Node dependencies: the path of a ``package-lock.json`` with its ``package.json``
+    # beside it; "" when the harness declares none. ``node_scripts`` lets the packages' install
+    # scripts run while they are installed (a trust decision: docs/harnesses.md).
+    node_lock: str = ""
+    node_scripts: bool = False
 
     @property
     def is_program(self) -> bool:
@@ -231,6 +241,7 @@ def parse_manifest(
         limits=_limits(data, where),
         description=_optional_str(section, "description", f"{where} [harness]"),
         requirements=_requirements(section, has_file=has_file),
+        **_node_dependencies(section, has_file=has_file),
     )
 
 
@@ -277,6 +288,7 @@ def _program_manifest(
         description=_optional_str(section, "description", where),
         command=tuple(command),
         requirements=_requirements(section, has_file=has_file),
+        **_node_dependencies(section, has_file=has_file),
     )
 
 
@@ -310,6 +322,47 @@ def _requirements(section: dict[str, Any], *, has_file: Callable[[str], bool] | 
             f"(`uv lock` writes it) so that every worker installs the same versions."
         )
     return path
+
+
+def _node_dependencies(
+    section: dict[str, Any], *, has_file: Callable[[str], bool] | None
+) -> dict[str, Any]:
+    """``node_lock``: a path inside the harness to a ``package-lock.json`` whose
+    ``package.json`` sits beside it; ``node_scripts``: whether install scripts run."""
+    where = f"{MANIFEST_NAME} [harness]"
+    scripts = section.get("node_scripts", False)
+    if not isinstance(scripts, bool):
+        raise InvalidManifest(f"{where} node_scripts = {scripts!r}: expected true or false.")
+    if "node_lock" not in section:
+        if scripts:
+            raise InvalidManifest(
+                f"{where} node_scripts: there are no Node dependencies whose scripts could "
+                f"run; name their lock with node_lock = {NODE_LOCK_NAME!r}."
+            )
+        return {}
+    path = section["node_lock"]
+    if not isinstance(path, str) or not path.strip():
+        raise InvalidManifest(f"{where} node_lock: expected a path such as {NODE_LOCK_NAME!r}.")
+    parts = path.split("/")
+    if path.startswith("/") or "\\" in path or ".." in parts or "" in parts[:-1]:
+        raise InvalidManifest(
+            f"{where} node_lock = {path!r}: expected a relative path inside the harness, such "
+            f"as {NODE_LOCK_NAME!r} or 'agent/{NODE_LOCK_NAME}'."
+        )
+    if parts[-1] != NODE_LOCK_NAME:
+        raise InvalidManifest(
+            f"{where} node_lock = {path!r}: expected an npm lock file, named {NODE_LOCK_NAME} "
+            "(`npm install --package-lock-only` writes it)."
+        )
+    package = "/".join([*parts[:-1], NODE_PACKAGE_NAME])
+    if has_file is not None and not has_file(path):
+        raise InvalidManifest(f"{where} node_lock = {path!r}: there is no {path} in the harness.")
+    if has_file is not None and not has_file(package):
+        raise InvalidManifest(
+            f"{where} node_lock = {path!r}: there is no {package} beside it; npm installs a "
+            "lock only together with the package.json it was written from."
+        )
+    return {"node_lock": path, "node_scripts": scripts}
 
 
 def _components(section: dict[str, Any], where: str) -> tuple[str, ...]:

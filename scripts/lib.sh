@@ -197,6 +197,50 @@ ensure_test_wheelhouse() {
     echo "$digest" >"$stamp"
 }
 
+# The npm packages the example agents lock (examples/*/package-lock.json), added once to a local
+# npm cache: tests install harness Node dependencies from it (COEVO_HARNESS_NPM_CACHE, `npm ci
+# --offline`), never from the registry. Only the packages npm would install on this machine
+# (a lock lists every platform's optional binaries).
+ensure_test_npm_cache() {
+    local dir="${COEVO_TEST_NPM_CACHE:-$PWD/var/npm-cache}"
+    local stamp="$dir/.locks-sha256"
+    local digest files specs
+    files="$(ls examples/*/package-lock.json 2>/dev/null || true)"
+    [ -n "$files" ] || return 0
+    if ! command -v npm >/dev/null; then
+        echo "No npm: the tests of Node harness dependencies will fail (apt-get install npm)." >&2
+        return 0
+    fi
+    # shellcheck disable=SC2086
+    digest="$(cat $files | sha256sum | cut -d' ' -f1)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
+        return 0
+    fi
+    step "adding the example agents' npm packages to $dir"
+    mkdir -p "$dir"
+    # shellcheck disable=SC2086
+    specs="$(node -e '
+        // npm'"'"'s rule for os, cpu and libc: listed, or only others excluded.
+        const fits = (list, value) => !Array.isArray(list) || list.length === 0 ||
+            (!list.includes("!" + value) && (list.includes(value) || list.every(v => v.startsWith("!"))));
+        const libc = process.report.getReport().header.glibcVersionRuntime ? "glibc" : "musl";
+        for (const file of process.argv.slice(1)) {
+            const lock = JSON.parse(require("fs").readFileSync(file, "utf8"));
+            for (const [path, entry] of Object.entries(lock.packages || {})) {
+                if (!path || !entry.resolved || entry.dev) continue;
+                if (!fits(entry.os, process.platform) || !fits(entry.cpu, process.arch) ||
+                    !fits(entry.libc, libc)) continue;
+                const name = entry.name || path.slice(path.lastIndexOf("node_modules/") + 13);
+                console.log(`${name}@${entry.version}`);
+            }
+        }' $files | sort -u)"
+    if [ -n "$specs" ]; then
+        # shellcheck disable=SC2086
+        npm cache add --cache "$dir" --no-update-notifier --loglevel=error $specs
+    fi
+    echo "$digest" >"$stamp"
+}
+
 # --- The container engine (workers/containers/, docs/deployment.md "The container backend") ---
 # coevo talks to one Docker engine, named by COEVO_DOCKER_HOST everywhere (scripts, workers,
 # tests). By default it is an engine of coevo's own, with its own data root, exec root, pidfile

@@ -1,5 +1,5 @@
-"""Harnesses' declared dependencies: one environment per content hash, built with uv, cached on
-the worker and mounted read-only into the sandbox.
+"""Harnesses' declared dependencies: one environment per content hash, built with uv (and npm),
+cached on the worker and mounted read-only into the sandbox.
 
 A harness declares its dependencies in ``harness.toml`` (``[harness] requirements``): a
 requirements file in which every requirement is pinned (``name==version``, optionally with
@@ -7,12 +7,23 @@ requirements file in which every requirement is pinned (``name==version``, optio
 files' bytes, the worker's Python and the index configuration, so one key is one set of
 installed files on every worker that shares the configuration.
 
+Node dependencies (``[harness] node_lock``) are an npm lock (lockfileVersion 3) with its
+package.json, every package a registry tarball pinned by its integrity hash
+(workers/harness_requirements.py refuses git, file, link and other URLs before anything runs).
+They are installed by ``npm ci`` into the same environment (``site/node_modules``, each
+package's command linked into ``site/bin``), keyed also by the Node major version, the platform
+and the npm cache or registry. Install scripts do not run (``--ignore-scripts``) unless the
+manifest sets ``node_scripts = true``: then the packages' own code runs while the build can
+reach the registry, which is the harness author's trust decision, documented as such.
+
 What may run where:
-- The build has network (the operator's index, COEVO_HARNESS_INDEX_URL) or none at all
-  (COEVO_HARNESS_FIND_LINKS, a local wheel directory: ``--no-index``). It installs wheels only
-  (``--no-build``): installing a wheel unpacks files and runs no package code, so nothing the
-  harness controls runs while the build can reach the network. uv is given only pins that
-  were checked first (workers/harness_requirements.py: no options, URLs, paths or editables
+- The build has network (the operator's index, COEVO_HARNESS_INDEX_URL; the npm registry,
+  COEVO_HARNESS_NPM_REGISTRY) or none at all (COEVO_HARNESS_FIND_LINKS, a local wheel
+  directory: ``--no-index``; COEVO_HARNESS_NPM_CACHE, a prefilled npm cache: ``--offline``).
+  It installs wheels only (``--no-build``): installing a wheel unpacks files and runs no
+  package code, so nothing the harness controls runs while the build can reach the network
+  (nor does npm run install scripts, unless the manifest allows them). uv is given only pins
+  that were checked first (workers/harness_requirements.py: no options, URLs, paths or editables
   from the harness's files), the operator's index and no configuration file
   (workers/harness_env_build.py).
 - A build never runs inside a rollout's wall time: the worker prepares the environment before
@@ -58,7 +69,8 @@ from workers.harness_requirements import Requirements, harness_env_key, harness_
 
 logger = logging.getLogger(__name__)
 
-# Where the environment appears in the sandbox: on PYTHONPATH, its scripts (bin/) on PATH.
+# Where the environment appears in the sandbox: on PYTHONPATH, its scripts (bin/) on PATH, its
+# Node packages (node_modules/) on NODE_PATH.
 ENV_MOUNT = "/opt/harness-env"
 # Waiting for another worker's build of the same key: its timeout, and then some.
 LOCK_GRACE_S = 60
@@ -157,7 +169,7 @@ def harness_env_ensure(requirements: Requirements) -> HarnessEnv:
     logger.info(
         "harness environment %s (%s): %s in %.2fs",
         key,
-        requirements.source,
+        requirements.label,
         "built" if built else "cached",
         env.seconds,
     )
@@ -254,10 +266,14 @@ def harness_env_binds(harness_env: Path | None) -> dict[Path, str]:
 def harness_env_vars(harness_env: Path | None, *, pythonpath: str) -> dict[str, str]:
     """PYTHONPATH (and PATH) for the sandbox: ``pythonpath`` (the coevo runtime) first, so
     that no package of the environment can stand in for it, then the environment; the
-    environment's scripts first on the sandbox's PATH."""
+    environment's scripts first on the sandbox's PATH; its Node packages on NODE_PATH, where
+    Node's ``require`` looks after the program's own node_modules directories."""
     if harness_env is None:
         return {"PYTHONPATH": pythonpath}
-    return {
+    env = {
         "PYTHONPATH": f"{pythonpath}:{ENV_MOUNT}",
         "PATH": f"{ENV_MOUNT}/bin:{sandbox.SANDBOX_PATH}",
     }
+    if (Path(harness_env) / "node_modules").is_dir():
+        env["NODE_PATH"] = f"{ENV_MOUNT}/node_modules"
+    return env

@@ -1,6 +1,8 @@
-"""Building one harness environment with uv (workers/harness_env.py holds the cache and its
-locks, and says what may run where): the checked pins, wheels only, the operator's index, a
-deadline and bounded output; the result world-readable, measured and described."""
+"""Building one harness environment with uv and npm (workers/harness_env.py holds the cache and
+its locks, and says what may run where): the checked pins, wheels only, the operator's index;
+the checked npm lock, no install scripts unless the manifest allows them, the operator's cache
+or registry; a deadline and bounded output; the result world-readable, measured and
+described."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,11 +25,16 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from uv import find_uv_bin
 
+from workers import sandbox
 from workers.harness_requirements import (
+    NodePackage,
     Pin,
     Requirements,
     index_config,
+    node_identity,
     normalize_name,
+    npm_config,
+    parse_node_lock,
     parse_pins,
     python_identity,
 )
@@ -52,6 +59,7 @@ _PASSED_ENV = (
     "all_proxy",
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
 )
 
 
@@ -66,47 +74,20 @@ def harness_env_build(requirements: Requirements, *, key: str, root: Path) -> No
     try:
         for name in ("env/site", "home", "tmp"):
             (build / name).mkdir(parents=True)
-        pins = _pins(requirements, build=build, deadline=deadline)
-        (build / "requirements.txt").write_text("".join(pin.line() + "\n" for pin in pins))
         site = build / "env" / "site"
-        _uv(
-            [
-                "pip",
-                "install",
-                "--target",
-                str(site),
-                "--python",
-                sys.executable,
-                # Wheels only: building a source distribution runs its code.
-                "--no-build",
-                "--link-mode",
-                "copy",
-                *_index_args(),
-                "--requirement",
-                str(build / "requirements.txt"),
-            ],
-            build=build,
-            deadline=deadline,
-            source=requirements.source,
-        )
-        (site / ".lock").unlink(missing_ok=True)  # uv's own, for the target directory
-        _check_all_pinned(site, pins, source=requirements.source)
+        # The lock is checked before anything is installed: nothing is fetched for a harness
+        # whose Node dependencies are refused.
+        node_packages = _node_packages(requirements)
+        pins = _python_install(requirements, site=site, build=build, deadline=deadline)
+        if node_packages is not None:
+            _npm_install(requirements, site=site, build=build, deadline=deadline)
         installed = time.monotonic()
-        # Bytecode now, with the worker's interpreter isolated from the new files (-I): the
-        # sandbox cannot write it, and compiling runs none of the code it compiles.
-        _run(
-            [sys.executable, "-I", "-m", "compileall", "-qq", str(site)],
-            build=build,
-            deadline=deadline,
-            source=requirements.source,
-            check=False,
-        )
         _make_readable(site)
         size = _disk_bytes(site)
         limit = settings.COEVO_HARNESS_ENV_MAX_BYTES
         if size > limit:
             raise DependencyBuildFailed(
-                f"declared dependencies ({requirements.source}): the environment takes "
+                f"declared dependencies ({requirements.label}): the environment takes "
                 f"{size / 1024**2:.1f} MiB, more than the {limit / 1024**2:.1f} MiB this worker "
                 "keeps for all harness environments (COEVO_HARNESS_ENV_MAX_BYTES)"
             )
@@ -121,10 +102,168 @@ def harness_env_build(requirements: Requirements, *, key: str, root: Path) -> No
             "install_seconds": round(installed - started, 3),
             "built_at": time.time(),
         }
+        if node_packages is not None:
+            meta["node"] = {
+                "lock": requirements.node_lock,
+                "node": node_identity(),
+                "npm": _redact_config(npm_config()),
+                "packages": [package.line() for package in node_packages],
+                "scripts": requirements.node_scripts,
+                # What a package would have run at install (a native build, a download), had
+                # the manifest allowed it: the first place to look when one fails at run time.
+                "install_scripts": [p.line() for p in node_packages if p.install_script],
+            }
         (build / "env" / "env.json").write_text(json.dumps(meta, indent=2) + "\n")
         (build / "env").rename(root / "envs" / key)  # atomic: complete or absent
     finally:
         shutil.rmtree(build, ignore_errors=True)
+
+
+def _python_install(
+    requirements: Requirements, *, site: Path, build: Path, deadline: float
+) -> list[Pin]:
+    """The checked pins installed into ``site`` by uv and compiled (none without a Python
+    part)."""
+    if not requirements.files:
+        return []
+    pins = _pins(requirements, build=build, deadline=deadline)
+    (build / "requirements.txt").write_text("".join(pin.line() + "\n" for pin in pins))
+    _uv(
+        [
+            "pip",
+            "install",
+            "--target",
+            str(site),
+            "--python",
+            sys.executable,
+            # Wheels only: building a source distribution runs its code.
+            "--no-build",
+            "--link-mode",
+            "copy",
+            *_index_args(),
+            "--requirement",
+            str(build / "requirements.txt"),
+        ],
+        build=build,
+        deadline=deadline,
+        source=requirements.source,
+    )
+    (site / ".lock").unlink(missing_ok=True)  # uv's own, for the target directory
+    _check_all_pinned(site, pins, source=requirements.source)
+    # Bytecode now, with the worker's interpreter isolated from the new files (-I): the
+    # sandbox cannot write it, and compiling runs none of the code it compiles.
+    _run(
+        [sys.executable, "-I", "-m", "compileall", "-qq", str(site)],
+        build=build,
+        deadline=deadline,
+        source=requirements.source,
+        check=False,
+    )
+    return pins
+
+
+# --- npm -----------------------------------------------------------------------------------
+
+
+def _node_packages(requirements: Requirements) -> list[NodePackage] | None:
+    if not requirements.node_lock:
+        return None
+    registry = str(settings.COEVO_HARNESS_NPM_REGISTRY or "")
+    return parse_node_lock(requirements, registries=(registry,) if registry else ())
+
+
+def _npm_install(requirements: Requirements, *, site: Path, build: Path, deadline: float) -> None:
+    """``npm ci`` of the checked lock in a directory holding only it and its package.json,
+    moved to ``site/node_modules``, its commands linked into ``site/bin``."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise DependencyBuildFailed(
+            f"declared dependencies ({requirements.node_lock}): this worker has no `npm` on "
+            "its PATH; install Node.js with npm on the worker"
+        )
+    project = build / "npm"
+    project.mkdir()
+    for name, data in requirements.node_files:
+        (project / Path(name).name).write_bytes(data)
+    # Empty configuration files in place of the worker's (~/.npmrc, the global npmrc): nothing
+    # but these arguments decides where packages come from. npm refuses one file for both.
+    for name in ("npmrc-user", "npmrc-global"):
+        (build / name).write_text("")
+    config = npm_config()
+    if "cache" in config:
+        # The operator's prefilled cache, never the network: npm finds each tarball by the
+        # lock's integrity hash, so a tarball the cache lacks fails the build (ENOTCACHED).
+        source = ["--offline", "--cache", config["cache"]]
+    else:
+        source = ["--registry", config["registry"], "--cache", str(build / "npm-cache")]
+        # npm trusts Node's own CA list, not the system's: a worker behind a proxy that
+        # re-signs TLS names its CA file as it does for uv.
+        if os.environ.get("SSL_CERT_FILE"):
+            source += ["--cafile", os.environ["SSL_CERT_FILE"]]
+    _run(
+        [
+            npm,
+            "ci",
+            # Install scripts (preinstall, install, postinstall, node-gyp builds; the project's
+            # own too) run code of the packages while the build may reach the network: only
+            # when the manifest says node_scripts = true.
+            *([] if requirements.node_scripts else ["--ignore-scripts"]),
+            "--omit=dev",
+            "--no-audit",
+            "--no-fund",
+            "--no-update-notifier",
+            "--userconfig",
+            str(build / "npmrc-user"),
+            "--globalconfig",
+            str(build / "npmrc-global"),
+            "--logs-dir",
+            str(build / "tmp" / "npm-logs"),
+            "--color=false",
+            "--progress=false",
+            *source,
+        ],
+        build=build,
+        deadline=deadline,
+        source=requirements.node_lock,
+        cwd=project,
+        explain=_npm_message,
+        # npm starts `node` from PATH: the sandbox's first, the one the key names.
+        path=f"{sandbox.SANDBOX_PATH}:{os.environ.get('PATH', '')}",
+    )
+    modules = project / "node_modules"
+    modules.mkdir(exist_ok=True)  # a lock without packages installs none
+    modules.rename(site / "node_modules")
+    _link_node_commands(site, source=requirements.node_lock)
+
+
+def _link_node_commands(site: Path, *, source: str) -> None:
+    """Each top-level package's command (node_modules/.bin) in ``site/bin``, which is on the
+    sandbox's PATH for programs and workspace commands alike."""
+    commands = site / "node_modules" / ".bin"
+    if not commands.is_dir():
+        return
+    (site / "bin").mkdir(exist_ok=True)
+    for command in sorted(commands.iterdir()):
+        link = site / "bin" / command.name
+        if link.exists() or link.is_symlink():
+            raise DependencyBuildFailed(
+                f"declared dependencies ({source}): the Node package command {command.name!r} "
+                "has the name of a Python package's script; one of them would hide the other"
+            )
+        link.symlink_to(f"../node_modules/.bin/{command.name}")
+
+
+def _npm_message(output: str) -> str:
+    """npm's own explanation: its ``npm error`` lines, without the pointer to its log."""
+    lines = [
+        line.removeprefix("npm error").strip()
+        for line in output.splitlines()
+        if line.startswith("npm error") and "A complete log of this run" not in line
+    ]
+    text = "\n".join(line for line in lines if line) or output.strip()[-DETAIL_CHARS:]
+    if len(text) > DETAIL_CHARS:
+        text = text[: DETAIL_CHARS - 20] + " […] " + text[-15:]
+    return _redact(text) or "npm failed without a message"
 
 
 def _pins(requirements: Requirements, *, build: Path, deadline: float) -> list[Pin]:
@@ -218,11 +357,21 @@ def _uv(args: list[str], *, build: Path, deadline: float, source: str) -> str:
     return _run(argv, build=build, deadline=deadline, source=source)
 
 
-def _run(argv: list[str], *, build: Path, deadline: float, source: str, check: bool = True) -> str:
+def _run(
+    argv: list[str],
+    *,
+    build: Path,
+    deadline: float,
+    source: str,
+    check: bool = True,
+    cwd: Path | None = None,
+    explain: Callable[[str], str] | None = None,
+    path: str = "",
+) -> str:
     """Run one build step with the build's deadline and bounded output; its output."""
     env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
     env |= {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PATH": path or os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(build / "home"),
         "TMPDIR": str(build / "tmp"),
         "LANG": "C.UTF-8",
@@ -231,7 +380,7 @@ def _run(argv: list[str], *, build: Path, deadline: float, source: str, check: b
     timeout_s = deadline - time.monotonic()
     if timeout_s <= 0:
         raise _timed_out(source, "")
-    run = run_bounded(argv, env=env, cwd=build, timeout_s=timeout_s)
+    run = run_bounded(argv, env=env, cwd=cwd or build, timeout_s=timeout_s)
     if run.flooded:
         raise DependencyBuildFailed(
             f"declared dependencies ({source}) did not build: the build wrote more than "
@@ -241,7 +390,8 @@ def _run(argv: list[str], *, build: Path, deadline: float, source: str, check: b
         raise _timed_out(source, run.output)
     if check and run.returncode != 0:
         raise DependencyBuildFailed(
-            f"declared dependencies ({source}) did not build: {_resolver_message(run.output)}"
+            f"declared dependencies ({source}) did not build: "
+            f"{(explain or _resolver_message)(run.output)}"
         )
     return run.output
 
@@ -327,11 +477,12 @@ def _resolver_message(output: str) -> str:
 
 
 def _redact(text: str) -> str:
-    """The index URL's credentials never reach a rollout's detail."""
-    parts = urlsplit(str(settings.COEVO_HARNESS_INDEX_URL or ""))
-    for secret in (parts.password, parts.username):
-        if secret:
-            text = text.replace(secret, "***")
+    """The index's and the registry's credentials never reach a rollout's detail."""
+    for url in (settings.COEVO_HARNESS_INDEX_URL, settings.COEVO_HARNESS_NPM_REGISTRY):
+        parts = urlsplit(str(url or ""))
+        for secret in (parts.password, parts.username):
+            if secret:
+                text = text.replace(secret, "***")
     return text
 
 
