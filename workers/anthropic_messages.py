@@ -104,8 +104,9 @@ def chat_request(body: Any) -> tuple[dict[str, Any], list[str]]:
         or not 0.0 <= temperature <= 1.0
     ):
         raise BadRequest("temperature must be a number from 0 to 1.", param="temperature")
+    system, messages = _lift_system(body.get("system"), body.get("messages"))
     chat: dict[str, Any] = {
-        "messages": _system(body.get("system")) + _messages(body.get("messages")),
+        "messages": _system(system) + _messages(messages),
         "max_tokens": body["max_tokens"],
     }
     for key in ("model", "temperature", "top_p"):
@@ -249,6 +250,46 @@ def error_of(status: int, openai_error: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- requests -------------------------------------------------------------------------------
+
+
+def _lift_system(system: Any, messages: Any) -> tuple[Any, Any]:
+    """Claude Code sends part of its system prompt as messages of role ``system`` among the
+    others (the API it is written for takes them): their text goes to the end of the
+    top-level system prompt, so that the chat has one leading system message (the only kind
+    some chat templates, Gemma's among them, accept). Anything else is left for ``_system``
+    and ``_messages`` to judge."""
+    if not isinstance(messages, list) or not any(
+        isinstance(m, dict) and m.get("role") == "system" for m in messages
+    ):
+        return system, messages
+    texts = [] if system in (None, "", []) else [system]
+    kept = []
+    for i, entry in enumerate(messages):
+        if not (isinstance(entry, dict) and entry.get("role") == "system"):
+            kept.append(entry)
+            continue
+        content = entry.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list) or not all(
+            isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+            for b in blocks
+        ):
+            raise BadRequest(
+                f"messages[{i}]: a system message must hold text only.", param=f"messages[{i}]"
+            )
+        texts.extend(b["text"] for b in blocks if b["text"])
+    parts: list[str] = []
+    for given in texts:
+        if isinstance(given, str):
+            parts.append(given)
+        elif isinstance(given, list) and all(
+            isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+            for b in given
+        ):
+            parts.extend(b["text"] for b in given)
+        else:
+            return system, messages  # a malformed system: _system says so
+    return "\n\n".join(p for p in parts if p), kept
 
 
 def _system(system: Any) -> list[dict[str, Any]]:

@@ -204,7 +204,7 @@ def test_it_turns_tools_and_tool_choice_into_function_tools(tool_choice, expecte
         ({"max_tokens": None}, "max_tokens", "max_tokens is required"),
         ({"temperature": 1.5}, "temperature", "from 0 to 1"),
         ({"messages": []}, "messages", "non-empty list"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0]", "'user' or"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]", "'user' or"),
         (
             {"tools": [{"type": "bash_20250124", "name": "bash"}]},
             "tools[0]",
@@ -690,3 +690,34 @@ def test_a_message_past_max_model_calls_ends_the_rollout_as_a_limit(tmp_path):
     assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.LIMIT)
     assert "max_model_calls = 1" in result.detail
     assert result.model_calls == 1 and len(server.policy.requests) == 1
+
+
+def test_system_messages_among_the_messages_join_the_system_prompt():
+    """Claude Code sends part of its system prompt as messages of role system."""
+    chat, _ = anthropic_messages.chat_request(
+        {
+            "max_tokens": 10,
+            "system": [{"type": "text", "text": "You are Claude Code."}],
+            "messages": [
+                {"role": "user", "content": "fix it"},
+                {"role": "system", "content": [{"type": "text", "text": "cwd: /app"}]},
+                {"role": "system", "content": []},
+                {"role": "assistant", "content": "ok"},
+            ],
+        }
+    )
+    assert chat["messages"] == [
+        {"role": "system", "content": "You are Claude Code.\n\ncwd: /app"},
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    with pytest.raises(anthropic_messages.BadRequest, match=r"messages\[1\]: a system message"):
+        anthropic_messages.chat_request(
+            {
+                "max_tokens": 10,
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "system", "content": [{"type": "image", "source": {}}]},
+                ],
+            }
+        )

@@ -1,0 +1,115 @@
+"""examples/claude-code: Claude Code, unmodified (the npm release its lock pins, installed by
+the worker's npm build from the test npm cache without its install script), on the shipped
+workspace task through the real runner, sandbox, Messages boundary and verifier. The scripted
+server plays the model; its tool call is Claude Code's own Edit tool with the arguments Claude
+Code's tool schema asks for."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness_store.manifest import load_manifest
+from tests.examples.test_workspace_agents import INPUTS, rollout, steps
+from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
+from workers import sandbox
+from workers.harness_env import harness_env_binds, harness_env_prepare, harness_env_vars
+from workers.outcomes import Outcome
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "claude-code"
+NPM_CACHE = ROOT / "var" / "npm-cache"
+VERSION = "2.1.332"
+
+pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="needs Node.js and npm")
+
+
+@pytest.fixture(scope="module")
+def env_dir(tmp_path_factory) -> Path:
+    """One cache of built environments for the module: Claude Code is installed once."""
+    return tmp_path_factory.mktemp("harness-envs")
+
+
+@pytest.fixture
+def claude_env(settings, env_dir):
+    """The example's npm lock, installed from the prefilled cache (npm is never online)."""
+    assert (NPM_CACHE / ".locks-sha256").exists(), (
+        f"no npm cache at {NPM_CACHE}: scripts/test adds the example agents' packages to it "
+        "(scripts/lib.sh, ensure_test_npm_cache)"
+    )
+    settings.COEVO_HARNESS_NPM_CACHE = str(NPM_CACHE)
+    settings.COEVO_HARNESS_NPM_REGISTRY = "http://127.0.0.1:9/"
+    settings.COEVO_HARNESS_ENV_DIR = env_dir
+    settings.COEVO_HARNESS_ENV_MAX_BYTES = 4 * 1024**3  # the native binary is about 400 MB
+    with harness_env_prepare(harness_dir=EXAMPLE) as env:
+        assert env.path is not None
+        yield env
+
+
+def test_the_example_pins_claude_code_and_runs_no_install_script():
+    manifest = load_manifest(EXAMPLE)
+    assert manifest.is_program and manifest.node_lock == "package-lock.json"
+    assert not manifest.node_scripts
+    assert {"max_turns", "model", "max_output_tokens", "bare"} <= set(manifest.knobs)
+    lock = json.loads((EXAMPLE / "package-lock.json").read_text())
+    entry = lock["packages"]["node_modules/@anthropic-ai/claude-code"]
+    assert entry["version"] == VERSION and entry["hasInstallScript"] is True
+    assert json.loads((EXAMPLE / "package.json").read_text())["dependencies"] == {
+        "@anthropic-ai/claude-code": VERSION
+    }
+
+
+def test_claude_code_starts_in_the_sandbox_without_its_postinstall(claude_env):
+    meta = json.loads((claude_env.path.parent / "env.json").read_text())
+    assert meta["node"]["install_scripts"] == [f"@anthropic-ai/claude-code@{VERSION}"]
+    launcher = "/opt/harness-env/node_modules/@anthropic-ai/claude-code/cli-wrapper.cjs"
+    run = sandbox.run(
+        [shutil.which("node") or "node", launcher, "--version"],
+        timeout_s=60,
+        ro_binds=harness_env_binds(claude_env.path),
+        env=harness_env_vars(claude_env.path, pythonpath="/opt/coevo"),
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.decode().strip() == f"{VERSION} (Claude Code)"
+
+
+def test_the_cached_environment_is_used_again_at_once(claude_env):
+    with harness_env_prepare(harness_dir=EXAMPLE) as again:
+        assert not again.built and again.key == claude_env.key
+        assert again.seconds < 0.5
+
+
+# Claude Code's Edit tool (its schema in the first request: file_path, old_string, new_string,
+# replace_all), then its final answer once the tool result says the file was updated.
+EDIT = {"file_path": "/app/greet.py", "old_string": "Helo", "new_string": "Hello"}
+
+
+def test_claude_code_fixes_the_workspace_task_with_its_edit_tool(claude_env):
+    policy = ScriptedPolicy(
+        rules=[("has been updated", "Fixed the typo in greet.py.")],
+        tool_rules=[("Fix the typo", [("Edit", EDIT)])],
+        default="Nothing to do.",
+    )
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=claude_env.path)
+    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    first, second = sorted(steps(result, "model_call"), key=lambda c: c.get("call", 0))
+    offered = {tool["function"]["name"]: tool["function"] for tool in first["tools"]}
+    assert {"Bash", "Edit", "Read"} <= set(offered)
+    assert {"file_path", "old_string", "new_string"} <= set(
+        offered["Edit"]["parameters"]["properties"]
+    )
+    # The max_output_tokens knob, not Claude Code's 128000; its extended-thinking and context
+    # management keys have no chat counterpart and are listed as dropped.
+    assert first["sampling"]["max_tokens"] == 4096
+    assert {"thinking", "context_management"} <= set(first["dropped"])
+    said = [m["content"] for m in first["messages"] if m["role"] == "user"]
+    assert said == [INPUTS["instruction"]]  # the instruction as the prompt, nothing added
+    (call,) = second["messages"][-2]["tool_calls"]
+    assert call["function"]["name"] == "Edit"
+    assert steps(result, "answer") == [{"answer": "Fixed the typo in greet.py."}]
+    (diff,) = steps(result, "workspace_diff")
+    assert [row["path"] for row in diff["files"]] == ["greet.py"]
