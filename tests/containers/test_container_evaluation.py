@@ -1,8 +1,9 @@
-"""A task that needs its container, end to end: a Harbor directory imported with the container
-backend on (its solution checked in containers), examples/workspace-agent evaluated on it by a
-real Celery worker over the real broker (its commands in the task's container, the scripted
-server as the model), and the rollout's page in a real headless Chromium: where it ran, the
-diff against the image's /app and the test output. Screenshot:
+"""Tasks that need their container, end to end: Harbor directories (one written here, and the
+shipped coevo/suites/data/workspace-containers) imported with the container backend on, their
+solutions checked in containers, examples/workspace-agent evaluated on them by a real Celery
+worker over the real broker (its commands in the task's container, the scripted server as the
+model), and a rollout's page in a real headless Chromium: where it ran, the diff against the
+image's /app, what changed outside it and the test output. Screenshot:
 ``var/test-artifacts/screenshots/container-rollout.png``."""
 
 from __future__ import annotations
@@ -135,3 +136,54 @@ def test_a_container_task_is_imported_checked_evaluated_and_shown(
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     shutil.rmtree(tmp_path / "tasks")
+
+
+SHIPPED = REPO_ROOT / "coevo" / "suites" / "data" / "workspace-containers"
+
+
+def test_the_shipped_container_tasks_import_checked_and_are_solved_through_a_worker(
+    celery_worker_thread, settings, tmp_path, project, policy_version, scripted_policy, base_image
+):
+    """The shipped tasks that need their container: imported with their solutions checked in
+    containers, then examples/workspace-agent evaluated on each by a real worker, the scripted
+    model running the task's own solution as one command in the task's container."""
+    settings.COEVO_CONTAINER_BACKEND = True
+    settings.COEVO_IMAGE_MAP = {"debian:bookworm-slim": BASE_IMAGE}
+    settings.COEVO_HARNESS_FIND_LINKS = str(WHEELHOUSE)
+    settings.COEVO_HARNESS_ENV_DIR = tmp_path / "envs"
+    suite, _, report = suite_import_harbor(
+        project=project, name="workspace-containers", directory=SHIPPED, check_solutions=True
+    )
+    keys = sorted(p.name for p in SHIPPED.iterdir() if (p / "task.toml").is_file())
+    assert not report.refused and sorted(report.taken) == keys, report.refused
+    tasks = Task.objects.filter(suite=suite, split=Split.SEARCH)
+    assert tasks.count() == len(keys)  # split seed "0" puts all three in search
+
+    scripted_policy.tool_rules[:] = [
+        # The instruction's title picks the task; its solution is the one command run.
+        (
+            (SHIPPED / key / "instruction.md").read_text().splitlines()[0].lstrip("# "),
+            [("run_command", {"command": (SHIPPED / key / "solution" / "solve.sh").read_text()})],
+        )
+        for key in keys
+    ]
+    scripted_policy.default = "Done."
+    candidate, _ = candidate_import_directory(
+        project=project, directory=AGENT, message="workspace-agent", author_name="t"
+    )
+    evaluation = evaluation_create(
+        candidate=candidate,
+        suite=suite,
+        split=Split.SEARCH,
+        policy_version=policy_version,
+        knobs={"mode": "tools"},
+        use_cache=False,
+    )
+    evaluation = wait_until_final(evaluation, timeout_s=600)
+    assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
+    rollouts = Rollout.objects.filter(evaluation=evaluation).select_related("task")
+    outcomes = {r.task.key: (r.outcome, r.detail) for r in rollouts}
+    assert outcomes == {key: (Outcome.PASSED, outcomes[key][1]) for key in keys}, outcomes
+    for rollout in rollouts:
+        kinds = set(TraceStep.objects.filter(rollout=rollout).values_list("kind", flat=True))
+        assert {"environment", "helper_call", "workspace_diff", "verdict"} <= kinds
