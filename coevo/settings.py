@@ -311,6 +311,8 @@ COEVO_CONTAINER_RUNTIME = env_str("COEVO_CONTAINER_RUNTIME", "")
 # resources are capped by the operator's maximums (and default to them where it sets none).
 COEVO_CONTAINER_BACKEND = env_bool("COEVO_CONTAINER_BACKEND", False)
 COEVO_CONTAINER_ALLOW_INTERNET = env_bool("COEVO_CONTAINER_ALLOW_INTERNET", False)
+# The network of those containers: public addresses only (scripts/lib.sh, ensure_egress_network).
+COEVO_CONTAINER_EGRESS_NETWORK = env_str("COEVO_CONTAINER_EGRESS_NETWORK", "coevo-egress")
 COEVO_CONTAINER_MAX_CPUS = env_float("COEVO_CONTAINER_MAX_CPUS", 2.0, minimum=0.1)
 COEVO_CONTAINER_MAX_MEMORY_BYTES = env_int(
     "COEVO_CONTAINER_MAX_MEMORY_BYTES", 4 * 1024**3, minimum=64 * 1024**2

@@ -324,6 +324,54 @@ ensure_docker_engine() {
     echo "  answering after $((SECONDS - started)) s (pid $pid, log $log)"
 }
 
+# The network of task containers that may reach the internet (a task's allow_internet, where the
+# operator allows it: COEVO_CONTAINER_ALLOW_INTERNET): a bridge of its own whose containers reach
+# public addresses and nothing else. Its rules (root's iptables, in Docker's DOCKER-USER chain
+# for forwarded traffic and in INPUT for the host itself): nothing to private, link-local,
+# shared, documentation or multicast ranges (the host's other networks, a cloud's metadata
+# address, other bridges' containers), nothing to the host's own addresses, DNS to the host's
+# resolvers only; containers of the network cannot reach each other (icc off). Addresses in
+# COEVO_EGRESS_ALLOW (space-separated, CIDRs or addresses) are let through before those rules: a
+# proxy or package mirror at a private address. Idempotent.
+COEVO_EGRESS_NETWORK="${COEVO_CONTAINER_EGRESS_NETWORK:-coevo-egress}"
+COEVO_EGRESS_BRIDGE="${COEVO_EGRESS_BRIDGE:-coevo-egress0}"
+ensure_egress_network() {
+    if ! docker_api GET "/networks/$COEVO_EGRESS_NETWORK" --max-time 10 >/dev/null 2>&1; then
+        step "creating the egress-only network $COEVO_EGRESS_NETWORK (bridge $COEVO_EGRESS_BRIDGE)"
+        docker_api POST /networks/create --max-time 30 -H 'Content-Type: application/json' -d "{
+            \"Name\": \"$COEVO_EGRESS_NETWORK\", \"Driver\": \"bridge\", \"CheckDuplicate\": true,
+            \"Labels\": {\"coevo.managed\": \"1\", \"coevo.kind\": \"egress-network\"},
+            \"Options\": {\"com.docker.network.bridge.name\": \"$COEVO_EGRESS_BRIDGE\",
+                        \"com.docker.network.bridge.enable_icc\": \"false\",
+                        \"com.docker.network.bridge.enable_ip_masquerade\": \"true\"}}" >/dev/null
+    fi
+    if [ "$(id -u)" -ne 0 ] || ! command -v iptables >/dev/null 2>&1; then
+        echo "The egress-only network's rules need root and iptables: without them its containers" >&2
+        echo "would reach private addresses; keep COEVO_CONTAINER_ALLOW_INTERNET off." >&2
+        return 1
+    fi
+    local net ns
+    # Inserted in this order, so that the DNS exceptions end up first in the chain.
+    for net in 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 169.254.0.0/16 100.64.0.0/10 \
+        192.0.0.0/24 192.0.2.0/24 198.18.0.0/15 198.51.100.0/24 203.0.113.0/24 224.0.0.0/4 \
+        240.0.0.0/4 127.0.0.0/8; do
+        iptables -C DOCKER-USER -i "$COEVO_EGRESS_BRIDGE" -d "$net" -j DROP 2>/dev/null ||
+            iptables -I DOCKER-USER -i "$COEVO_EGRESS_BRIDGE" -d "$net" -j DROP
+    done
+    for ns in $(awk '$1 == "nameserver" && $2 !~ /^127\./ && $2 !~ /:/ { print $2 }' /etc/resolv.conf); do
+        for proto in udp tcp; do
+            iptables -C DOCKER-USER -i "$COEVO_EGRESS_BRIDGE" -d "$ns" -p "$proto" --dport 53 -j RETURN 2>/dev/null ||
+                iptables -I DOCKER-USER -i "$COEVO_EGRESS_BRIDGE" -d "$ns" -p "$proto" --dport 53 -j RETURN
+        done
+    done
+    for net in ${COEVO_EGRESS_ALLOW:-}; do
+        iptables -C DOCKER-USER -i "$COEVO_EGRESS_BRIDGE" -d "$net" -j RETURN 2>/dev/null ||
+            iptables -I DOCKER-USER -i "$COEVO_EGRESS_BRIDGE" -d "$net" -j RETURN
+    done
+    iptables -C INPUT -i "$COEVO_EGRESS_BRIDGE" -j DROP 2>/dev/null ||
+        iptables -I INPUT -i "$COEVO_EGRESS_BRIDGE" -j DROP
+}
+
 # The Debian mirror apt uses here (deb822 .sources first, then one-line sources.list), so the
 # base images come from where this machine's packages come from; COEVO_DEBIAN_MIRROR overrides.
 debian_mirror() {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 
 import pytest
@@ -24,9 +25,9 @@ TASK_BASE = "python:3.11-slim-bookworm"
 IMAGE_MAP = {TASK_BASE: BASE_IMAGE}
 
 
-def _lib(*commands: str) -> None:
+def _lib(*commands: str, env: dict[str, str] | None = None) -> None:
     script = "source scripts/lib.sh && " + " && ".join(commands)
-    env = {**os.environ, "COEVO_DOCKER_HOST": settings.COEVO_DOCKER_HOST}
+    env = {**os.environ, "COEVO_DOCKER_HOST": settings.COEVO_DOCKER_HOST, **(env or {})}
     subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, env=env, check=True, timeout=900)
 
 
@@ -40,6 +41,21 @@ def engine() -> EngineInfo:
             pytest.skip(f"no Docker engine answers and starting one needs root: {exc}")
     _lib("ensure_docker_engine")
     return engine_ping()
+
+
+# The internet this machine reaches: the package registries (through a proxy at a
+# documentation-range address here, which the egress network's rules would otherwise drop).
+REGISTRY = ("pypi.org", 443)
+
+
+@pytest.fixture(scope="session")
+def egress_network(engine) -> str:
+    """The egress-only network (scripts/lib.sh, ensure_egress_network), its rules letting the
+    registries' addresses through as scripts/test does."""
+    allow = sorted({info[4][0] for info in socket.getaddrinfo(REGISTRY[0], None, socket.AF_INET)})
+    env = {"COEVO_EGRESS_ALLOW": " ".join(allow)}
+    _lib("ensure_egress_network", env=env)
+    return settings.COEVO_CONTAINER_EGRESS_NETWORK
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@ Every container is made like this (docs/threat-model.md, "Containers"):
 - ``no-new-privileges``: a setuid binary cannot give a process more than its parent had.
 - The engine's default seccomp profile (never ``unconfined``), which with these capabilities
   also refuses mount, kernel modules, namespaces' admin calls, keyrings, ptrace of others...
-- **No network** (``none``: only a loopback of its own) unless ``network=True``.
+- **No network** (``none``: only a loopback of its own) unless ``network=True``: then the
+  egress-only network (``egress_network``), never the engine's default bridge.
 - **No host path** but the ``binds`` (read-only) and ``rw_binds`` the caller names.
 - **Limits**: memory (no swap beyond it), CPUs, processes; output read from the attached
   streams and bounded, the engine's own log driver off (a flood fills neither the worker's
@@ -43,6 +44,7 @@ from docker.utils.socket import STDERR, STDOUT, frames_iter
 from workers.containers.engine import (
     KIND_RUN,
     KIND_SNAPSHOT,
+    ContainerUnavailable,
     coevo_labels,
     engine_client,
     engine_errors,
@@ -124,7 +126,7 @@ def contained_host_config(
     """The host configuration of every container coevo runs (see the module doc)."""
     return client.api.create_host_config(
         mounts=mounts,
-        network_mode="bridge" if network else "none",
+        network_mode=egress_network(client) if network else "none",
         cap_drop=["ALL"],
         cap_add=list(CONTAINER_CAPABILITIES),
         security_opt=["no-new-privileges"],
@@ -136,6 +138,23 @@ def contained_host_config(
         log_config={"type": "none", "config": {}},
         runtime=settings.COEVO_CONTAINER_RUNTIME or None,
     )
+
+
+def egress_network(client: docker.DockerClient) -> str:
+    """The network of containers that may reach the internet: COEVO_CONTAINER_EGRESS_NETWORK,
+    which must exist (scripts/lib.sh's ``ensure_egress_network`` makes coevo's: public
+    addresses only). Raises ContainerUnavailable when it does not: never the engine's default
+    bridge in its place, which reaches the host and private networks."""
+    name = settings.COEVO_CONTAINER_EGRESS_NETWORK
+    try:
+        with engine_errors("looking up the egress network"):
+            client.api.inspect_network(name)
+    except docker.errors.NotFound:
+        raise ContainerUnavailable(
+            f"the egress network {name} does not exist on the Docker engine: create it "
+            "(scripts/lib.sh, ensure_egress_network), or keep COEVO_CONTAINER_ALLOW_INTERNET off"
+        ) from None
+    return name
 
 
 def container_run(
