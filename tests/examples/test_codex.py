@@ -1,0 +1,179 @@
+"""examples/codex: Codex CLI, unmodified (the npm release its lock pins, installed by the
+worker's npm build from the test npm cache, no install script), on the shipped workspace task
+through the real runner, sandbox, Responses boundary and verifier. The scripted server plays the
+model; its tool call is Codex's own exec_command tool with the arguments its schema asks for."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness_store.manifest import load_manifest
+from tests.examples.test_workspace_agents import INPUTS, model_calls, rollout, steps
+from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
+from workers import sandbox
+from workers.harness_env import harness_env_binds, harness_env_prepare, harness_env_vars
+from workers.outcomes import ErrorKind, Outcome
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "codex"
+NPM_CACHE = ROOT / "var" / "npm-cache"
+VERSION = "0.171.0"
+PLATFORMS = ("darwin-arm64", "darwin-x64", "linux-arm64", "linux-x64", "win32-arm64", "win32-x64")
+
+pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="needs Node.js and npm")
+
+
+@pytest.fixture(scope="module")
+def env_dir(tmp_path_factory) -> Path:
+    """One cache of built environments for the module: Codex is installed once."""
+    return tmp_path_factory.mktemp("harness-envs")
+
+
+@pytest.fixture
+def codex_env(settings, env_dir):
+    """The example's npm lock, installed from the prefilled cache (npm is never online)."""
+    assert (NPM_CACHE / ".locks-sha256").exists(), (
+        f"no npm cache at {NPM_CACHE}: scripts/test adds the example agents' packages to it "
+        "(scripts/lib.sh, ensure_test_npm_cache)"
+    )
+    settings.COEVO_HARNESS_NPM_CACHE = str(NPM_CACHE)
+    settings.COEVO_HARNESS_NPM_REGISTRY = "http://127.0.0.1:9/"
+    settings.COEVO_HARNESS_ENV_DIR = env_dir
+    settings.COEVO_HARNESS_ENV_MAX_BYTES = 4 * 1024**3  # the native binary is about 420 MB
+    with harness_env_prepare(harness_dir=EXAMPLE) as env:
+        assert env.path is not None
+        yield env
+
+
+def test_the_example_pins_codex_and_needs_no_install_script():
+    manifest = load_manifest(EXAMPLE)
+    assert manifest.is_program and manifest.node_lock == "package-lock.json"
+    assert not manifest.node_scripts
+    assert set(manifest.knobs) == {"reasoning_effort", "context_window", "skills"}
+    assert json.loads((EXAMPLE / "package.json").read_text())["dependencies"] == {
+        "@openai/codex": VERSION
+    }
+    packages = json.loads((EXAMPLE / "package-lock.json").read_text())["packages"]
+    assert packages["node_modules/@openai/codex"]["version"] == VERSION
+    # Each platform's binary is the same package under another version, installed by an alias.
+    for platform in PLATFORMS:
+        entry = packages[f"node_modules/@openai/codex-{platform}"]
+        assert (entry["name"], entry["version"]) == ("@openai/codex", f"{VERSION}-{platform}")
+        assert entry["optional"] is True
+    assert not any(entry.get("hasInstallScript") for entry in packages.values())
+
+
+def test_codex_starts_in_the_sandbox_from_its_platform_package(codex_env):
+    meta = json.loads((codex_env.path.parent / "env.json").read_text())
+    assert meta["node"]["install_scripts"] == []
+    run = sandbox.run(
+        [shutil.which("node") or "node", "/opt/harness-env/bin/codex", "--version"],
+        timeout_s=60,
+        ro_binds=harness_env_binds(codex_env.path),
+        env=harness_env_vars(codex_env.path, pythonpath="/opt/coevo"),
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.decode().strip() == f"codex-cli {VERSION}"
+
+
+def test_the_cached_environment_is_used_again_at_once(codex_env):
+    with harness_env_prepare(harness_dir=EXAMPLE) as again:
+        assert not again.built and again.key == codex_env.key
+        assert again.seconds < 0.5
+
+
+# Codex's command tool (unified exec; its schema in the first request: cmd, workdir, tty, …),
+# then its final message once the tool result says the command exited with code 0.
+SED = {"cmd": "sed -i 's/Helo/Hello/' greet.py", "workdir": "/app"}
+EXITED = "Process exited with code 0"
+
+
+def test_codex_fixes_the_workspace_task_with_a_shell_command(codex_env):
+    policy = ScriptedPolicy(
+        rules=[(EXITED, "Fixed the typo in greet.py.")],
+        tool_rules=[("Fix the typo", [("exec_command", SED)])],
+        default="Nothing to do.",
+    )
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
+    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    first, second = model_calls(result)
+    assert first["spoken"] == second["spoken"] == "responses"
+    assert (second["session"], second["parent"], second["relation"]) == (0, 0, "continues")
+    # Function tools only: no web_search, no sub-agent namespace, no freeform apply_patch.
+    offered = {tool["function"]["name"]: tool["function"] for tool in first["tools"]}
+    assert {"exec_command", "write_stdin"} <= set(offered)
+    assert all(tool["type"] == "function" for tool in first["tools"])
+    assert {"cmd", "workdir"} <= set(offered["exec_command"]["parameters"]["properties"])
+    # Codex's developer messages become system messages; its prompt is the instruction as it is.
+    assert first["messages"][0]["role"] == "system"
+    assert "Codex CLI" in first["messages"][0]["content"]
+    assert first["messages"][-1] == {"role": "user", "content": INPUTS["instruction"]}
+    assert not any("<skills_instructions>" in str(m["content"]) for m in first["messages"])
+    # Keys with no chat counterpart are listed as dropped, none refused.
+    assert {"reasoning", "include", "prompt_cache_key"} <= set(first["dropped"])
+    (call,) = second["messages"][-2]["tool_calls"]
+    assert call["function"]["name"] == "exec_command"
+    assert EXITED in second["messages"][-1]["content"]
+    assert steps(result, "answer") == [{"answer": "Fixed the typo in greet.py."}]
+    (diff,) = steps(result, "workspace_diff")
+    assert [row["path"] for row in diff["files"]] == ["greet.py"]
+    (output,) = steps(result, "program_output")
+    assert '"type":"command_execution"' in output["stdout"]  # its own JSONL events
+
+
+# Codex's own way to edit a file: its apply_patch format through the command tool, which Codex
+# intercepts and applies itself (no helper binary on PATH is needed for it).
+PATCH = """apply_patch <<'EOF'
+*** Begin Patch
+*** Update File: greet.py
+@@
+-    return f"Helo, {name}!"
++    return f"Hello, {name}!"
+*** End Patch
+EOF
+"""
+
+
+def test_codex_applies_its_own_patch_format_through_the_command_tool(codex_env):
+    policy = ScriptedPolicy(
+        rules=[("Success. Updated the following files", "Patched greet.py.")],
+        tool_rules=[("Fix the typo", [("exec_command", {"cmd": PATCH, "workdir": "/app"})])],
+        default="Nothing to do.",
+    )
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
+    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    assert steps(result, "answer") == [{"answer": "Patched greet.py."}]
+    (output,) = steps(result, "program_output")
+    assert '"type":"file_change"' in output["stdout"]
+
+
+def test_a_codex_that_never_stops_runs_into_max_model_calls(codex_env):
+    """Every reply another command: the boundary answers the 41st call 429 and the rollout ends
+    as the limit, whatever Codex does with the refusal."""
+    ls = [("exec_command", {"cmd": "ls", "workdir": "/app"})]
+    policy = ScriptedPolicy(tool_rules=[("Fix the typo", ls), (EXITED, ls)])
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
+    assert result.outcome == Outcome.HARNESS_ERROR, result.detail
+    assert result.error_kind == ErrorKind.LIMIT
+    assert result.detail == "limit exceeded: max_model_calls = 40"
+    assert len(model_calls(result)) == 40
+
+
+def test_a_call_the_policy_server_refuses_ends_codex_and_the_workspace_is_judged(codex_env):
+    """A conversation past the context: the boundary passes the server's 400 on, Codex ends its
+    turn as failed (its own record, in its JSONL), and the hidden tests judge the workspace."""
+    policy = ScriptedPolicy(default="Done.", context_tokens=50)
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
+    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    (output,) = steps(result, "program_output")
+    assert output["exit_code"] == 0 and '"type":"turn.failed"' in output["stdout"]
+    assert "context_length_exceeded" in output["stdout"]
+    assert steps(result, "answer") == [{"answer": ""}]
