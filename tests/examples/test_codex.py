@@ -13,6 +13,7 @@ import pytest
 
 from harness_store.manifest import load_manifest
 from tests.examples.test_workspace_agents import INPUTS, model_calls, rollout, steps
+from tests.support.example_envs import npm_example_env
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers import sandbox
 from workers.harness_env import harness_env_binds, harness_env_prepare, harness_env_vars
@@ -20,7 +21,6 @@ from workers.outcomes import ErrorKind, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "codex"
-NPM_CACHE = ROOT / "var" / "npm-cache"
 VERSION = "0.171.0"
 PLATFORMS = ("darwin-arm64", "darwin-x64", "linux-arm64", "linux-x64", "win32-arm64", "win32-x64")
 
@@ -35,17 +35,7 @@ def env_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def codex_env(settings, env_dir):
-    """The example's npm lock, installed from the prefilled cache (npm is never online)."""
-    assert (NPM_CACHE / ".locks-sha256").exists(), (
-        f"no npm cache at {NPM_CACHE}: scripts/test adds the example agents' packages to it "
-        "(scripts/lib.sh, ensure_test_npm_cache)"
-    )
-    settings.COEVO_HARNESS_NPM_CACHE = str(NPM_CACHE)
-    settings.COEVO_HARNESS_NPM_REGISTRY = "http://127.0.0.1:9/"
-    settings.COEVO_HARNESS_ENV_DIR = env_dir
-    settings.COEVO_HARNESS_ENV_MAX_BYTES = 4 * 1024**3  # the native binary is about 420 MB
-    with harness_env_prepare(harness_dir=EXAMPLE) as env:
-        assert env.path is not None
+    with npm_example_env(settings, env_dir, EXAMPLE) as env:
         yield env
 
 
