@@ -20,9 +20,20 @@ MAX_CHOICES = 16
 MAX_MESSAGES = 10_000
 MAX_TOOLS = 128
 MAX_STOPS = 16
-# When a request names no max_tokens: at most this many, and never more than the rollout's
-# remaining token budget (OpenAI's own default is the whole context).
+# What a policy server adds to a reply for the parts of a request it could not honour
+# (coevo/policies/llamacpp_features.py), and how much of it a trace keeps.
+DEGRADED_KEY = "coevo_degraded"
+MAX_DEGRADED = 16
+MAX_DEGRADED_CHARS = 1000
+# When a request names no max_tokens: at most this many, and less where the rollout's token
+# budget or the policy's context leaves less (default_max_tokens; OpenAI's own default is the
+# rest of the context, which on a CPU model is minutes a call).
 DEFAULT_MAX_TOKENS = 1024
+# A prompt's tokens before it is sent, for the default's share of the context: its UTF-8 bytes
+# over this. Tokenizers take 3-4 bytes a token on English and code (Gemma's, Llama's): an
+# estimate on the long side, so that the default leaves the prompt room rather than have the
+# server refuse prompt + max_tokens past its context.
+BYTES_PER_TOKEN_LOW = 3
 
 _SHARED_KEYS = frozenset(
     {
@@ -85,13 +96,21 @@ def models_list(model: str) -> dict[str, Any]:
 
 
 def check_request(
-    api: str, body: Any, *, seed: int, max_tokens_left: int
+    api: str,
+    body: Any,
+    *,
+    seed: int,
+    max_tokens_left: int,
+    calls_left: int | None = None,
+    context_tokens: int | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The body to send to the policy server, and the keys dropped from it.
 
     ``api`` is ``chat`` or ``completions``. Sampling parameters the request leaves out get
     OpenAI's documented defaults, sent explicitly; a missing seed becomes ``seed`` (the
-    rollout's, one per call) so that a rerun asks the same.
+    rollout's, one per call) so that a rerun asks the same; a missing max_tokens is sized by
+    ``default_max_tokens`` from the rollout's remaining budget (``max_tokens_left`` tokens,
+    ``calls_left`` model calls) and the policy's context window (None: not known).
     """
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
@@ -111,7 +130,12 @@ def check_request(
     clean["n"] = n
     max_tokens = clean.get("max_tokens")
     if max_tokens is None:
-        clean["max_tokens"] = max(1, min(DEFAULT_MAX_TOKENS, max_tokens_left))
+        clean["max_tokens"] = default_max_tokens(
+            clean,
+            max_tokens_left=max_tokens_left,
+            calls_left=calls_left,
+            context_tokens=context_tokens,
+        )
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise BadRequest("max_tokens must be a positive integer.", param="max_tokens")
     for key, low, high, default in (
@@ -141,6 +165,27 @@ def check_request(
             )
         clean["stop"] = stops
     return clean, dropped
+
+
+def default_max_tokens(
+    clean: dict[str, Any],
+    *,
+    max_tokens_left: int,
+    calls_left: int | None = None,
+    context_tokens: int | None = None,
+) -> int:
+    """A request's max_tokens when it names none: the least of DEFAULT_MAX_TOKENS, the
+    rollout's remaining token budget, that budget's share per model call left (each of ``n``
+    samples is a call), and the context the prompt leaves (where the context is known; the
+    prompt estimated from its size, see BYTES_PER_TOKEN_LOW); at least 1."""
+    bounds = [DEFAULT_MAX_TOKENS, max_tokens_left]
+    if calls_left is not None and calls_left > 0:
+        bounds.append(max_tokens_left // calls_left)
+    if context_tokens:
+        shown = [clean.get("prompt"), clean.get("messages"), clean.get("tools")]
+        size = len(json.dumps(shown, ensure_ascii=False, default=str).encode())
+        bounds.append(context_tokens - size // BYTES_PER_TOKEN_LOW)
+    return max(1, min(bounds))
 
 
 def wants_stream(body: Any) -> tuple[bool, bool]:
@@ -215,6 +260,24 @@ def tool_calls_of(api: str, reply: dict[str, Any]) -> list[dict[str, Any]]:
                     }
                 )
     return found
+
+
+def degraded_of(reply: dict[str, Any]) -> list[dict[str, str]]:
+    """What the policy server says it could not honour of the request (the coevo llama.cpp
+    host's ``coevo_degraded``: ``{"field", "why"}`` each), bounded, for the trace; [] for a
+    server that says nothing (vLLM, hosted APIs)."""
+    found = reply.get(DEGRADED_KEY)
+    entries = []
+    for entry in found[:MAX_DEGRADED] if isinstance(found, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("field"), str):
+            why = entry.get("why")
+            entries.append(
+                {
+                    "field": entry["field"][:100],
+                    "why": why[:MAX_DEGRADED_CHARS] if isinstance(why, str) else "",
+                }
+            )
+    return entries
 
 
 def _event(payload: dict[str, Any]) -> bytes:

@@ -41,7 +41,7 @@ from workers.outcomes import (
     LimitExceeded,
     ProtocolViolation,
 )
-from workers.policy import platform_waits_observed
+from workers.policy import platform_wait, platform_waits_observed
 from workers.steps import Step
 
 if TYPE_CHECKING:
@@ -123,6 +123,10 @@ class _ProgramRollout:
         self.calls = 0
         self.tree = _CallTree()
         self.channel: HarnessChannel | None = None
+        # The policy's context window for the max_tokens default (asked at most once).
+        self.context_lock = threading.Lock()
+        self.context_asked = False
+        self.context: int | None = None
 
     # --- the rollout's own thread -----------------------------------------------------------
 
@@ -280,7 +284,31 @@ class _ProgramRollout:
         with self.lock:
             seed = self.runner.inputs.seed + self.calls
             left = meter.limits.max_tokens - meter.tokens
-        return openai_requests.check_request(api, body, seed=seed, max_tokens_left=left)
+            calls_left = meter.limits.max_model_calls - meter.model_calls
+        context = self._context_tokens() if not _names_max_tokens(body) else None
+        return openai_requests.check_request(
+            api,
+            body,
+            seed=seed,
+            max_tokens_left=left,
+            calls_left=calls_left,
+            context_tokens=context,
+        )
+
+    def _context_tokens(self) -> int | None:
+        """The policy's context window, where its server says (asked once per rollout, by the
+        first call that needs a max_tokens default; None where it does not say)."""
+        with self.context_lock:
+            if not self.context_asked:
+                self.context_asked = True
+                # The policy clients answer server_info (a probe: one try, never raises);
+                # a stand-in policy without it leaves the context unknown.
+                server_info = getattr(self.runner.policy, "server_info", None)
+                # The platform's wait, not the harness's: its wall clock stands still.
+                with platform_waits_observed(self.runner), platform_wait():
+                    info = server_info() if callable(server_info) else None
+                self.context = getattr(info, "context_tokens", None)
+            return self.context
 
     def model_call(
         self, api: str, body: dict[str, Any], *, dropped: list[str], spoken: str | None = None
@@ -368,6 +396,7 @@ class _ProgramRollout:
                         "tool_calls": openai_requests.tool_calls_of(api, reply),
                         "choices": reply.get("choices"),
                         "usage": reply.get("usage"),
+                        **_degraded(reply),
                     },
                     prompt_tokens=completion.prompt_tokens,
                     completion_tokens=completion.completion_tokens,
@@ -423,6 +452,21 @@ class _ProgramRollout:
             # is recorded is the chat call it was translated to.
             payload["spoken"] = spoken
         return payload
+
+
+def _degraded(reply: dict[str, Any]) -> dict[str, Any]:
+    """The step's ``degraded`` list, where the policy server named parts of the request it
+    could not honour. The reply keeps ``coevo_degraded`` on its way to the program: the
+    OpenAI SDKs ignore a field they do not know, and a program that does know it can adapt
+    (say, put its tools in the prompt) as the trace's reader would."""
+    degraded = openai_requests.degraded_of(reply)
+    return {"degraded": degraded} if degraded else {}
+
+
+def _names_max_tokens(body: Any) -> bool:
+    return isinstance(body, dict) and (
+        body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
+    )
 
 
 def _limit_body(exc: LimitExceeded) -> dict[str, Any]:

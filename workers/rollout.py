@@ -479,6 +479,9 @@ class _Runner:
             self.result.completion_tokens += completion.completion_tokens
             # One choice per request (n is drawn as n calls): every call is choice 0's.
             tool_calls = openai_requests.tool_calls_of(wanted, completion.raw)
+            # What the policy server could not honour (tools its model never saw): the trace
+            # says so; the harness gets what it always gets.
+            degraded = openai_requests.degraded_of(completion.raw)
             self.record(
                 Step(
                     "model_call",
@@ -494,6 +497,7 @@ class _Runner:
                         "completion": completion.text,
                         "finish_reason": completion.finish_reason,
                         **({"tool_calls": tool_calls} if "tools" in request or tool_calls else {}),
+                        **({"degraded": degraded} if degraded else {}),
                     },
                     prompt_tokens=completion.prompt_tokens,
                     completion_tokens=completion.completion_tokens,

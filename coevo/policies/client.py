@@ -22,7 +22,8 @@ attempt; only a server that is down is an outage the rollout is forgiven).
 ``server_info`` and ``token_count`` ask a server what it is, how long its context is and how
 many tokens a text takes, where it says (vLLM: ``max_model_len`` in ``/v1/models`` and
 ``POST /tokenize``; llama.cpp's server: ``/props`` and ``POST /tokenize``; llama-cpp-python:
-``POST /extras/tokenize/count``, no context length). They are probes: one try each, a short
+``POST /extras/tokenize/count``, no context length, which coevo's llama.cpp host adds as
+``context_length`` in ``/v1/models``, OpenRouter's name). They are probes: one try each, a short
 timeout, and ``None`` for anything a server does not answer, so a caller falls back to an
 estimate instead of failing.
 """
@@ -161,12 +162,14 @@ class PolicyClient:
             n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
             return ServerInfo(ServerFlavor.LLAMA_CPP, n_ctx if _positive(n_ctx) else None)
         # llama-cpp-python lists its models as owned by "me": its tokenizer route tells it apart.
+        context = entry.get("context_length")
+        context = context if _positive(context) else None
         counted = self._probe(
             "POST", f"{self._root}/extras/tokenize/count", json={"input": "", "model": self.model}
         )
         if counted is not None and isinstance(counted.get("count"), int):
-            return ServerInfo(ServerFlavor.LLAMA_CPP_PYTHON)
-        return ServerInfo()
+            return ServerInfo(ServerFlavor.LLAMA_CPP_PYTHON, context)
+        return ServerInfo(context_tokens=context)
 
     def token_count(self, text: str, *, flavor: str | None) -> int | None:
         """How many tokens ``text`` is as a prompt, by the server's own tokenizer (None where

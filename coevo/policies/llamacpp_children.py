@@ -62,10 +62,12 @@ def die_with_parent() -> None:
 class Refused(Exception):
     """A request the host answers with ``status`` and this message (what to do next)."""
 
-    def __init__(self, status: int, message: str, *, code: str = "") -> None:
+    def __init__(self, status: int, message: str, *, code: str = "", param: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        # The request's field at fault, for OpenAI's ``error.param``.
+        self.param = param
 
 
 def adapter_file_resolve(*, root: Path, path: str) -> Path:

@@ -18,7 +18,10 @@ on vLLM (coevo/policies/services.py, policy_adapter_ensure):
 - ``POST /v1/completions`` and ``/v1/chat/completions``: to the child serving the body's
   ``model`` (the base when absent; 404 in OpenAI's error format for a name not served).
   Non-streaming only: coevo never streams, and relaying server-sent events through the
-  whole-body proxy below would hold them back until the end anyway.
+  whole-body proxy below would hold them back until the end anyway. What of a request the
+  model cannot honour (tools its chat template does not render, ``n`` > 1; see
+  coevo/policies/llamacpp_features.py) is answered all the same, and named in the reply's
+  ``coevo_degraded`` list, so the trace can say so instead of losing it silently.
 - llama-cpp-python's extras (``POST /extras/tokenize``, ``/extras/tokenize/count``,
   ``/extras/detokenize``): to the named model's child when it is loaded, else the base (every
   adapter shares the base's tokenizer, so a count never needs an adapter loaded).
@@ -51,6 +54,12 @@ from coevo.policies.llamacpp_children import (
     Refused,
     adapter_file_resolve,
 )
+from coevo.policies.llamacpp_features import (
+    DEGRADED_KEY,
+    chat_template_read,
+    request_adapt,
+    template_renders_tools,
+)
 
 logger = logging.getLogger("coevo.llamacpp_host")
 
@@ -77,6 +86,8 @@ class HostServer(ThreadingHTTPServer):
     ) -> None:
         super().__init__(address, _Handler)
         self.pool = pool
+        # The base GGUF's chat template, which every child renders (adapters share it).
+        self.chat_template = chat_template_read(pool.config.model)
         self.adapter_root = adapter_root
         self.upstream_timeout_s = upstream_timeout_s
         self.max_body_bytes = max_body_bytes
@@ -114,6 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
         error: dict[str, Any] = {"message": str(refused), "type": kind, "code": refused.code}
         if refused.code == "model_not_found":
             error["param"] = "model"
+        elif refused.param:
+            error["param"] = refused.param
         self._json(refused.status, {"error": error})
 
     # --- routes ------------------------------------------------------------------------------
@@ -130,6 +143,8 @@ class _Handler(BaseHTTPRequestHandler):
                     "owned_by": "coevo",
                     "root": str(child.lora or pool.config.model),
                     "parent": alias if child.lora is not None else None,
+                    # What the client's server_info reads (OpenRouter's name for it too).
+                    "context_length": pool.config.n_ctx,
                 }
                 for child in pool.ready()
             ]
@@ -156,7 +171,13 @@ class _Handler(BaseHTTPRequestHandler):
                         "Streaming is not supported by the coevo llama.cpp host: send "
                         '"stream": false (coevo\'s own client always does).',
                     )
-                self._forward(str(body.get("model") or self.server.pool.config.alias), raw)
+                asked_format = body.get("response_format")
+                degraded = request_adapt(path, body, template=self.server.chat_template)
+                if body.get("response_format") is not asked_format:
+                    raw = json.dumps(body).encode()  # translated to what the child honours
+                self._forward(
+                    str(body.get("model") or self.server.pool.config.alias), raw, degraded
+                )
             elif path in EXTRAS_PATHS:
                 model = str(body.get("model") or "")
                 served = model and self.server.pool.served(model)
@@ -197,8 +218,11 @@ class _Handler(BaseHTTPRequestHandler):
         )
         return self.server.pool.adapter_load(name=name, lora=lora)
 
-    def _forward(self, model: str, raw: bytes) -> None:
-        """Relay the request to ``model``'s child and its answer back, whole."""
+    def _forward(
+        self, model: str, raw: bytes, degraded: list[dict[str, str]] | None = None
+    ) -> None:
+        """Relay the request to ``model``'s child and its answer back, whole (with
+        ``degraded`` added to a JSON answer's ``coevo_degraded``)."""
         with self.server.pool.using(model) as child:
             connection = http.client.HTTPConnection(
                 "127.0.0.1", child.port, timeout=self.server.upstream_timeout_s
@@ -225,7 +249,20 @@ class _Handler(BaseHTTPRequestHandler):
                 connection.close()
         if len(data) > MAX_REPLY_BYTES:
             raise Refused(502, f"The reply for `{model}` is over {MAX_REPLY_BYTES} bytes.")
+        if degraded and reply.status == 200:
+            data = _with_degraded(data, degraded)
         self._send(reply.status, data, reply.getheader("Content-Type") or "application/json")
+
+
+def _with_degraded(data: bytes, degraded: list[dict[str, str]]) -> bytes:
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        return data  # not a completion: the client says so, with or without the list
+    if not isinstance(answer, dict):
+        return data
+    answer[DEGRADED_KEY] = degraded
+    return json.dumps(answer).encode()
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -310,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
         adapter_root=args.adapter_root.resolve(),
         upstream_timeout_s=args.request_timeout,
         max_body_bytes=args.max_body_bytes,
+    )
+    template = server.chat_template
+    logger.info(
+        "the model's chat template: %s",
+        "none (llama-cpp-python's llama-2 format, no tools)"
+        if template is None
+        else ("renders tools" if template_renders_tools(template) else "has no tools"),
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

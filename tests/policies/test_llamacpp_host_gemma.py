@@ -82,3 +82,54 @@ def test_it_serves_gemma_and_a_lora_adapter_loaded_at_run_time(tmp_path):
     finally:
         host.terminate()
         host.wait(timeout=30)
+
+
+def test_it_says_which_of_a_chat_request_gemma_could_not_honour(tmp_path):
+    """The shipped Gemma GGUF has no chat template: llama-cpp-python renders its llama-2 format,
+    which has no tools, so the tools a request offers never reach the model. The host answers
+    and names them in ``coevo_degraded``; OpenAI's json_schema is answered (translated)."""
+    model = base_model_gguf(DEFAULT_MODEL_ALIAS)
+    (tmp_path / "adapters").mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    command = llamacpp_host_command(
+        model, port=port, adapter_root=tmp_path / "adapters", log_dir=tmp_path / "models"
+    )
+    with (tmp_path / "host.log").open("wb") as log:
+        host = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    try:
+        wait_until_serving(url, model=DEFAULT_MODEL_ALIAS, process=host)
+        with httpx.Client(base_url=url, timeout=120) as client:
+            offered = client.post(
+                "/chat/completions",
+                json={"messages": ask, "tools": [weather], "max_tokens": 8, "temperature": 0.0},
+            )
+            formatted = client.post(
+                "/chat/completions",
+                json={"messages": ask, "max_tokens": 24, "temperature": 0.0,
+                      "response_format": {"type": "json_schema",
+                                          "json_schema": {"name": "w", "schema": schema}}},
+            )  # fmt: skip
+    finally:
+        host.terminate()
+        host.wait(timeout=30)
+
+    assert offered.status_code == 200, offered.text
+    (degraded,) = offered.json()["coevo_degraded"]
+    assert degraded["field"] == "tools"
+    assert degraded["why"].startswith("tools were not passed to the model: its GGUF has no chat")
+    assert not offered.json()["choices"][0]["message"].get("tool_calls")
+    assert formatted.status_code == 200, formatted.text
+    assert "coevo_degraded" not in formatted.json()
+    assert formatted.json()["choices"][0]["message"]["content"].lstrip().startswith("{")
+    assert "the model's chat template: none" in (tmp_path / "host.log").read_text()

@@ -10,7 +10,8 @@ vLLM answered 500 to a tool_choice it could not serve, while the rest are served
 model's generation time). ``stop()`` and ``start()`` take the server down and bring it back on
 the same port, to exercise outages. While ``holding``, every completion waits for ``release()``
 before it answers (a rollout kept between its model call and its end for as long as a test
-needs); ``answered`` lists the completion requests served, in order.
+needs); ``answered`` lists the completion requests served, in order. ``reply_extra`` adds its
+keys to every completion's reply (the llama.cpp host's ``coevo_degraded``, say).
 
 ``flavor`` makes it answer as that server's own routes do (a word is a token, as in its
 usage counts): ``vllm`` lists ``max_model_len`` (``context_tokens``) in /v1/models and counts
@@ -54,6 +55,9 @@ class ScriptedPolicy:
     probes: list[dict[str, Any]] = field(default_factory=list)
     holding: bool = False
     answered: list[dict[str, Any]] = field(default_factory=list)
+    reply_extra: dict[str, Any] = field(default_factory=dict)
+    # How a plain chat reply ends ("length": cut at the token limit).
+    finish_reason: str = "stop"
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _held: int = 0
     _releases: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
@@ -208,7 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
                 choice = {
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
+                    "finish_reason": self.policy.finish_reason,
                 }
         else:
             self._json(404, {"error": "not found"})
@@ -228,6 +232,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "completion_tokens": len(text.split()),
                     "total_tokens": len(prompt_text.split()) + len(text.split()),
                 },
+                **self.policy.reply_extra,
             },
         )
 

@@ -319,3 +319,32 @@ def test_the_unmodified_openai_sdk_calls_tools_streams_and_runs_in_parallel(tmp_
     assert (calls[1]["parent"], calls[1]["relation"], calls[1]["session"]) == (0, "continues", 0)
     assert calls[1]["messages"][-1]["role"] == "tool"
     assert {c["api"] for c in calls[3:]} == {"completions"}
+
+
+def test_a_call_without_max_tokens_gets_what_the_policys_context_leaves(tmp_path):
+    """The boundary's default fits the policy's context (vLLM's max_model_len here): the
+    former 1,024 past a 600-token context was refused by the server."""
+    policy = ScriptedPolicy(rules=[("sky", "yes")], flavor="vllm", context_tokens=600)
+    harness = program(tmp_path, {"ask.py": ASK}, command='["python3", "ask.py"]')
+
+    with ScriptedOpenAIServer(policy) as running:
+        result = rollout(harness, running.url)
+
+    assert result.outcome == Outcome.PASSED, result.detail
+    (call,) = steps(result, "model_call")
+    assert 500 < call["sampling"]["max_tokens"] < 600
+
+
+def test_a_call_without_max_tokens_gets_its_share_of_the_token_budget(tmp_path, server):
+    harness = program(
+        tmp_path,
+        {"ask.py": ASK},
+        command='["python3", "ask.py"]',
+        limits="max_model_calls = 8\nmax_tokens = 2000",
+    )
+
+    result = rollout(harness, server.url)
+
+    assert result.outcome == Outcome.PASSED, result.detail
+    (call,) = steps(result, "model_call")
+    assert call["sampling"]["max_tokens"] == 250
