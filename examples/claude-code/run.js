@@ -53,8 +53,17 @@ const out = (run.stdout || Buffer.alloc(0)).toString();
 process.stdout.write(out.slice(-8000));
 let result = null;
 try { result = JSON.parse(out.trim().split("\n").pop()); } catch (e) { result = null; }
-if (run.status !== 0 || result === null) {
+// A run Claude Code ended itself on the policy's refusal (a conversation past the policy's
+// context: terminal_reason "prompt_too_long", an API error status 400) is its own end, as an
+// exception is mini-swe-agent's: the workspace is judged as it stands. Anything else (no
+// result, a crash, a connection that never answered) is the harness's failure.
+const policyEnded = result !== null && result.type === "result" &&
+  (result.terminal_reason === "prompt_too_long" || result.api_error_status === 400);
+if ((run.status !== 0 && !policyEnded) || result === null) {
   console.error(`claude exited with ${run.status === null ? run.signal : run.status}`);
   process.exit(1);
+}
+if (policyEnded) {
+  console.error(`claude ended on the policy's refusal (${result.terminal_reason}, ${result.api_error_status}); the workspace is judged`);
 }
 fs.writeFileSync(process.env.COEVO_ANSWER_FILE, JSON.stringify(result.result ?? ""));

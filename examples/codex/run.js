@@ -125,10 +125,14 @@ const events = out.split("\n").flatMap((line) => {
 const failed = events.find((event) => event && event.type === "turn.failed");
 let refused = false;
 try { refused = typeof JSON.parse(failed.error.message).error === "object"; } catch (e) { refused = false; }
+// So is a turn the model could not finish: its reply cut at the token limit (a small policy
+// whose context Codex's own prompt nearly fills).
+const message = (failed && failed.error && failed.error.message) || "";
+refused = refused || message.startsWith("Incomplete response returned");
 if (run.status !== 0 && !refused) {
   console.error(`codex exited with ${run.status === null ? run.signal : run.status}`);
   process.exit(1);
 }
-if (refused) console.error("the boundary refused codex's call and its turn failed; the workspace is judged");
+if (refused) console.error(`codex's turn failed on the policy's reply (${message.slice(0, 200)}); the workspace is judged`);
 const answer = fs.existsSync(last) ? fs.readFileSync(last, "utf8").trim() : "";
 fs.writeFileSync(process.env.COEVO_ANSWER_FILE, JSON.stringify(answer));

@@ -103,3 +103,18 @@ def test_claude_code_fixes_the_workspace_task_with_its_edit_tool(claude_env):
     assert steps(result, "answer") == [{"answer": "Fixed the typo in greet.py."}]
     (diff,) = steps(result, "workspace_diff")
     assert [row["path"] for row in diff["files"]] == ["greet.py"]
+
+
+def test_a_call_the_policy_server_refuses_ends_claude_code_and_the_workspace_is_judged(
+    claude_env,
+):
+    """A conversation past the policy's context (Gemma 3 270M's 4,096 tokens hold little more
+    than Claude Code's system prompt): the boundary passes the server's 400 on, Claude Code
+    ends its run with that error, and the hidden tests judge the workspace as it stands."""
+    policy = ScriptedPolicy(default="Done.", context_tokens=50)
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=claude_env.path)
+    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    (output,) = steps(result, "program_output")
+    assert output["exit_code"] == 0
+    assert '"api_error_status":400' in output["stdout"]

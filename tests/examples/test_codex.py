@@ -167,3 +167,16 @@ def test_a_call_the_policy_server_refuses_ends_codex_and_the_workspace_is_judged
     assert output["exit_code"] == 0 and '"type":"turn.failed"' in output["stdout"]
     assert "context_length_exceeded" in output["stdout"]
     assert steps(result, "answer") == [{"answer": ""}]
+
+
+def test_a_reply_cut_at_the_token_limit_ends_codex_and_the_workspace_is_judged(codex_env):
+    """A policy whose context Codex's own prompt nearly fills (Gemma 3 270M's 4,096 tokens)
+    cuts its reply at the limit: the Responses reply is incomplete, Codex fails its turn, and
+    the hidden tests judge the workspace instead of the run counting as the harness's error."""
+    policy = ScriptedPolicy(default="Do", finish_reason="length")
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
+    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    (output,) = steps(result, "program_output")
+    assert output["exit_code"] == 0
+    assert "Incomplete response returned" in output["stdout"]

@@ -761,7 +761,7 @@ def test_a_program_past_its_wall_time_while_calling_responses_ends_as_a_limit(tm
         import time
         while True:
             client.responses.create(model="gpt-5", input=task["question"])
-            time.sleep(0.2)
+            time.sleep(1)  # the wall time ends it, never the 16 calls the manifest allows
         """,
         # Long enough for the SDK's import on a loaded machine to leave calls to make.
         limits="wall_time_s = 10",
