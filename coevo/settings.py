@@ -400,7 +400,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.JSONParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "coevo.api.schema.ResourceAutoSchema",
     "EXCEPTION_HANDLER": "coevo.api.exceptions.api_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "PAGE_SIZE": 50,
@@ -414,6 +414,80 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
+    # One tag per resource (coevo.api.schema.ResourceAutoSchema derives it from the path), in
+    # the order a new user meets them; tests/api/test_schema.py requires one for every tag.
+    "TAGS": [
+        {
+            "name": "projects",
+            "description": "The projects the token's user is a member of, with the user's role. "
+            "Every other resource but trainers lives under `projects/{slug}/`.",
+        },
+        {
+            "name": "candidates",
+            "description": "Harness candidates: git commits of the project's harness repository, "
+            "named by SHA. Import them as a git bundle (keeps their SHAs) or a tarball (a new "
+            "commit); read their files and diffs.",
+        },
+        {
+            "name": "suites",
+            "description": "Task suites (HumanEval, TextWorld, workspace tasks, or your own JSONL "
+            "or Harbor tasks), versioned by content and split into search, validation and "
+            "held-out tasks.",
+        },
+        {
+            "name": "evaluations",
+            "description": "Evaluations run one candidate under one policy version on one split "
+            "of a suite (rollouts on the workers, 202 and a status URL); read their progress, "
+            "summary and per-task results. Held-out evaluations run only inside promotions.",
+        },
+        {
+            "name": "comparisons",
+            "description": "The paired comparison of two evaluations on the same suite and "
+            "split: the difference, its interval, the test and the tasks fixed or broken.",
+        },
+        {
+            "name": "gates",
+            "description": "CI gates: evaluate a candidate against a channel's holder or a SHA "
+            "and answer pass, fail or inconclusive by the thresholds given (minimum score, "
+            "allowed regression, critical tasks, error rate).",
+        },
+        {
+            "name": "matrices",
+            "description": "Compatibility matrices: candidates × policy versions on one suite "
+            "split, one evaluation per cell, flagging a harness that loses under a policy it was "
+            "not tuned for.",
+        },
+        {
+            "name": "campaigns",
+            "description": "Campaigns evolve a seed candidate: proposers write proposals, each "
+            "validated and evaluated on search then validation, and the best is chosen on "
+            "validation. Start, pause, resume, stop, submit candidates, list proposals.",
+        },
+        {
+            "name": "training",
+            "description": "Trainers (registered by an operator, shared by all projects) and "
+            "training runs: one trainer on one trajectory export, registering a policy version "
+            "when it succeeds.",
+        },
+        {
+            "name": "exports",
+            "description": "Trajectory exports: finished rollouts' model calls as JSONL "
+            "training data (chat or prompt/completion), one line per call with its provenance; "
+            "never held-out rollouts.",
+        },
+        {
+            "name": "channels",
+            "description": "Deployment channels (such as `production`): which candidate and "
+            "policy version each holds and the history of its moves. Read-only; promotions move "
+            "them.",
+        },
+        {
+            "name": "promotions",
+            "description": "Promotion requests: run held-out evaluations of a candidate and its "
+            "reference, assemble the evidence, and move the channel when a reviewer other than "
+            "the requester approves.",
+        },
+    ],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -1,12 +1,12 @@
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from coevo.api import candidates, evaluations, projects, suites, training
-from coevo.api.views import api_not_found
+from coevo.api.views import CachedSchemaView, api_not_found
 
 app_name = "api"
 urlpatterns = [
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", CachedSchemaView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
     # Other work plugs its resources in here (same framework: coevo.api.base.ApiView).

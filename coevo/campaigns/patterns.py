@@ -49,7 +49,13 @@ NAME_CHARS = 120
 # Order matters: quoted text first (it may hold paths and numbers), then hex, paths, numbers.
 _QUOTED = re.compile(r"""(?<!\w)'[^'\n]*'(?!\w)|"[^"\n]*"|`[^`\n]*`""")
 _HEX = re.compile(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{7,64}\b")
-_PATH = re.compile(r"(?:[a-z]:)?(?:~|\.{1,2})?(?:/[\w.@+-]+)+/?|\b[\w.-]+(?:/[\w.-]+)+/?")
+# Not a path: a run of digits, dots and slashes alone ("0/4 points", "1.5/2"), which is a
+# fraction for _NUMBER; the lookahead sees the whole run (a digit, dot or slash after it fails
+# the inner test), so "/12/abc" and "2024/01/x.txt" are still paths.
+_PATH = re.compile(
+    r"(?<![\w.])(?![\d./]+(?![\w./@+-]))"
+    r"(?:(?:[a-z]:)?(?:~|\.{1,2})?(?:/[\w.@+-]+)+/?|[\w.-]+(?:/[\w.-]+)+/?)"
+)
 _NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?")
 _SPACE = re.compile(r"\s+")
 

@@ -69,9 +69,8 @@ def run_demo(options: DemoOptions) -> int:
 
     from coevo.demo import campaign as demo_campaigns
     from coevo.demo import coevolve, humaneval, promotion
-    from coevo.demo.users import demo_user
+    from coevo.demo.users import demo_project, demo_user
     from coevo.projects.models import Role
-    from coevo.projects.services import project_get_or_create
     from workers.sandbox import sandbox_mode
 
     started = time.monotonic()
@@ -111,9 +110,7 @@ def run_demo(options: DemoOptions) -> int:
              "--bind", f"{options.host}:{options.port}", "--workers", "2", "--timeout", "60"],
             child_env,
         )  # fmt: skip
-        project = project_get_or_create(
-            slug="demo", name="Demo agent", description="HumanEval with the seed harness."
-        )
+        project = demo_project()
         user, password = demo_user(project=project, home=home, username="demo", role=Role.ADMIN)
         login = f"(login {user.username} / {password})"
         with progress_step(

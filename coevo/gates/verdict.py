@@ -4,8 +4,11 @@ tested on hand-made numbers and a gate page shows the same figures on every relo
 Rules (docs/api.md, Gates):
 - an evaluation that failed or was cancelled → ``error`` (no rule is judged on partial data);
 - ``min_score``: candidate mean ≥ min → pass; upper CI bound < min → fail; else inconclusive;
+  a bootstrap interval (graded scores) over fewer than MIN_INTERVAL_TASKS tasks fails nothing;
 - ``max_regression`` r: paired delta (candidate − baseline, over the tasks both scored) CI
-  lower bound ≥ −r → pass; upper bound < −r → fail; else inconclusive;
+  lower bound ≥ −r → pass; upper bound < −r → fail; else inconclusive; inconclusive below
+  MIN_INTERVAL_TASKS tasks scored on both sides (issue 38: a percentile bootstrap over two
+  tasks read [+25, +100] pts beside an exact test's p = 0.5; it decides nothing);
 - ``critical_tasks``: a listed task the baseline passed and the candidate fails → fail (HCL's
   "no newly failing tasks"); a listed task not scored on both sides → inconclusive;
 - ``max_error_rate``: (harness_error + infra_error) / finished rollouts of the candidate > max
@@ -22,7 +25,11 @@ from typing import Any
 
 from coevo.evaluations.models import EvaluationState, Outcome
 from coevo.evaluations.stats.means import ScoreSummary, mean_score_summary, per_task_means
-from coevo.evaluations.stats.paired import PairedComparison, paired_comparison
+from coevo.evaluations.stats.paired import (
+    MIN_INTERVAL_TASKS,
+    PairedComparison,
+    paired_comparison,
+)
 from coevo.gates.models import Verdict
 from coevo.gates.policy import GatePolicy
 
@@ -117,6 +124,14 @@ def _min_score(policy: GatePolicy, summary: ScoreSummary) -> dict[str, str]:
     )
     if summary.mean >= minimum:
         return _reason("min_score", PASS, f"{figures} ≥ minimum {minimum:g}.")
+    if summary.method == "bootstrap" and summary.n < MIN_INTERVAL_TASKS:
+        return _reason(
+            "min_score",
+            INCONCLUSIVE,
+            f"candidate mean {summary.mean:.3f} is below the minimum {minimum:g}, but over "
+            f"{summary.n} tasks of graded scores there are too few for an interval (at least "
+            f"{MIN_INTERVAL_TASKS}); more tasks would decide.",
+        )
     if summary.interval.high < minimum:
         return _reason(
             "min_score", FAIL, f"{figures}: even the upper bound is below the minimum {minimum:g}."
@@ -133,6 +148,14 @@ def _max_regression(policy: GatePolicy, comparison: PairedComparison) -> dict[st
     bound = -float(policy.max_regression or 0.0)
     if comparison.interval is None or comparison.difference is None:
         return _reason("max_regression", INCONCLUSIVE, "No task was scored on both sides.")
+    if comparison.tasks < MIN_INTERVAL_TASKS:
+        return _reason(
+            "max_regression",
+            INCONCLUSIVE,
+            f"paired delta {comparison.difference:+.3f} over {comparison.tasks} tasks: too few "
+            f"tasks for the interval this rule is judged on (at least {MIN_INTERVAL_TASKS} "
+            "scored on both sides); more tasks would decide.",
+        )
     low, high = comparison.interval.low, comparison.interval.high
     figures = (
         f"paired delta {comparison.difference:+.3f} over {comparison.tasks} tasks, "

@@ -13,6 +13,14 @@ def project_get_or_create(*, slug: str, name: str, description: str = "") -> Pro
     return project
 
 
+def project_describe(*, project: Project, description: str) -> Project:
+    """Set the project's description (no write when it already says that)."""
+    if project.description != description:
+        Project.objects.filter(id=project.id).update(description=description)
+        project.description = description
+    return project
+
+
 def _refuse_last_admin(*, project: Project, user: AbstractBaseUser) -> None:
     """A project keeps at least one admin (someone must manage members); the caller holds
     the project row's lock so two admins cannot demote each other at once."""

@@ -42,13 +42,15 @@ def channel_holder(*, project: Project, name: str) -> Candidate | None:
 
 
 def channel_history(*, channel: Channel) -> QuerySet[ChannelMove]:
-    """The channel's moves, newest first."""
+    """The channel's moves, newest first, each with the promotion request that made it (if
+    one did)."""
     return ChannelMove.objects.filter(channel=channel).select_related(
         "from_candidate",
         "to_candidate",
         "from_policy_version",
         "to_policy_version",
         "moved_by",
+        "promotion",
     )
 
 

@@ -63,6 +63,7 @@ from coevo.web.presenters import (
     campaign_lineage,
     campaign_spend_rows,
     pareto_points,
+    pareto_table,
     proposal_rows,
 )
 from harness_store.models import Candidate
@@ -145,7 +146,7 @@ def campaign_detail(request: HttpRequest, project: Project, campaign_id: UUID) -
             if best
             else None
         ),
-        "front": front,
+        "front": pareto_table(points=points, front=front, best=best),
         "plots": plots,
         "rows": proposal_rows(project=project, proposals=window.proposals),
         "window": window,

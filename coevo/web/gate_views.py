@@ -13,7 +13,7 @@ from coevo.evaluations.selectors import evaluation_progress
 from coevo.gates.selectors import gate_get
 from coevo.projects.models import Project
 from coevo.web.access import project_view
-from coevo.web.presenters import gate_verdict_badge
+from coevo.web.presenters import gate_statistics, gate_verdict_badge
 
 
 @project_view
@@ -29,7 +29,7 @@ def gate_detail(request: HttpRequest, project: Project, gate_id: UUID) -> HttpRe
         "baseline_evaluation": baseline_evaluation,
         "candidate_progress": evaluation_progress(evaluation=candidate_evaluation),
         "baseline_progress": evaluation_progress(evaluation=baseline_evaluation),
-        "statistics": gate.statistics,
+        "statistics": gate_statistics(gate=gate),
     }
     partial = request.htmx and not request.htmx.history_restore_request
     template = "web/_gate_status.html" if partial else "web/gate.html"

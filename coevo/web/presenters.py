@@ -8,6 +8,7 @@ Every function takes an already permission-checked project (or a row reached thr
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from coevo.evaluations.selectors import (
     rollout_trace,
     search_validation_gap,
 )
+from coevo.evaluations.stats.means import MEAN_SCORE, PASS_RATE
+from coevo.evaluations.stats.paired import PairedComparison, too_few_tasks_note
 from coevo.evaluations.traces import (
     AttemptSummary,
     Cursor,
@@ -36,6 +39,8 @@ from coevo.evaluations.traces import (
     TraceSummary,
     trace_summary,
 )
+from coevo.gates.models import Gate
+from coevo.gates.policy import GatePolicy
 from coevo.projects.models import Membership, Project
 from coevo.projects.selectors import project_list_for_user
 from coevo.reviews.models import PromotionRequest
@@ -416,6 +421,63 @@ def pareto_points(
     ]
 
 
+@dataclass(frozen=True)
+class FrontRow:
+    point: ProposalPoint
+    is_best: bool
+    on_front: bool
+    note: str  # for the chosen best off the front: why it is chosen though dominated
+
+
+def pareto_table(
+    *, points: list[ProposalPoint], front: list[ProposalPoint], best: Proposal | None
+) -> list[FrontRow]:
+    """The Pareto-front table: the front, and the campaign's chosen best always, marked (issue
+    38: a later candidate that tied its validation score with fewer tokens pushed it off the
+    front, and the promoted candidate looked dominated without a word).
+
+    The best stays the first candidate to reach the campaign's highest validation score
+    (coevo.campaigns.evaluating): the campaign optimises validation alone, and replacing the
+    best on a tie would reset its patience and swap the candidate it promotes on a secondary
+    axis. The table says so instead."""
+    front_ids = {p.id for p in front}
+    rows = [FrontRow(p, best is not None and p.id == best.id, True, "") for p in front]
+    chosen = next((p for p in points if best is not None and p.id == best.id), None)
+    if chosen is None or chosen.id in front_ids:
+        return rows
+    if chosen.validation_score is None or chosen.tokens_per_task is None:
+        note = "chosen best: not on the front (no token count recorded for it)"
+    else:
+        dominators = [
+            p
+            for p in front
+            if p.validation_score >= chosen.validation_score
+            and p.tokens_per_task <= chosen.tokens_per_task
+        ]
+        ties = [p for p in dominators if p.validation_score == chosen.validation_score]
+        named = ", ".join(
+            f"#{p.sequence} ({p.tokens_per_task:.1f} tokens/task)" for p in ties or dominators
+        )
+        if ties:
+            note = (
+                f"chosen best though dominated on tokens: {named} tied its validation score "
+                f"later with fewer tokens; the campaign keeps the first candidate to reach its "
+                "best validation score, and a tie does not replace it"
+            )
+        else:
+            note = (
+                f"chosen best though dominated by {named}: the campaign's best is the first "
+                "to reach its highest validation score under the policy it was scored with"
+            )
+    rows.append(FrontRow(chosen, True, False, note))
+    # The front's own order (best score first, then cheapest): the chosen best follows the
+    # cheaper candidate that tied it.
+    return sorted(
+        rows,
+        key=lambda r: (-(r.point.validation_score or 0.0), r.point.tokens_per_task or math.inf),
+    )
+
+
 # --- comparisons -----------------------------------------------------------------------------
 
 # The most flipped tasks the comparison page lists unless asked for all (two evaluations of
@@ -524,8 +586,39 @@ def _side(side: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         **side,
         "score_list": [scores.get(s) for s in splits],
-        "cells": [{"score": scores.get(s), "missing": missing.get(s)} for s in splits],
+        "cells": [
+            {"score": scores.get(s), "missing": missing.get(s), **score_interval(scores.get(s))}
+            for s in splits
+        ],
     }
+
+
+# How a page names the interval method a score summary stored ("method" of ScoreSummary).
+INTERVAL_METHODS = {"wilson": "Wilson interval", "bootstrap": "bootstrap interval over tasks"}
+
+
+def score_interval(score: dict[str, Any] | None) -> dict[str, Any]:
+    """A stored score summary's interval as a page shows it (issue 38): its name ("95% Wilson
+    interval"), or, for a bootstrap over too few tasks to mean anything, why none is shown.
+    Wilson intervals hold their level at any n and are always shown."""
+    if not score or score.get("ci_low") is None:
+        return {"interval_shown": False, "interval_note": None, "interval_name": None}
+    method = score.get("method") or "wilson"
+    note = too_few_tasks_note(int(score.get("n_tasks") or 0)) if method == "bootstrap" else None
+    confidence = float(score.get("confidence") or 0.95)
+    return {
+        "interval_shown": note is None,
+        "interval_note": note,
+        "interval_name": f"{confidence * 100:g}% {INTERVAL_METHODS.get(method, method)}",
+    }
+
+
+def promotion_comparison(*, evidence: dict[str, Any]) -> PairedComparison | None:
+    """The evidence's held-out paired comparison (every version stores `as_dict`'s shape), for
+    the `paired_verdict` line: the exact test's verdict, the difference named by its score, and
+    an interval only where the comparison page would show one."""
+    stored = evidence.get("comparison")
+    return PairedComparison.from_dict(stored) if stored else None
 
 
 def promotion_heldout_tasks(*, evidence: dict[str, Any]) -> dict[str, Any] | None:
@@ -589,6 +682,103 @@ def promotion_looks(*, promotion: PromotionRequest) -> dict[str, int]:
 
 def gate_verdict_badge(verdict: str) -> str:
     return VERDICT_BADGES.get(verdict, "neutral")
+
+
+@dataclass(frozen=True)
+class GateFigure:
+    """One number of a gate's statistics with what it is and what it decides."""
+
+    value: float | None
+    low: float | None  # the interval, when it is shown
+    high: float | None
+    interval_name: str | None
+    interval_note: str | None  # why no interval is shown
+    tasks: int
+    role: str  # which rule it decides, or that none does
+
+
+@dataclass(frozen=True)
+class GateStatistics:
+    score_name: str
+    confidence: float
+    candidate: GateFigure
+    baseline: GateFigure
+    delta: GateFigure
+    test: str
+    p_value: float | None
+    test_verdict: str
+    test_role: str
+    fixed: list[str]
+    broken: list[str]
+
+    @property
+    def sides(self) -> list[tuple[str, GateFigure]]:
+        return [("candidate", self.candidate), ("baseline", self.baseline)]
+
+
+def gate_statistics(*, gate: Gate) -> GateStatistics | None:
+    """A gate's stored statistics as the page shows them (issue 38): the verdict is the gate's
+    rules'; each figure says which rule it decides (min_score the candidate's interval,
+    max_regression the paired delta's) or that no rule of this gate uses it (the exact test,
+    which is the comparison page's verdict); an interval from a bootstrap over too few tasks
+    says so instead of its numbers. Gates stored before this still render."""
+    stats = gate.statistics or {}
+    if not stats.get("candidate"):
+        return None
+    rules = set(GatePolicy.from_dict(gate.policy or {}).rules)
+    comparison = stats.get("comparison") or {}
+    confidence = float(stats.get("confidence") or 0.95)
+    unused = "no rule of this gate uses it"
+
+    def side(summary: dict[str, Any], role: str) -> GateFigure:
+        shown = score_interval(summary)
+        return GateFigure(
+            value=summary.get("mean"),
+            low=summary.get("ci_low") if shown["interval_shown"] else None,
+            high=summary.get("ci_high") if shown["interval_shown"] else None,
+            interval_name=shown["interval_name"],
+            interval_note=shown["interval_note"],
+            tasks=int(summary.get("n_tasks") or 0),
+            role=role,
+        )
+
+    tasks = int(comparison.get("n_tasks") or 0)
+    delta_note = too_few_tasks_note(tasks)
+    has_delta = comparison.get("ci_low") is not None and delta_note is None
+    delta = GateFigure(
+        value=comparison.get("delta"),
+        low=comparison.get("ci_low") if has_delta else None,
+        high=comparison.get("ci_high") if has_delta else None,
+        interval_name=f"{confidence * 100:g}% paired bootstrap interval over tasks",
+        interval_note=delta_note,
+        tasks=tasks,
+        role="max_regression is judged on its interval" if "max_regression" in rules else unused,
+    )
+    fixed = list((comparison.get("flips") or {}).get("fixed") or [])
+    broken = list((comparison.get("flips") or {}).get("broken") or [])
+    significant = comparison.get("significant")
+    if significant is None and comparison.get("p_value") is not None:
+        significant = comparison["p_value"] < 1 - confidence
+    if significant and len(fixed) != len(broken):
+        test_verdict = "better" if len(fixed) > len(broken) else "worse"
+    else:
+        test_verdict = "no significant difference"
+    return GateStatistics(
+        score_name=PASS_RATE if comparison.get("kind") == "binary" else MEAN_SCORE,
+        confidence=confidence,
+        candidate=side(
+            stats["candidate"],
+            "min_score is judged on it" if "min_score" in rules else unused,
+        ),
+        baseline=side(stats.get("baseline") or {}, unused),
+        delta=delta,
+        test=comparison.get("test") or "exact sign test",
+        p_value=comparison.get("p_value"),
+        test_verdict=test_verdict,
+        test_role=f"the comparison page's verdict; {unused}",
+        fixed=fixed,
+        broken=broken,
+    )
 
 
 # --- audit -----------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from coevo.reviews.selectors import channel_history, channel_list_for_project
 from coevo.suites.selectors import suite_get_by_id, suite_list
 from coevo.web.access import project_view
 from coevo.web.presenters import (
+    promotion_comparison,
     promotion_heldout_tasks,
     promotion_looks,
     promotion_reference_summary,
@@ -220,6 +221,9 @@ def promotion_detail(request: HttpRequest, project: Project, request_id: UUID) -
         "evidence": evidence,
         "sides": sides,
         "reference_side": sides[1][1],
+        # The held-out comparison as the comparison page shows one (issue 38): the exact test's
+        # verdict, the score it is of, an interval only where it means something.
+        "comparison": promotion_comparison(evidence=evidence),
         "reference": promotion_reference_summary(evidence=evidence, promotion=promotion),
         # Sealed (docs/architecture.md, "The held-out seal"): the per-task held-out list reaches the template for
         # reviewers only.

@@ -263,6 +263,48 @@ def test_a_tie_with_the_best_is_no_improvement_in_the_table_and_the_scores_plot(
     assert (last["sequence"], last["improved"], last["best_validation_score"]) == (5, False, 0.75)
 
 
+def add_cheaper_tie(data: Data) -> Proposal:
+    """#5: the best's validation score (0.75, #1's) at half its tokens (20 vs 40), evaluated
+    later: #1 stays the campaign's best but leaves the Pareto front (issue 38)."""
+    tie, _ = candidate_derive(
+        project=data.campaign.project,
+        parents=[data.knob_child],
+        changes={"agent.py": ("# as good, cheaper\n" + AGENT).encode()},
+        message="llm-patch: as good, cheaper",
+        author_name="llm-patch proposer",
+    )
+    return Proposal.objects.create(
+        campaign=data.campaign,
+        sequence=5,
+        kind="llm-patch",
+        parent_shas=[data.knob_child.sha],
+        stages=VALID,
+        candidate=tie,
+        state=ProposalState.EVALUATED,
+        search_score=1.0,
+        validation_score=0.75,
+        tokens_per_task=20.0,
+    )
+
+
+def test_the_front_table_keeps_the_chosen_best_a_cheaper_tie_dominates(client, owner, data):
+    add_cheaper_tie(data)
+    client.force_login(owner)
+    content = client.get(f"/p/demo/campaigns/{data.campaign.id}/").content.decode()
+
+    table = re.search(r'<table class="table" id="campaign-front">(.*?)</table>', content, re.S)
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table.group(1), re.S)
+    assert [re.search(r"<td>(\d+)</td>", row).group(1) for row in rows[1:]] == ["5", "1", "4"]
+    best = re.search(r'<tr class="front-best dominated">(.*?)</tr>', table.group(1), re.S)
+    assert data.knob_child.short_sha in best.group(1) and "chosen best" in best.group(1)
+    assert "#5 (20.0 tokens/task) tied its validation score later with fewer tokens" in best.group(
+        1
+    )
+    # The plot's front is the front: #1 is drawn dominated.
+    pareto = svg(content, "plot-pareto")
+    assert len(pareto.findall(".//svg:circle[@class='point front']", NS)) == 2
+
+
 def test_it_renders_the_live_part_alone_for_htmx_and_stops_polling_when_final(client, owner, data):
     client.force_login(owner)
     url = f"/p/demo/campaigns/{data.campaign.id}/"

@@ -23,6 +23,17 @@ from workers.outcomes import ErrorKind
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def test_it_takes_a_fraction_for_numbers_not_for_a_path():
+    # A TextWorld game's "0/4 points" was normalised to "<path> points".
+    assert message_normalize("You scored 0/4 points in 12 moves") == (
+        "you scored <n>/<n> points in <n> moves"
+    )
+    assert message_normalize("score 1.5/2 at /tmp/run-3/x/4") == "score <n>/<n> at <path>"
+    assert message_normalize("see /12/abc, 2024/01/report.txt and ./a/b") == (
+        "see <path>, <path> and <path>"
+    )
+
+
 def test_it_normalizes_messages_deterministically():
     a = message_normalize("The answer '41' is not the expected value at /tmp/run-3/agent.py:12")
     b = message_normalize('the answer "7" is not the expected value at /var/x/agent.py:980\nmore')

@@ -123,8 +123,9 @@ def test_it_submits_and_gates_against_production_through_the_api(
     assert candidate_get(project=project, sha=asks).parent_shas == [guess]
 
     gate = ["gate", "--suite", "arith", "--wait", "--interval", "0.2", "--timeout", "120"]
+    # No --max-regression: on three tasks it is inconclusive (too few for its interval).
     code = main([*gate, "--candidate", asks, "--against", "production", "--min-score", "0.9",
-                 "--max-regression", "0.0", "--json"])  # fmt: skip
+                 "--json"])  # fmt: skip
     out, err = capsys.readouterr()
     final = json.loads(out)
     assert (code, final["verdict"]) == (0, "pass"), (final, err)

@@ -9,6 +9,7 @@ import pytest
 from coevo.gates.models import Gate
 from coevo.gates.services import gate_create
 from coevo.suites.models import Split, Task
+from tests.support.browser import browser, page  # noqa: F401  (the gate page's browser test)
 
 
 def validation_keys(suite) -> list[str]:

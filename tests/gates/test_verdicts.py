@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from coevo.evaluations.models import EvaluationState, Outcome
+from coevo.evaluations.stats.paired import MIN_INTERVAL_TASKS
 from coevo.gates.models import Gate, GateState
+from coevo.gates.policy import GatePolicy
 from coevo.gates.services import gate_advance, gate_advance_ready
+from coevo.gates.verdict import EvaluationFacts, gate_decide
 from tests.gates.conftest import validation_keys
 from tests.support.factories import finish_evaluation
 
@@ -224,3 +227,61 @@ def test_beat_runs_the_catch_up_job(settings):
     assert schedule["task"] == "coevo.gates.tasks.gates_advance_ready"
     assert schedule["task"] in app.tasks
     assert "coevo.gates.tasks.gate_advance" in app.tasks
+
+
+# -- too few tasks for an interval (issue 38) -------------------------------------------------
+
+
+def facts(label: str, scores: dict[str, list[float]]) -> EvaluationFacts:
+    return EvaluationFacts(label=label, state=EvaluationState.FINISHED, scores=scores)
+
+
+def test_it_judges_no_regression_on_a_bootstrap_interval_over_two_tasks():
+    # Both tasks fixed: the bootstrap interval is [+100, +100] pts while the exact McNemar
+    # test gives p = 0.5. Two tasks are too few for the interval the rule is judged on.
+    decision = gate_decide(
+        policy=GatePolicy.build(max_regression=0.1),
+        baseline=facts("baseline", {"a": [0.0], "b": [0.0]}),
+        candidate=facts("candidate", {"a": [1.0], "b": [1.0]}),
+    )
+    assert decision.verdict == "inconclusive"
+    (reason,) = decision.reasons
+    assert reason["outcome"] == "inconclusive"
+    assert (
+        "over 2 tasks: too few tasks for the interval this rule is judged on" in (reason["message"])
+    )
+    assert decision.statistics["comparison"]["ci_low"] == 1.0  # stored, not judged on
+
+
+def test_it_judges_regression_from_ten_tasks_on():
+    keys = [f"t{i}" for i in range(MIN_INTERVAL_TASKS)]
+    decision = gate_decide(
+        policy=GatePolicy.build(max_regression=0.1),
+        baseline=facts("baseline", {k: [0.0] for k in keys}),
+        candidate=facts("candidate", {k: [1.0] for k in keys}),
+    )
+    assert decision.verdict == "pass"
+
+
+def test_a_bootstrap_interval_over_three_graded_tasks_fails_no_minimum():
+    # The upper bound of a bootstrap over 3 tasks is about their largest score (0.2 < 0.5):
+    # it read as "surely below the minimum"; now the rule says too few tasks.
+    decision = gate_decide(
+        policy=GatePolicy.build(min_score=0.5),
+        baseline=facts("baseline", {"a": [0.1], "b": [0.2], "c": [0.1]}),
+        candidate=facts("candidate", {"a": [0.1], "b": [0.2], "c": [0.1]}),
+    )
+    assert decision.statistics["candidate"]["method"] == "bootstrap"
+    assert decision.statistics["candidate"]["ci_high"] < 0.5
+    (reason,) = decision.reasons
+    assert reason["outcome"] == "inconclusive" and "too few for an interval" in reason["message"]
+
+
+def test_a_wilson_interval_over_three_tasks_still_fails_a_minimum():
+    # Wilson holds its level at any n: 0 of 3 passed is surely below 0.9.
+    decision = gate_decide(
+        policy=GatePolicy.build(min_score=0.9),
+        baseline=facts("baseline", {"a": [0.0], "b": [0.0], "c": [0.0]}),
+        candidate=facts("candidate", {"a": [0.0], "b": [0.0], "c": [0.0]}),
+    )
+    assert decision.verdict == "fail"

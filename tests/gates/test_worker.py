@@ -51,7 +51,7 @@ def test_it_finishes_a_gate_by_itself_on_a_real_worker(
         against="production",
         suite=suite,
         min_score=0.5,
-        max_regression=0.0,
+        # No max_regression: on three tasks it is inconclusive (too few for its interval).
         critical_tasks=["mul"],
         created_by=owner,
     )
@@ -63,4 +63,4 @@ def test_it_finishes_a_gate_by_itself_on_a_real_worker(
     assert gate.statistics["candidate"]["mean"] == 1.0
     assert gate.statistics["baseline"]["mean"] == 0.0
     assert gate.statistics["comparison"]["flips"]["fixed"] == ["add", "mul", "sub"]
-    assert [r["outcome"] for r in gate.reasons] == ["pass", "pass", "pass"]
+    assert [r["outcome"] for r in gate.reasons] == ["pass", "pass"]

@@ -11,6 +11,7 @@ import pytest
 from coevo.projects.models import Role
 from coevo.reviews.models import PromotionRequest
 from coevo.reviews.services import channel_get_or_create, channel_move
+from tests.support.browser import browser, page  # noqa: F401  (the evidence's browser test)
 from tests.support.factories import (
     ASKS_THE_MODEL,
     GUESSES,

@@ -398,6 +398,8 @@ def test_older_evidence_still_renders(first, reviewer):
     assert response.status_code == 200
     assert "No comparison: production held nothing." in body
     assert '<table class="table" id="flips">' in body and "h-mul" in body
+    # Its comparison reads through the same verdict line as today's (issue 38).
+    assert 'id="comparison-verdict">' in body and "too few tasks (n=3) for an interval" in body
 
 
 @pytest.mark.django_db(transaction=True)

@@ -250,12 +250,19 @@ def test_the_request_page_renders_the_evidence(ready, researcher, asker, guesser
     scores = re.search(r'<table class="table" id="scores">(.*?)</table>', body, re.S).group(1)
     # The candidate: search 100%, held-out 1/3 with a Wilson interval; the holder: 0%.
     assert "100.0%" in scores and "33.3%" in scores and 'class="interval"' in scores
-    assert re.search(r"33\.3% <span class=\"interval\">\[\d+\.\d%, \d+\.\d%\]", scores)
+    assert re.search(
+        r'33\.3% <span class="interval" title="95% Wilson interval">\[\d+\.\d%, \d+\.\d%\]',
+        scores,
+    )
     assert asker.sha[:12] in scores and guesser.sha[:12] in scores
     # Error counts: the candidate's harness error on h-sub.
     assert re.search(r'<td class="num">1</td><td class="num">0</td></tr>', scores)
     comparison = re.search(r'id="comparison">(.*?)</dl>', body, re.S).group(1)
-    assert "+33.3 pts" in comparison and "over 3 tasks" in comparison
+    assert "+33.3 pts" in comparison and "pass rate over 3 held-out tasks" in comparison
+    # The exact test decides and is named; three tasks are too few for an interval.
+    assert "verdict of the exact McNemar: p = 1.0000" in comparison
+    assert "too few tasks (n=3) for an interval" in comparison
+    assert "pass rate difference" in comparison
     assert "1 fixed" in comparison
     gap = re.search(r'id="gap">(.*?)</dl>', body, re.S).group(1)
     assert "+100.0 pts" in gap and "+33.3 pts" in gap and "+66.7 pts" in gap

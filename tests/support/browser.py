@@ -39,3 +39,12 @@ def page(browser: Browser) -> Iterator[Page]:
     yield page
     context.close()
     assert not errors, f"JavaScript errors: {errors}"
+
+
+def log_in(page: Page, base_url: str, username: str, password: str) -> None:
+    """Log in through the login form; the projects list is the page after it."""
+    page.goto(f"{base_url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base_url}/")

@@ -17,7 +17,7 @@ os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 from playwright.sync_api import expect  # noqa: E402
 
 from coevo.campaigns.models import Campaign, CampaignState  # noqa: E402
-from tests.campaigns.test_pages import make_campaign_data  # noqa: E402
+from tests.campaigns.test_pages import add_cheaper_tie, make_campaign_data  # noqa: E402
 from tests.conftest import PASSWORD  # noqa: E402
 
 SCREENSHOT = Path("/tmp/coevo-campaign.png")
@@ -61,3 +61,26 @@ def test_it_shows_the_plots_and_opens_a_candidate_from_the_lineage(
     merge.click()
     expect(page).to_have_url(re.compile(rf"/p/demo/c/{data.merge.sha}/$"))
     expect(page.locator("code.full-sha")).to_have_text(data.merge.sha)
+
+
+def test_the_front_table_shows_the_chosen_best_with_why_it_is_off_the_front(
+    transactional_db, live_server, page, owner, project, tmp_path, policy_version
+):
+    data = make_campaign_data(project, tmp_path, policy_version)
+    add_cheaper_tie(data)
+    page.goto(f"{live_server.url}/p/demo/campaigns/{data.campaign.id}/")
+    page.fill("#id_username", "owner")
+    page.fill("#id_password", PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+
+    front = page.locator("#campaign-front")
+    expect(front.locator("tbody tr")).to_have_count(3)
+    best = front.locator("tr.front-best")
+    expect(best).to_have_count(1)
+    expect(best).to_contain_text(data.knob_child.short_sha)
+    expect(best).to_contain_text("chosen best")
+    expect(best.locator(".front-note")).to_contain_text(
+        "#5 (20.0 tokens/task) tied its validation score later with fewer tokens; the campaign "
+        "keeps the first candidate to reach its best validation score"
+    )
+    expect(page.locator("#campaign-best")).to_contain_text(data.knob_child.short_sha)

@@ -3,6 +3,8 @@ of its own making (equal to anything) fails, every canonical solution still pass
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from coevo.suites.humaneval import humaneval_problems
@@ -90,3 +92,13 @@ def test_every_canonical_solution_still_passes(problems):
         if not (verdict := verify(problem, problem.canonical_solution)).passed
     ]
     assert not failed, failed
+
+
+def test_a_pass_shows_a_readable_line_instead_of_the_end_marker(problems):
+    problem = problems["HumanEval/0"]
+    answer = problem.canonical_solution + '\nprint("from the answer")\n'
+    verdict = verify(problem, answer)
+
+    assert verdict.passed is True
+    assert verdict.output.splitlines() == ["from the answer", humaneval.PASSED_LINE]
+    assert not re.search(r"\b[0-9a-f]{32}\b", verdict.output), verdict.output

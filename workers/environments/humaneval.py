@@ -115,6 +115,10 @@ def __coevo_plain(function):
 """
 
 
+# Replaces the end marker in a passing rollout's verifier output.
+PASSED_LINE = "[coevo] check() returned: every hidden test ran and passed"
+
+
 def program_for(*, prompt: str, completion: str, test: str, entry_point: str) -> str:
     return f"{prompt}{completion}\n\n{test}\n{_PLAIN_GUARD}\ncheck(__coevo_plain({entry_point}))\n"
 
@@ -143,7 +147,9 @@ def verify(*, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any) -> 
     if result.timed_out:
         return Verdict(False, 0.0, f"the hidden tests timed out after {timeout_s}s", output)
     if result.returncode == 0 and result.stdout.rstrip().endswith(finished.encode()):
-        return Verdict(True, 1.0, "all hidden tests passed", output)
+        # The marker is a fresh random string that means nothing to a reader of the trace:
+        # show what its printing proved instead.
+        return Verdict(True, 1.0, "all hidden tests passed", output.replace(finished, PASSED_LINE))
     if result.returncode == 0:
         return Verdict(False, 0.0, "the program exited before the hidden tests finished", output)
     last_line = (

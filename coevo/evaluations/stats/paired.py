@@ -25,6 +25,15 @@ from coevo.evaluations.stats.means import MEAN_SCORE, PASS_RATE, per_task_means
 MIN_INTERVAL_TASKS = 10
 
 
+def too_few_tasks_note(tasks: int) -> str | None:
+    """The words a page shows instead of a bootstrap interval over ``tasks`` tasks, or None
+    when there are enough (MIN_INTERVAL_TASKS) for the interval to mean something. Gates and
+    promotion evidence use it too, for their one-sided and per-evaluation intervals."""
+    if 0 < tasks < MIN_INTERVAL_TASKS:
+        return f"too few tasks (n={tasks}) for an interval"
+    return None
+
+
 @dataclass(frozen=True)
 class PairedComparison:
     """Candidate vs reference on the tasks both evaluated.
@@ -92,8 +101,9 @@ class PairedComparison:
         """
         if self.interval is None:
             return None if self.tasks else "no task scored on both sides"
-        if self.tasks < MIN_INTERVAL_TASKS:
-            return f"too few tasks (n={self.tasks}) for an interval"
+        too_few = too_few_tasks_note(self.tasks)
+        if too_few is not None:
+            return too_few
         excludes_zero = self.interval.low > 0 or self.interval.high < 0
         if excludes_zero != self.significant:
             return (
@@ -101,6 +111,35 @@ class PairedComparison:
                 f"{self.tasks} tasks; the test decides"
             )
         return None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PairedComparison:
+        """The comparison `as_dict` stored (promotion evidence of every version keeps this
+        shape), so a page renders stored evidence with the same rule as a live comparison."""
+        flips = data.get("flips") or {}
+        binary = data.get("kind") == "binary"
+        interval = data.get("interval")
+        both_pass = tuple(flips.get("both_pass") or ())
+        both_fail = tuple(flips.get("both_fail") or ())
+        return cls(
+            kind="binary" if binary else "graded",
+            tasks=int(data.get("tasks") or 0),
+            reference_only=int((data.get("dropped") or {}).get("reference_only") or 0),
+            candidate_only=int((data.get("dropped") or {}).get("candidate_only") or 0),
+            reference_mean=data.get("reference_mean"),
+            candidate_mean=data.get("candidate_mean"),
+            difference=data.get("difference"),
+            interval=Interval(interval["low"], interval["high"]) if interval else None,
+            improved=tuple(flips.get("fixed" if binary else "improved") or ()),
+            regressed=tuple(flips.get("broken" if binary else "regressed") or ()),
+            tied=both_pass + both_fail if binary else tuple(flips.get("tied") or ()),
+            both_pass=both_pass,
+            both_fail=both_fail,
+            p_value=float(data.get("p_value", 1.0)),
+            confidence=float(data.get("confidence", 0.95)),
+            significant=bool(data.get("significant")),
+            verdict=data.get("verdict") or "no significant difference",
+        )
 
     def as_dict(self) -> dict[str, Any]:
         flips = self.flips

@@ -165,3 +165,24 @@ def shell_command(argv: Any) -> str:
     if isinstance(argv, list | tuple):
         return shlex.join(str(arg) for arg in argv)
     return str(argv)
+
+
+# A paired comparison's flip kinds (PairedComparison.flips, the comparison's per-task rows) in
+# words: "3 both_pass" read as a raw key on the reviewer's evidence.
+_FLIP_LABELS = {
+    "fixed": "fixed",
+    "broken": "broken",
+    "both_pass": "passed by both",
+    "both_fail": "failed by both",
+    "improved": "improved",
+    "regressed": "regressed",
+    "tied": "tied",
+}
+
+
+@register.filter
+def flip_label(kind: str | None) -> str:
+    """ "both_pass" → "passed by both"; an unknown kind with its underscores as spaces."""
+    if not kind:
+        return ""
+    return _FLIP_LABELS.get(kind, spaces(kind))

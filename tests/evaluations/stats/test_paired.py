@@ -10,8 +10,10 @@ import pytest
 
 from coevo.evaluations.stats.paired import (
     MIN_INTERVAL_TASKS,
+    PairedComparison,
     paired_comparison,
     sign_test_p_value,
+    too_few_tasks_note,
 )
 
 
@@ -133,3 +135,42 @@ def test_it_shows_the_interval_when_enough_tasks_agree_with_the_test():
     result = paired_comparison(reference, candidate)
     assert result.verdict == "better" and result.score_name == "pass rate"
     assert result.shown_interval == result.interval and result.interval_note is None
+
+
+@pytest.mark.parametrize(
+    ("reference", "candidate"),
+    [
+        ({"a": [0.25], "b": [0.0]}, {"a": [0.75], "b": [0.75]}),  # graded
+        ({f"t{i}": [i % 2] for i in range(12)}, {f"t{i}": [1] for i in range(12)}),  # binary
+        ({"a": [1]}, {"b": [1]}),  # nothing shared
+    ],
+)
+def test_a_stored_comparison_reads_back_with_the_same_verdict_and_interval_rule(
+    reference, candidate
+):
+    # Promotion evidence stores as_dict() as JSON; the page rebuilds it with from_dict.
+    live = paired_comparison(reference, candidate)
+    stored = PairedComparison.from_dict(json.loads(json.dumps(live.as_dict())))
+    assert stored.as_dict() == json.loads(json.dumps(live.as_dict()))
+    assert (stored.verdict, stored.test, stored.score_name) == (
+        live.verdict,
+        live.test,
+        live.score_name,
+    )
+    assert (stored.shown_interval, stored.interval_note) == (
+        live.shown_interval,
+        live.interval_note,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tasks", "note"),
+    [
+        (0, None),
+        (2, "too few tasks (n=2) for an interval"),
+        (9, "too few tasks (n=9) for an interval"),
+        (MIN_INTERVAL_TASKS, None),
+    ],
+)
+def test_too_few_tasks_is_below_ten(tasks, note):
+    assert too_few_tasks_note(tasks) == note
