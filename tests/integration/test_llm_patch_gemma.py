@@ -147,7 +147,8 @@ def test_gemma_proposes_on_the_textworld_slice_within_its_context(
 
     for p in report["after"][1]:
         context = p.params["context"]
-        assert context["source"] == "setting" and context["counted_by"] == "server tokenizer"
+        # The coevo llama.cpp host reports its context window (GET /v1/models, context_length).
+        assert context["source"] == "server" and context["counted_by"] == "server tokenizer"
         assert "refused the request" not in p.stages[0]["reason"], p.stages
         assert context["prompt_tokens"] <= context["prompt_budget_tokens"]
         assert p.params["enforced_by"] == "grammar"
