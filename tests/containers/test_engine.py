@@ -115,7 +115,10 @@ def test_a_worker_reaps_a_dead_workers_containers_when_it_starts(
     client.api.start(orphan["Id"])
     worker = celery_processes.worker("reaper", COEVO_CONTAINER_BACKEND="1")
     deadline = time.monotonic() + 60
-    while containers_of(rollout) and time.monotonic() < deadline:
+    # Gone, and the worker says so (its log line follows the removal).
+    while (
+        containers_of(rollout) or "reaped 1 container(s)" not in worker.log_path.read_text()
+    ) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not containers_of(rollout), worker.log_tail()
-    assert "reaped 1 container(s)" in worker.log_path.read_text()
+    assert "reaped 1 container(s)" in worker.log_path.read_text(), worker.log_tail()
