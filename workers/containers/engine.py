@@ -158,17 +158,23 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _process_started(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot, or None when there is no such
-    process (field 22 of /proc/PID/stat, counted after the command name's closing paren,
-    since the name itself may hold spaces and parens)."""
+def proc_stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (its state first, field 3), or None
+    when there is no such process. Counted after the name's closing paren, since the name
+    itself may hold spaces and parens."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return fields[19].decode() if len(fields) > 19 else None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _process_started(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or
+    None when there is no such process."""
+    fields = proc_stat_fields(pid)
+    return fields[19].decode() if fields is not None and len(fields) > 19 else None
 
 
 def coevo_labels(

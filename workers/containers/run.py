@@ -32,9 +32,10 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker.errors
 from django.conf import settings
@@ -300,21 +301,18 @@ def _run(
         watcher.start()
         if stdin:
             threading.Thread(target=feed, name="coevo-container-stdin", daemon=True).start()
-        tails = {STDOUT: bytearray(), STDERR: bytearray()}
-        written = 0
+
+        def flood() -> None:
+            flooded[0] = True
+            wake.set()
+
         try:
-            for kind, data in frames_iter(stream, tty=False):
-                if flooded[0] or kind not in tails:
-                    continue  # drained until the killed container closes its streams
-                tail = tails[kind]
-                tail += data
-                del tail[:-max_output_bytes]
-                written += len(data)
-                if written > output_limit_bytes and not flooded[0]:
-                    flooded[0] = True
-                    wake.set()
-        except OSError:
-            pass  # the stream cut by the container's end
+            stdout, stderr = stream_tails(
+                stream,
+                max_output_bytes=max_output_bytes,
+                output_limit_bytes=output_limit_bytes,
+                flooded=flood,
+            )
         finally:
             stop.set()
             wake.set()  # the watcher sees ``stop`` and ends
@@ -331,8 +329,8 @@ def _run(
         snapshot = container_commit(container, rollout=rollout) if commit else None
         return ContainerRun(
             returncode=None if why["timed_out"] else status.get("StatusCode"),
-            stdout=bytes(tails[STDOUT]),
-            stderr=bytes(tails[STDERR]),
+            stdout=stdout,
+            stderr=stderr,
             timed_out=why["timed_out"],
             output_exceeded=why["output_exceeded"],
             cancelled=why["cancelled"],
@@ -342,6 +340,34 @@ def _run(
         )
     finally:
         stop.set()
+
+
+def stream_tails(
+    stream: Any,
+    *,
+    max_output_bytes: int,
+    output_limit_bytes: int,
+    flooded: Callable[[], None],
+) -> tuple[bytes, bytes]:
+    """Read a container's (or a command's) multiplexed stdout and stderr until they close or
+    the stream is cut, keeping the last ``max_output_bytes`` of each. Past
+    ``output_limit_bytes`` written in all, ``flooded()`` is called once and the rest drained
+    unread (until whoever kills the writer closes its streams)."""
+    tails = {STDOUT: bytearray(), STDERR: bytearray()}
+    written = 0
+    over = False
+    with contextlib.suppress(OSError):  # the stream cut by the writer's end
+        for kind, data in frames_iter(stream, tty=False):
+            if over or kind not in tails:
+                continue
+            tail = tails[kind]
+            tail += data
+            del tail[:-max_output_bytes]
+            written += len(data)
+            if written > output_limit_bytes:
+                over = True
+                flooded()
+    return bytes(tails[STDOUT]), bytes(tails[STDERR])
 
 
 def container_commit(

@@ -37,7 +37,6 @@ from typing import Any
 
 import docker.errors
 from django.conf import settings
-from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from workers.containers.engine import (
     KIND_RUN,
@@ -45,6 +44,7 @@ from workers.containers.engine import (
     coevo_labels,
     engine_client,
     engine_errors,
+    proc_stat_fields,
 )
 from workers.containers.images import ImageUnavailable
 from workers.containers.run import (
@@ -53,6 +53,7 @@ from workers.containers.run import (
     contained_host_config,
     container_commit,
     container_remove,
+    stream_tails,
 )
 from workers.environments.workspace_files import (
     WorkspaceTooLarge,
@@ -267,7 +268,7 @@ class TaskContainer:
         started = time.monotonic()
         done = threading.Event()
         why: dict[str, bool] = {}
-        flooded = [False]
+        flooded = threading.Event()  # more than output_limit_bytes written
 
         def stop_command(reason: str) -> None:
             why[reason] = True
@@ -283,7 +284,7 @@ class TaskContainer:
             next_watch = started + WATCH_EVERY_S
             while not done.wait(POLL_S):
                 now = time.monotonic()
-                if flooded[0]:
+                if flooded.is_set():
                     return stop_command("output_exceeded")
                 if cancel is not None and cancel.is_set():
                     return stop_command("cancelled")
@@ -296,20 +297,13 @@ class TaskContainer:
 
         thread = threading.Thread(target=watcher, name="coevo-container-exec", daemon=True)
         thread.start()
-        tails = {STDOUT: bytearray(), STDERR: bytearray()}
-        written = 0
         try:
-            for kind, data in frames_iter(stream, tty=False):
-                if flooded[0] or kind not in tails:
-                    continue
-                tail = tails[kind]
-                tail += data
-                del tail[:-max_output_bytes]
-                written += len(data)
-                if written > output_limit_bytes:
-                    flooded[0] = True
-        except OSError:
-            pass
+            stdout, stderr = stream_tails(
+                stream,
+                max_output_bytes=max_output_bytes,
+                output_limit_bytes=output_limit_bytes,
+                flooded=flooded.set,
+            )
         finally:
             done.set()
             thread.join()
@@ -323,8 +317,8 @@ class TaskContainer:
                 returncode = client.api.exec_inspect(exec_id).get("ExitCode")
         return ContainerExec(
             returncode=returncode,
-            stdout=bytes(tails[STDOUT]),
-            stderr=bytes(tails[STDERR]),
+            stdout=stdout,
+            stderr=stderr,
             timed_out=bool(why.get("timed_out")),
             output_exceeded=bool(why.get("output_exceeded")),
             watch_stopped=bool(why.get("watch_stopped")),
@@ -434,14 +428,8 @@ def _descendants(pid: int) -> set[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: the fields after its last ")".
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and fields[0] != b"Z":
+        fields = proc_stat_fields(entry.name)
+        if fields is not None and len(fields) > 1 and fields[0] != b"Z":
             children.setdefault(int(fields[1]), []).append(int(entry.name))
     found: set[int] = set()
     todo = [pid]
