@@ -333,6 +333,13 @@ ensure_docker_engine() {
 # resolvers only; containers of the network cannot reach each other (icc off). Addresses in
 # COEVO_EGRESS_ALLOW (space-separated, CIDRs or addresses) are let through before those rules: a
 # proxy or package mirror at a private address. Idempotent.
+# The package registries' IPv4 addresses, as this machine resolves them: the internet the tests
+# reach (scripts/test lets them through the egress network; they sit behind a proxy at a
+# documentation-range address here).
+registry_addresses() {
+    getent ahostsv4 pypi.org registry.npmjs.org | awk '{ print $1 }' | sort -u | tr '\n' ' '
+}
+
 COEVO_EGRESS_NETWORK="${COEVO_CONTAINER_EGRESS_NETWORK:-coevo-egress}"
 COEVO_EGRESS_BRIDGE="${COEVO_EGRESS_BRIDGE:-coevo-egress0}"
 ensure_egress_network() {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 
 import pytest
@@ -25,9 +24,9 @@ TASK_BASE = "python:3.11-slim-bookworm"
 IMAGE_MAP = {TASK_BASE: BASE_IMAGE}
 
 
-def _lib(*commands: str, env: dict[str, str] | None = None) -> None:
+def _lib(*commands: str) -> None:
     script = "source scripts/lib.sh && " + " && ".join(commands)
-    env = {**os.environ, "COEVO_DOCKER_HOST": settings.COEVO_DOCKER_HOST, **(env or {})}
+    env = {**os.environ, "COEVO_DOCKER_HOST": settings.COEVO_DOCKER_HOST}
     subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, env=env, check=True, timeout=900)
 
 
@@ -52,9 +51,7 @@ REGISTRY = ("pypi.org", 443)
 def egress_network(engine) -> str:
     """The egress-only network (scripts/lib.sh, ensure_egress_network), its rules letting the
     registries' addresses through as scripts/test does."""
-    allow = sorted({info[4][0] for info in socket.getaddrinfo(REGISTRY[0], None, socket.AF_INET)})
-    env = {"COEVO_EGRESS_ALLOW": " ".join(allow)}
-    _lib("ensure_egress_network", env=env)
+    _lib('COEVO_EGRESS_ALLOW="$(registry_addresses)" ensure_egress_network')
     return settings.COEVO_CONTAINER_EGRESS_NETWORK
 
 
