@@ -20,15 +20,16 @@ os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 from playwright.sync_api import expect  # noqa: E402
 
 from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep  # noqa: E402
-from coevo.evaluations.services import evaluation_create  # noqa: E402
 from coevo.suites.harbor import suite_import_harbor  # noqa: E402
 from coevo.suites.models import Split, Task  # noqa: E402
-from harness_store.services import candidate_import_directory  # noqa: E402
-from tests.conftest import PASSWORD, REPO_ROOT, wait_until_final  # noqa: E402
+from tests.conftest import PASSWORD, REPO_ROOT  # noqa: E402
 from tests.containers.conftest import BASE_IMAGE  # noqa: E402
 from tests.containers.test_task_workspace import DOCKERFILE, TEST_SH  # noqa: E402
-from tests.evaluations.test_program_worker import WHEELHOUSE  # noqa: E402
-from tests.examples.test_workspace_agents import AGENT  # noqa: E402
+from tests.evaluations.test_program_worker import (  # noqa: E402
+    WHEELHOUSE,
+    evaluate,
+    import_example,
+)
 from tests.web.test_workspace_trace import url  # noqa: E402
 
 SCREENSHOT = REPO_ROOT / "var" / "test-artifacts" / "screenshots" / "container-rollout.png"
@@ -96,19 +97,14 @@ def test_a_container_task_is_imported_checked_evaluated_and_shown(
         ("return a - b", [("write_file", {"path": "/app/repo/calc.py", "content": FIXED})]),
     ]
     scripted_policy.default = "Fixed add."
-    candidate, _ = candidate_import_directory(
-        project=project, directory=AGENT, message="workspace-agent", author_name="t"
-    )
-    evaluation = evaluation_create(
-        candidate=candidate,
-        suite=suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
+    evaluation = evaluate(
+        import_example(project, "workspace-agent"),
+        suite,
+        policy_version,
         task_limit=1,
         knobs={"mode": "tools"},
-        use_cache=False,
+        timeout_s=300,
     )
-    evaluation = wait_until_final(evaluation, timeout_s=300)
     assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
     rollout = Rollout.objects.get(evaluation=evaluation)
     assert rollout.outcome == Outcome.PASSED, rollout.detail
@@ -168,18 +164,14 @@ def test_the_shipped_container_tasks_import_checked_and_are_solved_through_a_wor
         for key in keys
     ]
     scripted_policy.default = "Done."
-    candidate, _ = candidate_import_directory(
-        project=project, directory=AGENT, message="workspace-agent", author_name="t"
-    )
-    evaluation = evaluation_create(
-        candidate=candidate,
-        suite=suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
+    evaluation = evaluate(
+        import_example(project, "workspace-agent"),
+        suite,
+        policy_version,
+        task_limit=None,
         knobs={"mode": "tools"},
-        use_cache=False,
+        timeout_s=600,
     )
-    evaluation = wait_until_final(evaluation, timeout_s=600)
     assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
     rollouts = Rollout.objects.filter(evaluation=evaluation).select_related("task")
     outcomes = {r.task.key: (r.outcome, r.detail) for r in rollouts}

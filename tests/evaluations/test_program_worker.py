@@ -48,16 +48,27 @@ def import_example(project, name: str):
     return candidate
 
 
-def evaluate(candidate, suite, policy_version):
+def evaluate(
+    candidate,
+    suite,
+    policy_version,
+    *,
+    task_limit: int | None = 3,
+    knobs: dict | None = None,
+    timeout_s: float = 240,
+):
+    """An evaluation of ``candidate`` on the search split, uncached, waited for to its end (a
+    real worker runs it: the test's ``celery_worker_thread``)."""
     evaluation = evaluation_create(
         candidate=candidate,
         suite=suite,
         split=Split.SEARCH,
         policy_version=policy_version,
-        task_limit=3,
+        task_limit=task_limit,
+        knobs=knobs,
         use_cache=False,
     )
-    return wait_until_final(evaluation, timeout_s=240)
+    return wait_until_final(evaluation, timeout_s=timeout_s)
 
 
 def check(evaluation) -> None:

@@ -14,13 +14,9 @@ import pytest
 import yaml
 
 from coevo.evaluations.models import EvaluationState, Rollout, TraceStep
-from coevo.evaluations.services import evaluation_create
 from coevo.suites.harbor import WORKSPACE_DATA_DIR, suite_import_harbor
-from coevo.suites.models import Split
 from harness_store.manifest import load_manifest
-from harness_store.services import candidate_import_directory
-from tests.conftest import wait_until_final
-from tests.evaluations.test_program_worker import WHEELHOUSE
+from tests.evaluations.test_program_worker import WHEELHOUSE, evaluate, import_example
 from tests.examples.test_workspace_agents import commands, model_calls, rollout, steps
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.harness_env import harness_env_prepare
@@ -236,18 +232,13 @@ def test_the_agent_solves_the_shipped_task_on_a_real_worker(
         ("Fix the typo", [("bash", {"command": EDIT})]),
     ]
     scripted_policy.default = "I am lost."
-    candidate, _ = candidate_import_directory(
-        project=project, directory=HARNESS, message="mini-swe-agent", author_name="t"
-    )
-    evaluation = evaluation_create(
-        candidate=candidate,
-        suite=suite,
-        split=Split.SEARCH,
-        policy_version=policy_version,
+    evaluation = evaluate(
+        import_example(project, "mini-swe-agent"),
+        suite,
+        policy_version,
         task_limit=1,
-        use_cache=False,
+        timeout_s=300,
     )
-    evaluation = wait_until_final(evaluation, timeout_s=300)
     assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
     rollout = Rollout.objects.get(evaluation=evaluation)
     assert (rollout.outcome, rollout.score) == (Outcome.PASSED, 1.0), rollout.detail
