@@ -89,8 +89,10 @@ FROM ${PYTHON_IMAGE} AS runtime-base
 
 # git: the harness store is git repositories (GitPython shells out to git).
 # bubblewrap: workers run untrusted harness code under bwrap; without it they refuse to run it.
+# patchelf: with the container backend, the worker's interpreters are made to run inside task
+# containers, where those tasks' harnesses run (workers/containers/host_runtime.py).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap ca-certificates git \
+ && apt-get install -y --no-install-recommends bubblewrap ca-certificates git patchelf \
  && rm -rf /var/lib/apt/lists/*
 
 # The code runs from the source tree at /app (PYTHONPATH), not from the installed copy in

@@ -274,19 +274,21 @@ docker_engine_answers() {
 # only), and starts coevo's own engine when nothing answers on COEVO_DOCKER_HOST.
 ensure_docker_engine() {
     local missing=() cmd
-    for cmd in dockerd containerd runc debootstrap curl; do
+    # patchelf: the worker's interpreters made to run in any task container, where the harness
+    # runs (workers/containers/host_runtime.py).
+    for cmd in dockerd containerd runc debootstrap curl patchelf; do
         command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
     done
     if [ "${#missing[@]}" -gt 0 ]; then
         if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-            step "installing Debian's docker.io and debootstrap (missing: ${missing[*]})"
+            step "installing Debian's docker.io, debootstrap and patchelf (missing: ${missing[*]})"
             local started=$SECONDS
             apt-get update -qq
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap curl >/dev/null
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap curl patchelf >/dev/null
             echo "  installed in $((SECONDS - started)) s"
         elif ! docker_engine_answers; then
             echo "Missing for the container engine: ${missing[*]}. Install them (Debian/Ubuntu:" >&2
-            echo "sudo apt-get install docker.io debootstrap curl), or point COEVO_DOCKER_HOST at" >&2
+            echo "sudo apt-get install docker.io debootstrap curl patchelf), or point COEVO_DOCKER_HOST at" >&2
             echo "an engine that runs (e.g. unix:///var/run/docker.sock)." >&2
             return 1
         fi

@@ -108,10 +108,12 @@ class BoundaryHandler(Protocol):
 class ModelBoundary:
     """One rollout's endpoint: ``start`` it, bind ``socket_dir`` into the sandbox, ``close``."""
 
-    def __init__(self, *, handler: BoundaryHandler, token: str) -> None:
+    def __init__(self, *, handler: BoundaryHandler, token: str, parent: Path | None = None) -> None:
+        """``parent``: where to make the socket's directory (the system's temporary
+        directory by default)."""
         self.handler = handler
         self.token = token
-        self.socket_dir = Path(tempfile.mkdtemp(prefix="coevo-boundary-"))
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="coevo-boundary-", dir=parent))
         # The sandbox's uid (a random one for root workers) must reach the socket: the
         # directory is searchable and the socket writable by all; the token is the lock.
         os.chmod(self.socket_dir, 0o711)

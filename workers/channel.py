@@ -21,6 +21,9 @@ from django.conf import settings
 
 from coevo.errors import SandboxUnavailable
 from workers import sandbox
+from workers.containers.host_runtime import HostRuntime
+from workers.containers.process import ContainerProcess
+from workers.containers.session import TaskContainer
 from workers.harness_env import harness_env_binds, harness_env_vars
 from workers.limits import wall_time_exceeded
 from workers.outcomes import HarnessExited, HarnessFault, LimitExceeded, ProtocolViolation
@@ -34,6 +37,16 @@ MAX_STDOUT_BYTES = 32 * 1024 * 1024
 STDERR_TAIL_BYTES = 16 * 1024
 # A flood on stderr would otherwise keep the worker reading until the wall time.
 MAX_STDERR_BYTES = 8 * 1024 * 1024
+
+
+def harness_binds(*, harness_dir: Path, harness_env: Path | None) -> dict[Path, str]:
+    """The harness's own files, read-only wherever it runs: the coevo runtime, its tree, its
+    built dependencies."""
+    return {
+        RUNTIME_DIR: "/opt/coevo",
+        harness_dir.resolve(): "/harness",
+        **harness_env_binds(harness_env),
+    }
 
 
 class HarnessChannel:
@@ -51,13 +64,17 @@ class HarnessChannel:
         rw_binds: dict[Path, str] | None = None,
         env: dict[str, str] | None = None,
         uid: int | None = None,
+        container: TaskContainer | None = None,
+        runtime: HostRuntime | None = None,
     ) -> None:
         """``program``: the launcher of a program harness (``coevo_runtime.program``) instead
         of the ``run(task, ctx)`` runtime; ``ro_binds`` adds read-only binds (the model
         boundary's socket directory); ``harness_env`` is the harness's built dependencies
         (workers/harness_env.py), mounted read-only on its PYTHONPATH and PATH; ``rw_binds``,
         ``env`` and ``uid`` give a workspace task's directory, its variables and the identity
-        its other sandboxes share (workers/environments/workspace.py)."""
+        its other sandboxes share (workers/environments/workspace.py). ``container`` (with
+        ``runtime``, the worker's interpreters there) runs the harness in a task's container
+        instead, where its files were bound when the container started."""
         self.wall_s = wall_s
         self.deadline = deadline
         self.stderr_tail = bytearray()
@@ -65,36 +82,46 @@ class HarnessChannel:
         self._stderr_exceeded = False
         module = "coevo_runtime.program" if program else "coevo_runtime"
         binds = {
-            RUNTIME_DIR: "/opt/coevo",
-            harness_dir.resolve(): "/harness",
+            **harness_binds(harness_dir=harness_dir, harness_env=harness_env),
             **(ro_binds or {}),
-            **harness_env_binds(harness_env),
         }
         sandbox_env = {**harness_env_vars(harness_env, pythonpath="/opt/coevo"), **(env or {})}
         limits = sandbox.SandboxLimits(
             cpu_s=wall_s + 5,
             **({"memory_bytes": settings.COEVO_PROGRAM_ADDRESS_SPACE_BYTES} if program else {}),
         )
-        # A run(task, ctx) harness without a workspace forks from its tree's warm sandbox
-        # where the worker has one (workers/warm.py); the rest start a sandbox of their own.
-        warm_process = None
-        if not program and not ro_binds and not rw_binds and not env and uid is None:
-            warm_process = warm_spawn(
-                harness_dir=harness_dir,
+        self._proc: sandbox.SandboxProcess
+        if container is not None:
+            # In a task's container (workers/environments/workspace.py): the image's world,
+            # the container's limits, the worker's interpreter.
+            assert runtime is not None
+            self._proc = ContainerProcess(
+                container,
+                [runtime.python, "-s", "-m", module],
+                env=sandbox_env,
+                workdir="/harness",
+            )
+        else:
+            # A run(task, ctx) harness without a workspace forks from its tree's warm sandbox
+            # where the worker has one (workers/warm.py); the rest start a sandbox of their own.
+            warm_process = None
+            if not program and not ro_binds and not rw_binds and not env and uid is None:
+                warm_process = warm_spawn(
+                    harness_dir=harness_dir,
+                    ro_binds=binds,
+                    env=sandbox_env,
+                    cwd="/harness",
+                    limits=limits,
+                )
+            self._proc = warm_process or sandbox.spawn(
+                [sandbox.python_executable(), "-s", "-m", module],
                 ro_binds=binds,
                 env=sandbox_env,
                 cwd="/harness",
+                rw_binds=rw_binds,
+                uid=uid,
                 limits=limits,
             )
-        self._proc: sandbox.SandboxProcess = warm_process or sandbox.spawn(
-            [sandbox.python_executable(), "-s", "-m", module],
-            ro_binds=binds,
-            env=sandbox_env,
-            cwd="/harness",
-            rw_binds=rw_binds,
-            uid=uid,
-            limits=limits,
-        )
         self._killer_lock = threading.Lock()
         self._closed = False
         self._paused_at: float | None = None

@@ -133,16 +133,28 @@ class _ProgramRollout:
     def run(self) -> Any:
         runner = self.runner
         assert runner.meter is not None
-        boundary = ModelBoundary(handler=self, token=secrets.token_urlsafe(32))
+        # A harness in its task's container finds the socket in the rollout's run directory,
+        # bound there when the container started; a sandboxed one gets the directory bound.
+        workspace = runner.workspace
+        in_container = workspace.boundary_dirs() if workspace is not None else None
+        boundary = ModelBoundary(
+            handler=self,
+            token=secrets.token_urlsafe(32),
+            parent=in_container[0] if in_container else None,
+        )
         runner.sink = self._queue
         watch: threading.Event | None = None
         try:
             boundary.start()
             options = runner.workspace_channel_options()
-            options["ro_binds"] = {
-                boundary.socket_dir: BOUNDARY_DIR,
-                **options.get("ro_binds", {}),
-            }
+            if in_container:
+                socket = f"{in_container[1]}/{boundary.socket_dir.name}/{boundary.socket_path.name}"
+            else:
+                socket = f"{BOUNDARY_DIR}/{boundary.socket_path.name}"
+                options["ro_binds"] = {
+                    boundary.socket_dir: BOUNDARY_DIR,
+                    **options.get("ro_binds", {}),
+                }
             self.channel = runner.channel = HarnessChannel(
                 harness_dir=runner.inputs.harness_dir,
                 wall_s=runner.meter.wall_s,
@@ -155,12 +167,16 @@ class _ProgramRollout:
             self.channel.send(
                 {
                     "type": "start",
-                    "command": list(self.manifest.command),
+                    "command": (
+                        workspace.harness_command(list(self.manifest.command))
+                        if workspace is not None
+                        else list(self.manifest.command)
+                    ),
                     "task": runner.inputs.task_view,
                     "knobs": self.knobs,
                     "seed": runner.inputs.seed,
                     "token": boundary.token,
-                    "socket": f"{BOUNDARY_DIR}/{boundary.socket_path.name}",
+                    "socket": socket,
                     "multi_step": runner.multi_step,
                     "helpers": sorted(runner.helpers),
                 }

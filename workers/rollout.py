@@ -38,7 +38,7 @@ from coevo.errors import (
 )
 from harness_store.manifest import Manifest, load_manifest
 from workers import calls, openai_requests
-from workers.channel import HarnessChannel
+from workers.channel import HarnessChannel, harness_binds
 from workers.containers import ImageBuildFailed, ImageUnavailable
 from workers.environments import adapter_has_workspace, adapter_helpers, adapter_is_multi_step
 from workers.environments.base import Episode, InvalidHelperCall, Verdict
@@ -230,8 +230,13 @@ class _Runner:
             if self.has_workspace:
                 assert self.environment is not None
                 try:
+                    # The harness runs in the task's container when the task has one.
                     self.workspace = self.environment.workspace or Workspace.for_task(
-                        self.environment.inputs
+                        self.environment.inputs,
+                        harness=harness_binds(
+                            harness_dir=self.inputs.harness_dir,
+                            harness_env=self.inputs.harness_env,
+                        ),
                     )
                 except (ImageUnavailable, ImageBuildFailed, WorkspaceRefused) as exc:
                     if isinstance(exc, ImageBuildFailed):

@@ -113,6 +113,9 @@ class ContainerView:
     cpus: float | None
     memory_mib: int | None
     cached: bool
+    # Whether the harness itself ran in the container (else beside it, in its sandbox: traces
+    # from before harnesses ran there).
+    harness_inside: bool = False
 
 
 def container_view(payload: Any) -> ContainerView | None:
@@ -125,6 +128,7 @@ def container_view(payload: Any) -> ContainerView | None:
         cpus=float(cpus) if isinstance(cpus, int | float) else None,
         memory_mib=int(memory) // 1024**2 if isinstance(memory, int) else None,
         cached=payload.get("image_cached") is True,
+        harness_inside=payload.get("harness") == "container",
     )
 
 

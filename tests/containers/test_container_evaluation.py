@@ -120,6 +120,7 @@ def test_a_container_task_is_imported_checked_evaluated_and_shown(
     expect(section.locator("#workspace-container")).to_contain_text("coevo-task:")
     expect(section.locator("#workspace-container")).to_contain_text("network: none")
     expect(section.locator("#workspace-container")).to_contain_text("· 1 CPU ·")
+    expect(section.locator("#workspace-container")).to_contain_text("the harness ran in it")
     expect(section).to_contain_text("1 file changed")
     expect(section.locator(".diff .gi", has_text="return a + b")).to_be_visible()
     expect(section.locator("#workspace-verdict")).to_contain_text("passed")

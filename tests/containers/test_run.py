@@ -3,6 +3,7 @@ no network, the capabilities kept, binds, snapshots, and nothing left behind."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
@@ -115,8 +116,10 @@ def host_listener():
 
 
 def _gateway() -> str:
-    bridge = engine_client().api.inspect_network("bridge")
-    return bridge["IPAM"]["Config"][0]["Gateway"]
+    """The host's address on the engine's default bridge (an engine that does not list it
+    gives the subnet's first address, which it takes)."""
+    config = engine_client().api.inspect_network("bridge")["IPAM"]["Config"][0]
+    return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
 
 
 PROBE = (

@@ -88,6 +88,7 @@ def rollout(
     knobs: dict | None = None,
     harness_env: Path | None = None,
     task: dict | None = None,
+    verifier: dict | None = None,
 ):
     task = task or INPUTS
     inputs = RolloutInputs(
@@ -100,7 +101,7 @@ def rollout(
         policy_version="base",
         harness_env=harness_env,
     )
-    environment = TaskEnvironment(adapter=ws_env, inputs=task, verifier=VERIFIER)
+    environment = TaskEnvironment(adapter=ws_env, inputs=task, verifier=verifier or VERIFIER)
     with PolicyClient(url, model="scripted", retries=0) as client:
         return execute_rollout(inputs, policy=client, environment=environment)
 

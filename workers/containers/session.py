@@ -73,6 +73,10 @@ WATCH_EVERY_S = 0.5
 # After its command's processes are killed, how long the output stream may stay open (held by
 # a process that left the command's tree) before the worker stops reading it.
 DRAIN_AFTER_KILL_S = 2.0
+# How long a kill waits for the engine to know a command's pid.
+PID_WAIT_S = 2.0
+# A container's PATH where its image sets none (the engine's own default).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The most changes outside /app a rollout keeps (the engine lists every file apt installed).
 MAX_CHANGES = 5000
 
@@ -192,14 +196,16 @@ class TaskContainer:
         memory_bytes: int,
         pids: int,
         network: bool,
+        binds: Mapping[Path, str] | None = None,
     ) -> TaskContainer:
-        """A started container of ``image`` with ``app`` bound at /app. Raises
+        """A started container of ``image`` with ``app`` bound at /app, and ``binds`` (the
+        harness's own files: workers/environments/workspace.py) read-only. Raises
         ImageUnavailable, or ContainerUnavailable when the engine fails or the image cannot
         keep a container alive (it has no ``sleep``)."""
         client = engine_client()
         host_config = contained_host_config(
             client,
-            mounts=bind_mounts(None, {app: APP}),
+            mounts=bind_mounts(binds, {app: APP}),
             network=network,
             cpus=cpus,
             memory_bytes=memory_bytes,
@@ -272,7 +278,7 @@ class TaskContainer:
 
         def stop_command(reason: str) -> None:
             why[reason] = True
-            self._kill_exec(client, exec_id)
+            self.kill_exec(exec_id)
             # Whatever still holds the command's output open (a process that left its tree)
             # does not keep the worker reading.
             if not done.wait(DRAIN_AFTER_KILL_S):
@@ -325,18 +331,34 @@ class TaskContainer:
             cancelled=bool(why.get("cancelled")),
         )
 
-    def _kill_exec(self, client: docker.DockerClient, exec_id: str) -> None:
+    def kill_exec(self, exec_id: str) -> None:
         """SIGKILL a command and its descendants. The engine has no call for it: the command's
         pid (as the worker's machine sees it) comes from the engine, its descendants from
         /proc, once its cgroup shows it is the container's. Where the worker cannot see that
         process (an engine on another machine, a worker in a PID namespace of its own), the
         whole container is stopped instead: the rollout's later commands then fail."""
-        try:
-            pid = int(client.api.exec_inspect(exec_id).get("Pid") or 0)
-        except (docker.errors.DockerException, OSError):
-            pid = 0
+        pid = 0
+        # Just after its start the engine may not have its pid yet (0 while it starts).
+        for _ in range(int(PID_WAIT_S / POLL_S)):
+            try:
+                state = engine_client().api.exec_inspect(exec_id)
+            except (docker.errors.DockerException, OSError):
+                break
+            pid = int(state.get("Pid") or 0)
+            if pid > 0 or not state.get("Running"):
+                break
+            time.sleep(POLL_S)
         if pid <= 0 or not _in_container(pid, self.id) or not _process_tree_kill(pid):
             self.stop()
+
+    def image_path(self) -> str:
+        """The PATH the image sets (its ENV), or the usual directories where it sets none."""
+        with engine_errors("reading the task container's configuration"):
+            config = engine_client().api.inspect_container(self.id).get("Config") or {}
+        for entry in config.get("Env") or []:
+            if entry.startswith("PATH="):
+                return entry[len("PATH=") :]
+        return DEFAULT_PATH
 
     def put_tree(self, tree: Mapping[str, Mapping[str, Any]], target: str) -> None:
         """Write a stored tree (validated) into the container at ``target`` (made, empty),

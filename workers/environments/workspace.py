@@ -43,6 +43,8 @@ from typing import Any
 from django.conf import settings
 
 from workers import sandbox
+from workers.containers.engine import ContainerUnavailable
+from workers.containers.host_runtime import HostRuntime, host_runtime
 from workers.containers.images import TaskImage, image_for_task
 from workers.containers.run import container_run, snapshot_remove
 from workers.containers.session import TaskContainer, container_settings, image_app_extract
@@ -88,6 +90,12 @@ _OUTSIDE_IGNORED = (
     "/etc/resolv.conf",
     "/etc/mtab",
 )
+# Where a task container holds the harness's own files (read-only binds): the worker's
+# interpreters (workers/containers/host_runtime.py), the coevo runtime, the harness's tree and
+# its built dependencies, and the rollout's run directory (the model boundary's socket). Not
+# the agent's changes: the container's diff leaves them out.
+HARNESS_RUN = "/run/coevo"
+HARNESS_MOUNTS = ("/opt/coevo-host", "/opt/coevo", "/harness", ENV_MOUNT, HARNESS_RUN)
 # How often the workspace's size is checked while the harness runs.
 WATCH_S = 0.5
 # Size checks in a row that the harness may spoil by renaming or removing what they were
@@ -189,14 +197,23 @@ class Workspace:
     # A task's own storage bound ([environment] storage_mb), below the operator's.
     max_bytes: int | None = None
     _outside: list[tuple[str, str]] | None = field(default=None, repr=False)
+    # A task container the harness runs in (``for_task`` with ``harness``): the worker's
+    # interpreters there, and the host directory bound at HARNESS_RUN.
+    runtime: HostRuntime | None = None
+    run_dir: Path | None = None
 
     @classmethod
-    def for_task(cls, inputs: Mapping[str, Any]) -> Workspace:
+    def for_task(
+        cls, inputs: Mapping[str, Any], *, harness: Mapping[Path, str] | None = None
+    ) -> Workspace:
         """The workspace of a task: its image's container when the task needs one (its data
         holds an ``environment``: coevo/suites/harbor_tasks.py), else a bubblewrap workspace
-        of its starting files. Raises ImageUnavailable or ImageBuildFailed (the task's image
-        cannot be had), ContainerUnavailable (the engine failed), WorkspaceTooLarge (the
-        image's /app is past the workspace's limits)."""
+        of its starting files. ``harness`` (host path -> target) are the harness's own files
+        (workers/channel.py, ``harness_binds``): given, the harness runs in the container too,
+        on the worker's interpreters (workers/containers/host_runtime.py). Raises
+        ImageUnavailable or ImageBuildFailed (the task's image cannot be had),
+        ContainerUnavailable (the engine failed, or the interpreters cannot be brought in),
+        WorkspaceTooLarge (the image's /app is past the workspace's limits)."""
         environment = inputs.get("environment")
         if not environment:
             return cls.create(inputs["files"])
@@ -214,7 +231,17 @@ class Workspace:
             if uid is not None:
                 tree_chown(root, uid)
             start_tree = tree_read_final(root, max_files=max_files, max_bytes=max_bytes)
-            container = TaskContainer.start(image.image, app=root, rollout=None, **applied)
+            runtime = run_dir = None
+            binds: dict[Path, str] = {}
+            if harness is not None:
+                runtime = host_runtime()
+                run_dir = base / "run"
+                run_dir.mkdir()
+                run_dir.chmod(0o755)
+                binds = {**runtime.binds, **harness, run_dir: HARNESS_RUN}
+            container = TaskContainer.start(
+                image.image, app=root, rollout=None, binds=binds, **applied
+            )
         except BaseException:
             shutil.rmtree(base, ignore_errors=True)
             raise
@@ -224,8 +251,13 @@ class Workspace:
             uid=uid,
             container=container,
             start_tree=start_tree,
+            runtime=runtime,
+            run_dir=run_dir,
             applied={
                 "backend": "container",
+                # Where the harness itself runs: in the container, or beside it (a bubblewrap
+                # sandbox of the worker's, its commands sent to the container).
+                "harness": "container" if runtime is not None else "sandbox",
                 "image": image.image,
                 "image_cached": image.cached,
                 "network": "internet" if applied["network"] else "none",
@@ -282,11 +314,49 @@ class Workspace:
     def sandbox_options(self, *, harness_env: Path | None) -> dict[str, Any]:
         """What the harness's sandbox (workers/channel.py) gets of the workspace: the writable
         bind, its variables (PATH with the harness's declared dependencies first, then the
-        worker's interpreter and ``pytest``), the identity its commands share."""
+        worker's interpreter and ``pytest``), the identity its commands share. A harness in
+        the task's container gets the container instead, and the image's PATH: what it runs
+        is the image's."""
+        if self.container is not None and self.runtime is not None:
+            env = {
+                "COEVO_WORKSPACE": MOUNT,
+                "LANG": "C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1",
+                "PATH": self.container.image_path(),
+            }
+            if harness_env is not None:
+                env["PATH"] = f"{ENV_MOUNT}/bin:{env['PATH']}"
+            return {"container": self.container, "runtime": self.runtime, "env": env}
         env = self.env()
         if harness_env is not None:
             env["PATH"] = f"{ENV_MOUNT}/bin:{env['PATH']}"
         return {"rw_binds": self.binds, "ro_binds": self.ro_binds, "env": env, "uid": self.uid}
+
+    def harness_command(self, argv: list[str]) -> list[str]:
+        """A program harness's command as it starts: in the task's container, ``python`` and
+        ``node`` are the worker's own (the harness's dependencies were built for them), not
+        whatever the image has. Raises ContainerUnavailable for Node.js on a worker without."""
+        if self.runtime is None or not argv:
+            return list(argv)
+        name = argv[0]
+        if name in ("python", "python3") or name == os.path.basename(self.runtime.python):
+            return [self.runtime.python, *argv[1:]]
+        if name == "node":
+            if self.runtime.node is None:
+                raise ContainerUnavailable(
+                    "this program harness runs `node`, and the worker has no Node.js to run "
+                    "it with in the task's container"
+                )
+            return [self.runtime.node, *argv[1:]]
+        return list(argv)
+
+    def boundary_dirs(self) -> tuple[Path, str] | None:
+        """Where a program's model boundary makes its socket directory when the harness runs
+        in the task's container: the run directory, and where the container sees it."""
+        if self.run_dir is None:
+            return None
+        return self.run_dir, HARNESS_RUN
 
     def watch(self, stop: Callable[[LimitExceeded], None]) -> threading.Event:
         """Poll the size every ``WATCH_S`` while the harness runs: past the limits, ``stop``
@@ -443,6 +513,8 @@ class Workspace:
                 if not path.startswith(_OUTSIDE_IGNORED)
                 and path != "/app"
                 and not path.startswith("/app/")
+                and path not in HARNESS_MOUNTS
+                and not path.startswith(tuple(f"{m}/" for m in HARNESS_MOUNTS))
             ]
         return self._outside
 
