@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.containers.conftest import TASK_BASE
 from tests.containers.test_task_workspace import VERIFIER, inputs
 from tests.examples.test_codex import EXAMPLE as CODEX
 from tests.examples.test_codex import EXITED, codex_env, env_dir  # noqa: F401  (fixtures)
@@ -23,6 +24,7 @@ from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.containers.host_runtime import MOUNT, host_runtime
 from workers.containers.process import ContainerProcess
 from workers.containers.session import TaskContainer
+from workers.environments.workspace import Workspace
 from workers.outcomes import Outcome
 
 # The fix that test.sh accepts: calc.py's add repaired in /app, and a mark in the container's
@@ -200,3 +202,26 @@ def test_codex_fixes_a_task_in_its_container_with_its_own_shell(
     (diff,) = steps(result, "workspace_diff")
     assert "added /opt/agent-was-here" in diff["outside_app"]["paths"]
     assert json.dumps(steps(result, "answer")) == json.dumps([{"answer": "Fixed add."}])
+
+
+OWNED = f"""\
+FROM {TASK_BASE}
+WORKDIR /app
+RUN echo x > /app/owned && chown 1234:1234 /app/owned && chmod 664 /app/owned
+"""
+
+
+def test_app_is_owned_as_the_image_has_it_and_what_root_makes_stays_roots(base_image, image_map):
+    """Root in the container sees /app as the image left it (git refuses a repository that
+    another user owns), and what the agent makes there is root's, as in any container."""
+    workspace = Workspace.for_task(inputs(dockerfile=OWNED, context={}))
+    try:
+        done = workspace.run(
+            ["sh", "-c", "stat -c '%u %g %a' owned && touch made && stat -c %u made"],
+            timeout_s=30,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.decode().split("\n")[:2] == ["1234 1234 664", "0"]
+        assert os.lstat(workspace.root / "made").st_uid == 0
+    finally:
+        workspace.close()

@@ -97,7 +97,8 @@ class ContainerExec:
 def image_app_extract(image: str, target: Path, *, max_files: int, max_bytes: int) -> None:
     """Copy the image's ``/app`` into ``target`` (an empty directory): directories, regular
     files and symbolic links, with tarfile's ``data`` filter (no absolute or escaping paths
-    or links, no device files, no setuid bits; owned by the worker). An image without /app
+    or links, no device files, no setuid bits), with the image's owners and permission bits.
+    An image without /app
     gives an empty one. Raises WorkspaceTooLarge past the workspace's limits, and
     WorkspaceUnreadable for an entry the filter refuses."""
     client = engine_client()
@@ -121,6 +122,7 @@ def image_app_extract(image: str, target: Path, *, max_files: int, max_bytes: in
             return
         files = 0
         total = 0
+        owners: list[tuple[str, int, int, int, bool]] = []
         with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
             for member in archive:
                 name = member.name.split("/", 1)[1] if "/" in member.name else ""
@@ -148,9 +150,27 @@ def image_app_extract(image: str, target: Path, *, max_files: int, max_bytes: in
                     raise WorkspaceUnreadable(
                         f"the task image's /app holds {name[:200]!r}, which cannot be taken: {exc}"
                     ) from None
+                owners.append((name, member.uid, member.gid, member.mode, member.issym()))
+        _owners_restore(target, owners)
     finally:
         with contextlib.suppress(Exception):
             container_remove(client, container)
+
+
+def _owners_restore(target: Path, owners: list[tuple[str, int, int, int, bool]]) -> None:
+    """Give each entry taken from an image's /app its owner and its permission bits as the
+    image has them (the ``data`` filter gave them to the worker, and took group and other
+    write), without setuid, setgid or sticky bits: root in the container, where the harness and
+    its commands work, sees the files as the image left them (git refuses a repository owned
+    by another user). Links are never followed (their targets are inside ``target``: the filter
+    refused others); modes are set after every entry is in place, as a directory without write
+    permission could not be filled after."""
+    for name, uid, gid, mode, is_link in owners:
+        path = target / name
+        with contextlib.suppress(OSError):
+            os.chown(path, uid, gid, follow_symlinks=False)
+            if not is_link:
+                os.chmod(path, mode & 0o777)
 
 
 class _ChunkReader(io.RawIOBase):

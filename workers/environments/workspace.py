@@ -26,7 +26,6 @@ tree, workers/environments/workspace_files.py), "metadata", "agent_timeout_s"}``
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -226,10 +225,9 @@ class Workspace:
         root.chmod(0o755)
         try:
             max_files, max_bytes = limits()
+            # Owned as in the image: the harness and its commands all run as root in the
+            # container, so no sandbox uid shares the files (the workspace has none).
             image_app_extract(image.image, root, max_files=max_files, max_bytes=max_bytes)
-            uid = sandbox.sandbox_uid()
-            if uid is not None:
-                tree_chown(root, uid)
             start_tree = tree_read_final(root, max_files=max_files, max_bytes=max_bytes)
             runtime = run_dir = None
             binds: dict[Path, str] = {}
@@ -248,7 +246,7 @@ class Workspace:
         return cls(
             root=root,
             start={},
-            uid=uid,
+            uid=None,
             container=container,
             start_tree=start_tree,
             runtime=runtime,
@@ -436,23 +434,18 @@ class Workspace:
         **_bubblewrap: Any,
     ) -> Any:
         """A command in the task's container (``TaskContainer.exec``; the bubblewrap options
-        (binds, uid, limits) have the container's own). What it made in /app is given to the
-        harness's uid after it, so the harness may edit it in turn."""
+        (binds, uid, limits) have the container's own), as root, as the harness runs there:
+        what it makes is root's, as in the image."""
         assert self.container is not None
-        try:
-            return self.container.exec(
-                argv,
-                timeout_s=timeout_s,
-                env=env,
-                workdir=cwd,
-                max_output_bytes=max_output_bytes,
-                cancel=self._cancel,
-                watch=watch,
-            )
-        finally:
-            if self.uid is not None and not self._sealed:
-                with contextlib.suppress(OSError, WorkspaceRefused):
-                    tree_chown(self.root, self.uid)
+        return self.container.exec(
+            argv,
+            timeout_s=timeout_s,
+            env=env,
+            workdir=cwd,
+            max_output_bytes=max_output_bytes,
+            cancel=self._cancel,
+            watch=watch,
+        )
 
     def seal(self) -> None:
         """Make sure nothing of the rollout can change the workspace any more (see the class
