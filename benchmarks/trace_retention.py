@@ -1,7 +1,7 @@
 """Trace retention at scale: storage per step, and the time to prune a month of traces by
 emptying its partition against deleting the same steps row by row.
 
-1. A database is filled with ``manage.py scale_fill`` (``--scale``, seed 0: a year of a busy
+1. A database is filled with ``python -m benchmarks.scale`` (``--scale``, seed 0: a year of a busy
    team from 2025-12-01, its steps in monthly partitions of the trace table).
 2. Storage: the trace table's bytes (every partition: table, TOAST, indexes) per step.
 3. The database is cloned (``CREATE DATABASE … TEMPLATE``). With the cut-off at the end of the
@@ -47,7 +47,8 @@ def psql(sql: str) -> None:
 
 
 def child(database: str, *args: str) -> str:
-    """Run this script's ``--measure`` step (or manage.py) against ``database``."""
+    """Run this script's ``--measure`` step (or manage.py, or the scale fill) against
+    ``database``."""
     env = {**os.environ, "DATABASE_URL": f"{SERVER}/{database}"}
     done = subprocess.run(
         [sys.executable, *args], env=env, cwd=REPO, check=True, capture_output=True, text=True
@@ -131,7 +132,7 @@ def main() -> None:
         psql(f"CREATE DATABASE {base}")
         child(base, "manage.py", "migrate", "-v0")
         began = time.monotonic()
-        child(base, "manage.py", "scale_fill", "--project", args.scale, "--scale", args.scale)
+        child(base, "-m", "benchmarks.scale", "--project", args.scale, "--scale", args.scale)
         print(f"filled in {time.monotonic() - began:.0f} s")
         # What autovacuum would have done by the time a month is pruned, and the retention
         # job's ANALYZE of the partitioned table.

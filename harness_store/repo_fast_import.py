@@ -1,4 +1,4 @@
-"""Many commits at once through ``git fast-import``: what lets a scale fill (coevo.ops.scale)
+"""Many commits at once through ``git fast-import``: what lets a scale fill (benchmarks/scale)
 write ten thousand real candidate commits in seconds instead of one ``commit-tree`` process
 each. The commits are ordinary commits: each is kept under ``refs/coevo/candidates/`` like any
 other, so diffs, lineage and ``git fsck`` see nothing special."""

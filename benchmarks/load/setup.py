@@ -1,6 +1,6 @@
 """Targets for the load benchmark (issue 21, item 2), as JSON for benchmarks/load/locustfile.py.
 
-Finds in one project (a ``manage.py scale_fill`` database, or any other) what each measured
+Finds in one project (a database of the scale fill, ``python -m benchmarks.scale``, or any other) what each measured
 page and API list reads: the campaign with the most proposals, the largest finished evaluation
 and a second one of the same suite and split (the comparison), the matrix with the most cells,
 the rollout with the most trace steps (among the 20 with the most model calls: counting every

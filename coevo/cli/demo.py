@@ -38,9 +38,12 @@ def register(commands: Any) -> None:
     campaign.add_argument(
         "--campaign-seed",
         type=int,
-        default=6,
-        help="seeds the Optuna sampler and the evaluations (default 6, whose first draw tries "
-        "order = priority; with 0 the first three draws keep the game's order)",
+        default=None,
+        help="seeds the Optuna sampler and the evaluations (default: 6 for the first demo "
+        "campaign, whose first draw tries order = priority, with 0 the first three draws keep "
+        "the game's order; a later run starts from the earlier campaign's best candidate and "
+        "takes the next seed no campaign of the project used, since the same seed would draw "
+        "the same settings again)",
     )
     campaign.add_argument(
         "--coevolve",

@@ -23,6 +23,7 @@ from coevo.campaigns.models import PROPOSAL_OPEN_STATES, Campaign, ProposalState
 from coevo.campaigns.selectors import campaign_progress
 from coevo.campaigns.services import campaign_advance_enqueue, campaign_create, campaign_start
 from coevo.config import BASE_DIR
+from coevo.demo.campaign_start import DEMO_NAME_PREFIX, CampaignStart, demo_campaign_start
 from coevo.demo.processes import Services, say
 from coevo.demo.progress import HEARTBEAT_S, progress_step
 from coevo.errors import CoevoError
@@ -48,27 +49,37 @@ SLICE_LEVELS = ("cooking-easy-", "cooking-medium-")
 
 
 def demo_campaign(
-    *, project: Project, user: Any, games: int, max_steps: int, proposals: int, seed: int
+    *, project: Project, user: Any, games: int, max_steps: int, proposals: int, seed: int | None
 ) -> Campaign:
-    candidate, created = naive_seed_import(project=project, user=user, author="coevo demo")
-    say(
-        f"TextWorld seed harness (examples/textworld-naive) "
-        f"{'imported as' if created else 'already imported:'} {candidate.short_sha}"
-    )
+    """The demo's config campaign; ``seed`` None: coevo.demo.campaign_start picks it (and
+    where a second run starts)."""
+    start = demo_start_choose(project=project, user=user, seed=seed)
     suite = demo_textworld_suite(project=project, games=games, max_steps=max_steps)
     number = project.campaigns.count() + 1
     campaign = campaign_create(
         project=project,
-        name=f"demo {number}: TextWorld config search (seed {seed})",
-        seed_candidate=candidate,
+        name=f"{DEMO_NAME_PREFIX}{number}: TextWorld config search (seed {start.seed})",
+        seed_candidate=start.candidate,
         policy_version=policy_version_get_default(),
         suite=suite,
         strategy=[{"kind": "config", "options": {"knobs": CAMPAIGN_KNOBS}}],
         max_proposals=proposals,
-        seed=seed,
+        seed=start.seed,
         created_by=user,
     )
     return campaign_start(campaign=campaign)
+
+
+def demo_start_choose(*, project: Project, user: Any, seed: int | None) -> CampaignStart:
+    """The naive seed imported, and where the next demo campaign starts, said in the output."""
+    naive, created = naive_seed_import(project=project, user=user, author="coevo demo")
+    say(
+        f"TextWorld seed harness (examples/textworld-naive) "
+        f"{'imported as' if created else 'already imported:'} {naive.short_sha}"
+    )
+    start = demo_campaign_start(project=project, naive=naive, seed=seed)
+    say(f"campaign start: {start.reason}")
+    return start
 
 
 def naive_seed_import(*, project: Project, user: Any, author: str) -> tuple[Any, bool]:
@@ -191,11 +202,7 @@ def campaign_status(campaign: Campaign) -> str:
     # Counted as the stop rule counts them: policy steps have their own quota.
     proposals = campaign.proposals.exclude(kind__in=[ProposerKind.SEED, ProposerKind.POLICY])
     ended = proposals.exclude(state__in=PROPOSAL_OPEN_STATES).count()
-    best = campaign.best_validation_score
-    line = (
-        f"{ended}/{campaign.max_proposals} proposals ended"
-        f", best validation {'n/a' if best is None else f'{best:.1%}'}"
-    )
+    line = f"{ended}/{campaign.max_proposals} proposals ended, {best_validation_text(campaign)}"
     current = campaign.proposals.filter(state__in=PROPOSAL_OPEN_STATES).first()
     if current is not None:
         evaluation_id = current.validation_evaluation_id or current.search_evaluation_id
@@ -210,6 +217,20 @@ def campaign_status(campaign: Campaign) -> str:
         else:
             line += f"; {label}: starting"
     return line
+
+
+def best_validation_text(campaign: Campaign) -> str:
+    """The best validation score so far and whose it is; before any validation evaluation has
+    finished there is none, and a bare number (or "0.0%") would read as a result."""
+    best = campaign.best_validation_score
+    if best is None or campaign.best_candidate_id is None:
+        return "best validation: nothing evaluated on validation yet"
+    whose = (
+        "the seed"
+        if campaign.best_candidate_id == campaign.seed_candidate_id
+        else campaign.best_candidate.short_sha
+    )
+    return f"best validation {best:.1%} ({whose})"
 
 
 def policy_step_progress(proposal: Any) -> str:

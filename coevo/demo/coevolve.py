@@ -1,7 +1,8 @@
 """The demo's co-evolution (``coevo demo --coevolve``): harness and policy steps in turn.
 
 An alternating campaign (coevo.campaigns.alternation) on the demo's TextWorld slice, from the
-naive seed: a harness step (a config proposal), a policy step (the best candidate's search
+naive seed (a later run: from the earlier demo campaign's best, coevo.demo.campaign_start): a
+harness step (a config proposal), a policy step (the best candidate's search
 trajectories exported, a LoRA adapter trained on them on the CPU by the built-in trainer,
 converted to GGUF, registered as a policy version and served by the llama.cpp host), and a
 harness step under the new policy. Then the harness x policy matrix (HRP): the harness the
@@ -19,12 +20,8 @@ from typing import Any
 
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.campaigns.services import campaign_create, campaign_start
-from coevo.demo.campaign import (
-    CAMPAIGN_KNOBS,
-    demo_textworld_suite,
-    naive_seed_import,
-    pct,
-)
+from coevo.demo.campaign import CAMPAIGN_KNOBS, demo_start_choose, demo_textworld_suite, pct
+from coevo.demo.campaign_start import DEMO_NAME_PREFIX
 from coevo.demo.processes import Services
 from coevo.demo.progress import progress_step
 from coevo.matrices.models import MATRIX_FINAL_STATES, CompatibilityMatrix
@@ -60,24 +57,25 @@ def demo_trainer() -> Trainer:
 
 
 def demo_coevolve_campaign(
-    *, project: Project, user: Any, games: int, max_steps: int, seed: int
+    *, project: Project, user: Any, games: int, max_steps: int, seed: int | None
 ) -> Campaign:
-    """Harness step, policy step, harness step: the middle one trains the policy."""
+    """Harness step, policy step, harness step: the middle one trains the policy. It starts
+    where the demo's config campaign would (coevo.demo.campaign_start)."""
     trainer = demo_trainer()
-    candidate, _ = naive_seed_import(project=project, user=user, author="coevo demo")
+    start = demo_start_choose(project=project, user=user, seed=seed)
     suite = demo_textworld_suite(project=project, games=games, max_steps=max_steps)
     number = project.campaigns.count() + 1
     campaign = campaign_create(
         project=project,
-        name=f"demo {number}: TextWorld co-evolution (seed {seed})",
-        seed_candidate=candidate,
+        name=f"{DEMO_NAME_PREFIX}{number}: TextWorld co-evolution (seed {start.seed})",
+        seed_candidate=start.candidate,
         policy_version=policy_version_get_default(),
         suite=suite,
         strategy=[{"kind": "config", "options": {"knobs": CAMPAIGN_KNOBS}}],
         # Harness proposals: policy steps have their own quota (max_policy_steps), so two
         # harness steps with the policy step between them.
         max_proposals=2,
-        seed=seed,
+        seed=start.seed,
         created_by=user,
         alternation={
             "trainer": trainer.name,

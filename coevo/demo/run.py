@@ -7,7 +7,9 @@ story of harness evolution, start to end:
 
 1. a short config campaign on a few TextWorld games from a deliberately naive seed
    (``examples/textworld-naive``), where the harness visibly moves Gemma's score (docs/architecture.md,
-   "Shipped suites"): the seed's scores, the best validation score and what changed;
+   "Shipped suites"): the seed's scores, the best validation score and what changed (a second
+   run in the same home goes on from the earlier campaign's best candidate with a new sampler
+   seed: coevo.demo.campaign_start);
 2. a promotion of the campaign's best candidate to ``production``: the sealed held-out games
    are played and the evidence assembled (the paired held-out comparison, the gap between the
    search-set gain and the held-out gain);
@@ -46,7 +48,9 @@ class DemoOptions:
     # Games in each of the campaign suite's search, validation and held-out splits.
     campaign_tasks: int = 2
     campaign_max_steps: int = 20
-    campaign_seed: int = 6
+    # None: 6 for the project's first demo campaign, then one no campaign of it used
+    # (coevo.demo.campaign_start).
+    campaign_seed: int | None = None
     promotion: bool = True
     # The campaign alternates harness and policy steps (coevo.demo.coevolve).
     coevolve: bool = False
@@ -150,17 +154,17 @@ def run_demo(options: DemoOptions) -> int:
         if options.campaign:
             campaign_url = f"{base}/p/{project.slug}/campaigns/{campaign.id}/"
             what = (
-                "co-evolution on TextWorld from the naive seed: a harness step (a config "
-                "proposal), a policy step (a LoRA trained on the CPU, served by llama.cpp), "
-                "a harness step under the new policy"
+                f"co-evolution on TextWorld from {campaign.seed_candidate.short_sha}: a harness "
+                "step (a config proposal), a policy step (a LoRA trained on the CPU, served by "
+                "llama.cpp), a harness step under the new policy"
                 if options.coevolve
-                else f"config campaign on TextWorld from the naive seed: up to "
-                f"{options.campaign_proposals} proposals"
+                else f"config campaign on TextWorld from {campaign.seed_candidate.short_sha}: "
+                f"up to {options.campaign_proposals} proposals"
             )
             say(
                 f"{what}; knobs {', '.join(demo_campaigns.CAMPAIGN_KNOBS)}; "
                 f"{options.campaign_tasks} search and {options.campaign_tasks} validation "
-                f"games, {options.campaign_max_steps} steps a game (seed {options.campaign_seed})"
+                f"games, {options.campaign_max_steps} steps a game (seed {campaign.seed})"
             )
             say(f"watch it live: {campaign_url}")
             campaign_started = time.monotonic()

@@ -128,8 +128,8 @@ def partitions_ensure(
     since: datetime | None = None,
 ) -> list[str]:
     """Create the monthly partitions from ``now``'s month (or ``since``'s, to write steps of
-    the past, as ``scale_fill`` does) to ``months_ahead`` months on, those a legacy partition
-    does not cover; returns the names created. Steps of such a month that fell into the
+    the past, as the benchmarks' scale fill does) to ``months_ahead`` months on, those a legacy
+    partition does not cover; returns the names created. Steps of such a month that fell into the
     default partition move into the new one."""
     if not partitioned():
         return []

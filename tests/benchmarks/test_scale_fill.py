@@ -1,9 +1,12 @@
-"""manage.py scale_fill: the small scale fills real PostgreSQL and git with consistent rows that
-the dashboard renders, deterministically, and the command refuses what it must."""
+"""The scale fill (benchmarks/scale, ``python -m benchmarks.scale``): the small scale fills real
+PostgreSQL and git with consistent rows that the dashboard renders, deterministically, and the
+command refuses what it must."""
 
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -11,23 +14,25 @@ from django.db import connections
 from django.db.models import Count, Q, Sum
 from django.urls import reverse
 
+from benchmarks.scale.command import Command
+from benchmarks.scale.plan import SCALES
 from coevo.accounts.models import ApiToken
 from coevo.audit.models import AuditEvent
 from coevo.campaigns.models import Campaign, Proposal
 from coevo.evaluations.models import Evaluation, Rollout, TraceStep
 from coevo.matrices.models import CompatibilityMatrix
-from coevo.ops.scale.plan import SCALES
 from coevo.projects.models import Project
 from coevo.reviews.models import Channel, PromotionRequest
 from harness_store.models import Candidate
 from harness_store.services import project_repo
+from tests.conftest import REPO_ROOT
 
 SMALL = SCALES["small"]
 
 
 def fill(slug: str = "scale", *extra: str) -> str:
     out = io.StringIO()
-    call_command("scale_fill", "--project", slug, "--scale", "small", *extra, stdout=out)
+    call_command(Command(), "--project", slug, "--scale", "small", *extra, stdout=out)
     return out.getvalue()
 
 
@@ -188,3 +193,16 @@ def test_it_never_replaces_a_project_it_did_not_write(project, seed_candidate):
     with pytest.raises(CommandError, match="was not written by scale_fill"):
         fill(project.slug, "--replace")
     assert Candidate.objects.filter(project=project).count() == 1
+
+
+def test_it_runs_as_a_module_of_the_benchmarks_from_the_repository_root():
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.scale", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m benchmarks.scale ")
+    assert "--scale {full,medium,pages,small}" in result.stdout

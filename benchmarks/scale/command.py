@@ -1,5 +1,11 @@
-"""``manage.py scale_fill --project SLUG --scale {small,pages,medium,full} [--seed N] [--replace]``:
-a busy team's year of data in PostgreSQL, for measuring pages and the API at scale."""
+"""``python -m benchmarks.scale --project SLUG --scale {small,pages,medium,full} [--seed N]
+[--replace]``: a busy team's year of data in PostgreSQL, for measuring pages and the API at
+scale.
+
+A Django command class, run by ``__main__`` rather than found by ``manage.py`` (it is not in
+an installed app): Django parses its options and turns a refusal (``CommandError``) into a
+message and exit status 1, as for any management command.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from benchmarks.scale.fill import scale_fill
+from benchmarks.scale.plan import SCALES
 from coevo.errors import CoevoError
-from coevo.ops.scale.fill import scale_fill
-from coevo.ops.scale.plan import SCALES
+
+PROG = "python -m benchmarks.scale"
 
 
 class Command(BaseCommand):
@@ -19,6 +27,11 @@ class Command(BaseCommand):
         "medium ~1/20; small ~1/1000), deterministic from --seed, through COPY in chunks of "
         "one transaction each. See docs/operations.md, 'Scale data'."
     )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.prog = PROG
+        return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--project", required=True, help="slug of the project to create")

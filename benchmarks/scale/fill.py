@@ -26,6 +26,17 @@ from typing import Any, TextIO
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
+from benchmarks.scale.content import (
+    patch_text,
+    seed_files,
+    sentence,
+    step_pool,
+    suite_rows,
+    variant_files,
+)
+from benchmarks.scale.copy import Progress, TableCopy
+from benchmarks.scale.plan import SCALES, YEAR, YEAR_START, ScalePlan
+from benchmarks.scale.rows import RowWriter, TaskRef
 from coevo.accounts.models import ApiToken
 from coevo.audit.models import AuditEvent
 from coevo.campaigns.models import Campaign, Proposal
@@ -40,17 +51,6 @@ from coevo.evaluations.models import (
     TraceStep,
 )
 from coevo.matrices.models import CompatibilityMatrix, MatrixCell
-from coevo.ops.scale.content import (
-    patch_text,
-    seed_files,
-    sentence,
-    step_pool,
-    suite_rows,
-    variant_files,
-)
-from coevo.ops.scale.copy import Progress, TableCopy
-from coevo.ops.scale.plan import SCALES, YEAR, YEAR_START, ScalePlan
-from coevo.ops.scale.rows import RowWriter, TaskRef
 from coevo.policies.models import EndpointKind, PolicyEndpoint, PolicyVersion
 from coevo.policies.services import policy_version_create
 from coevo.projects.models import Membership, Project, Role
@@ -70,7 +70,9 @@ MEMBERS = (
     ("researcher-1", Role.RESEARCHER), ("researcher-2", Role.RESEARCHER),
     ("researcher-3", Role.RESEARCHER), ("viewer-1", Role.VIEWER), ("ci", Role.RESEARCHER),
 )  # fmt: skip
-# What marks a project as scale data: --replace deletes only such a project.
+# What marks a project as scale data: --replace deletes only such a project. It still names
+# the fill's old entry point (a manage.py command until it moved out of coevo): projects filled
+# before the move carry this text, and --replace must go on recognising them.
 SCALE_DESCRIPTION = "Scale data written by manage.py scale_fill."
 PROPOSER_KINDS = (("llm-patch", 0.5), ("config", 0.3), ("random", 0.1), ("merge", 0.1))
 

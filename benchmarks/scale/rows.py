@@ -15,11 +15,11 @@ from typing import Any, TextIO
 
 from django.db import transaction
 
+from benchmarks.scale.content import StepPool, trace_of
+from benchmarks.scale.copy import Progress, TableCopy
 from coevo.campaigns.models import Proposal
 from coevo.evaluations.models import Evaluation, EvaluationStage, Rollout, TraceStep
 from coevo.evaluations.plans import EvaluationPlan
-from coevo.ops.scale.content import StepPool, trace_of
-from coevo.ops.scale.copy import Progress, TableCopy
 
 EVALUATION_FIELDS = (
     "id", "project", "candidate", "policy_version", "suite", "split", "epochs", "seed", "plan",
