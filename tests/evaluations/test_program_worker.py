@@ -13,6 +13,7 @@ import pytest
 
 from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
 from coevo.evaluations.services import evaluation_create
+from coevo.suites.harbor import WORKSPACE_DATA_DIR, suite_import_harbor
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.models import Split
 from coevo.suites.services import suite_import_jsonl
@@ -24,12 +25,17 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WHEELHOUSE = Path(os.environ.get("COEVO_TEST_WHEELHOUSE") or Path.cwd() / "var" / "wheelhouse")
 
 
-@pytest.fixture
-def suite(project):
+def tool_arithmetic_suite(project):
+    """examples/suites/tool-arithmetic.jsonl, the tool-using agents' suite."""
     data = (EXAMPLES / "suites/tool-arithmetic.jsonl").read_bytes()
     scorer = scorer_spec_build(kind="numeric", abs_tol=1e-6, rel_tol=1e-9)
     suite, _ = suite_import_jsonl(project=project, name="tool-arithmetic", data=data, scorer=scorer)
     return suite
+
+
+@pytest.fixture
+def suite(project):
+    return tool_arithmetic_suite(project)
 
 
 @pytest.fixture
@@ -69,6 +75,30 @@ def evaluate(
         use_cache=False,
     )
     return wait_until_final(evaluation, timeout_s=timeout_s)
+
+
+def shipped_task_solve(project, example: str, policy_version, directory: Path) -> Rollout:
+    """``example`` evaluated by a real worker on the shipped fix-greeting-typo task (copied under
+    four keys into ``directory``, so that the search split holds one): its one rollout, for
+    the caller to judge. The worker prepares the agent's environment as it does for every
+    candidate (a module's cache of environments spares it a second build)."""
+    for i in range(4):
+        shutil.copytree(WORKSPACE_DATA_DIR / "fix-greeting-typo", directory / f"tasks/greet-{i}")
+    suite, _, report = suite_import_harbor(
+        project=project, name="greeting", directory=directory / "tasks"
+    )
+    assert not report.refused, report.refused
+    evaluation = evaluate(
+        import_example(project, example), suite, policy_version, task_limit=1, timeout_s=300
+    )
+    assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
+    return Rollout.objects.get(evaluation=evaluation)
+
+
+def trace_payloads(rollout: Rollout, kind: str) -> list[dict]:
+    """The recorded steps of ``kind``, in order: what the rollout page shows."""
+    steps = TraceStep.objects.filter(rollout=rollout, kind=kind).order_by("index")
+    return [step.payload for step in steps]
 
 
 def check(evaluation) -> None:

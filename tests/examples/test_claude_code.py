@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from harness_store.manifest import load_manifest
-from tests.examples.test_workspace_agents import INPUTS, rollout, steps
+from tests.evaluations.test_program_worker import shipped_task_solve, trace_payloads
+from tests.examples.test_workspace_agents import INPUTS, model_calls, rollout, steps
 from tests.support.example_envs import npm_example_env
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers import sandbox
 from workers.harness_env import harness_env_binds, harness_env_prepare, harness_env_vars
-from workers.outcomes import Outcome
+from workers.outcomes import ErrorKind, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "claude-code"
@@ -122,3 +123,34 @@ def test_a_call_the_policy_server_refuses_ends_claude_code_and_the_workspace_is_
     (output,) = steps(result, "program_output")
     assert output["exit_code"] == 0
     assert '"api_error_status":400' in output["stdout"]
+
+
+def test_a_claude_code_that_never_stops_runs_into_max_model_calls(claude_env):
+    """Every reply another command, and Claude Code's own --max-turns above the manifest's
+    max_model_calls: the boundary answers the 41st call 429 and the rollout ends as the limit,
+    whatever Claude Code does with the refusal (its SDK retries a 429)."""
+    ls = [("Bash", {"command": "ls", "description": "List the workspace"})]
+    policy = ScriptedPolicy(tool_rules=[("", ls)])
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=claude_env.path, knobs={"max_turns": 200})
+    assert result.outcome == Outcome.HARNESS_ERROR, result.detail
+    assert result.error_kind == ErrorKind.LIMIT
+    assert result.detail == "limit exceeded: max_model_calls = 40"
+    calls = model_calls(result)
+    assert len(calls) == 40
+    assert all([c["name"] for c in call["tool_calls"]] == ["Bash"] for call in calls)
+
+
+def test_claude_code_solves_the_shipped_task_on_a_real_worker(
+    celery_worker_thread, project, policy_version, scripted_policy, claude_env, tmp_path
+):
+    scripted_policy.rules[:] = [("has been updated", "Fixed the typo in greet.py.")]
+    scripted_policy.tool_rules[:] = [("Fix the typo", [("Edit", EDIT)])]
+    scripted_policy.default = "Nothing to do."
+    rollout = shipped_task_solve(project, "claude-code", policy_version, tmp_path)
+    assert (rollout.outcome, rollout.score) == (Outcome.PASSED, 1.0), rollout.detail
+    calls = trace_payloads(rollout, "model_call")
+    assert [[c["name"] for c in call["tool_calls"]] for call in calls] == [["Edit"], []]
+    assert trace_payloads(rollout, "answer") == [{"answer": "Fixed the typo in greet.py."}]
+    (diff,) = trace_payloads(rollout, "workspace_diff")
+    assert [row["path"] for row in diff["files"]] == ["greet.py"]

@@ -7,18 +7,33 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from harness_store.manifest import load_manifest
-from tests.examples.test_workspace_agents import INPUTS, model_calls, rollout, steps
-from tests.support.example_envs import npm_example_env
-from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
-from workers import sandbox
-from workers.harness_env import harness_env_binds, harness_env_prepare, harness_env_vars
-from workers.outcomes import ErrorKind, Outcome
+# playwright's sync API runs an event loop in this thread (the page test below); the ORM calls
+# made while it runs are still plain synchronous calls.
+os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+from playwright.sync_api import expect  # noqa: E402
+
+from harness_store.manifest import load_manifest  # noqa: E402
+from tests.conftest import PASSWORD  # noqa: E402
+from tests.evaluations.test_program_worker import shipped_task_solve, trace_payloads  # noqa: E402
+from tests.examples.test_workspace_agents import INPUTS, model_calls, rollout, steps  # noqa: E402
+from tests.support.browser import log_in  # noqa: E402
+from tests.support.example_envs import npm_example_env  # noqa: E402
+from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy  # noqa: E402
+from tests.web.test_trace_program import url  # noqa: E402
+from workers import sandbox  # noqa: E402
+from workers.harness_env import (  # noqa: E402
+    harness_env_binds,
+    harness_env_prepare,
+    harness_env_vars,
+)
+from workers.outcomes import ErrorKind, Outcome  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "codex"
@@ -184,3 +199,46 @@ def test_a_reply_cut_at_the_token_limit_ends_codex_and_the_workspace_is_judged(c
     (output,) = steps(result, "program_output")
     assert output["exit_code"] == 0
     assert "Incomplete response returned" in output["stdout"]
+
+
+@pytest.mark.browser
+def test_codex_solves_the_shipped_task_on_a_real_worker_and_its_page_shows_the_trace(
+    celery_worker_thread,
+    live_server,
+    page,
+    owner,
+    project,
+    policy_version,
+    scripted_policy,
+    codex_env,
+    tmp_path,
+):
+    """The shipped task evaluated by a real worker, then its rollout page in headless Chromium:
+    the calls Codex made, the tool call the model answered with and its result as Codex sent it
+    back, and the one session they form."""
+    scripted_policy.rules[:] = [(EXITED, "Fixed the typo in greet.py.")]
+    scripted_policy.tool_rules[:] = [("Fix the typo", [("exec_command", SED)])]
+    scripted_policy.default = "Nothing to do."
+    rollout = shipped_task_solve(project, "codex", policy_version, tmp_path)
+    assert (rollout.outcome, rollout.score) == (Outcome.PASSED, 1.0), rollout.detail
+    calls = trace_payloads(rollout, "model_call")
+    assert [[c["name"] for c in call["tool_calls"]] for call in calls] == [["exec_command"], []]
+    assert trace_payloads(rollout, "answer") == [{"answer": "Fixed the typo in greet.py."}]
+
+    log_in(page, live_server.url, "owner", PASSWORD)
+    page.goto(live_server.url + url(project, rollout))
+    overview = page.locator("#call-overview")
+    expect(overview.locator("summary")).to_have_text(re.compile(r"2 model calls in 1 session"))
+    expect(overview.locator(".session")).to_have_count(1)
+    expect(overview.locator(".call-link")).to_have_count(2)
+    first, second = page.locator("li.step-model_call").all()
+    expect(first).to_contain_text("(the harness spoke responses)")
+    expect(second.locator(".call-place")).to_have_text("call #1 · session 1 · continues #0")
+    first.locator("details.model-call > summary").click()
+    tool_call = first.locator(".tool-call")
+    expect(tool_call).to_contain_text("calls exec_command")
+    expect(tool_call.locator(".arguments")).to_contain_text("sed -i 's/Helo/Hello/' greet.py")
+    second.locator("details.model-call > summary").click()
+    expect(second).to_contain_text(re.compile(r"tool result for exec_command \(\S+\)"))
+    expect(second).to_contain_text(EXITED)
+    expect(page.locator("li.step-answer")).to_contain_text("Fixed the typo in greet.py.")

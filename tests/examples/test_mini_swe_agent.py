@@ -7,16 +7,13 @@ so the agent's own loop edits the file, runs the tests and submits; the hidden t
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from coevo.evaluations.models import EvaluationState, Rollout, TraceStep
-from coevo.suites.harbor import WORKSPACE_DATA_DIR, suite_import_harbor
 from harness_store.manifest import load_manifest
-from tests.evaluations.test_program_worker import WHEELHOUSE, evaluate, import_example
+from tests.evaluations.test_program_worker import WHEELHOUSE, shipped_task_solve, trace_payloads
 from tests.examples.test_workspace_agents import commands, model_calls, rollout, steps
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.harness_env import harness_env_prepare
@@ -215,39 +212,21 @@ def test_its_own_step_limit_ends_the_agent_first(agent_env):
 def test_the_agent_solves_the_shipped_task_on_a_real_worker(
     celery_worker_thread, project, policy_version, scripted_policy, settings, tmp_path, env_dir
 ):
-    """The shipped fix-greeting-typo task (copied under four keys, so that the search split
-    holds one), evaluated by a real Celery worker. The worker prepares the agent's environment
-    as it does for every candidate; the module's cache spares it a second build."""
     settings.COEVO_HARNESS_FIND_LINKS = str(WHEELHOUSE)
     settings.COEVO_HARNESS_ENV_DIR = env_dir
-    for i in range(4):
-        shutil.copytree(WORKSPACE_DATA_DIR / "fix-greeting-typo", tmp_path / f"tasks/greet-{i}")
-    suite, _, report = suite_import_harbor(
-        project=project, name="greeting", directory=tmp_path / "tasks"
-    )
-    assert not report.refused, report.refused
     scripted_policy.tool_rules[:] = [
         ("1 passed", [("bash", {"command": SUBMIT})]),
         ("Hello, {name}!", [("bash", {"command": TEST})]),
         ("Fix the typo", [("bash", {"command": EDIT})]),
     ]
     scripted_policy.default = "I am lost."
-    evaluation = evaluate(
-        import_example(project, "mini-swe-agent"),
-        suite,
-        policy_version,
-        task_limit=1,
-        timeout_s=300,
-    )
-    assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
-    rollout = Rollout.objects.get(evaluation=evaluation)
+    rollout = shipped_task_solve(project, "mini-swe-agent", policy_version, tmp_path)
     assert (rollout.outcome, rollout.score) == (Outcome.PASSED, 1.0), rollout.detail
-    trace = TraceStep.objects.filter(rollout=rollout).order_by("index")
     executed = [
-        s.payload["params"]["command"]
-        for s in trace.filter(kind="helper_call")
-        if s.payload["name"] == "exec"
+        s["params"]["command"]
+        for s in trace_payloads(rollout, "helper_call")
+        if s["name"] == "exec"
     ]
     assert executed == [EDIT, TEST, SUBMIT]
-    calls = [s.payload for s in trace.filter(kind="model_call")]
+    calls = trace_payloads(rollout, "model_call")
     assert [c["tool_calls"][0]["name"] for c in calls] == ["bash"] * 3
