@@ -250,9 +250,14 @@ COEVO_POLICY_MODEL = env_str("COEVO_POLICY_MODEL", "gemma-3-270m")
 # The default endpoint's kind (vllm: LoRA adapters load at run time, so campaigns may
 # alternate) and its weights as a trainer loads them (a Hugging Face id or a path).
 COEVO_POLICY_KIND = env_choice(
-    "COEVO_POLICY_KIND", "openai-compatible", ("vllm", "llamacpp", "openai-compatible")
+    "COEVO_POLICY_KIND",
+    "openai-compatible",
+    ("vllm", "llamacpp", "openai-compatible", "openai", "anthropic"),
 )
 COEVO_POLICY_BASE_MODEL = env_str("COEVO_POLICY_BASE_MODEL", "") or COEVO_POLICY_MODEL
+# Fernet keys (comma-separated; the first encrypts, each decrypts) that encrypt policy endpoints'
+# API keys at rest (coevo/policies/secrets.py). Unset: no endpoint can be given an API key.
+COEVO_SECRETS_KEY = env_str("COEVO_SECRETS_KEY", "")
 COEVO_POLICY_TIMEOUT_S = env_int("COEVO_POLICY_TIMEOUT_S", 300, minimum=1)
 COEVO_POLICY_RETRIES = env_int("COEVO_POLICY_RETRIES", 4, minimum=0)
 # Concurrency slots per endpoint (coevo/policies/concurrency.py): a slot's lease, renewed by its

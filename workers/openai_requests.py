@@ -107,7 +107,9 @@ def check_request(
     """The body to send to the policy server, and the keys dropped from it.
 
     ``api`` is ``chat`` or ``completions``. Sampling parameters the request leaves out get
-    OpenAI's documented defaults, sent explicitly; a missing seed becomes ``seed`` (the
+    OpenAI's documented defaults, sent explicitly (what a kind of server has beyond OpenAI's,
+    such as top_k, the policy client adds with its neutral value: coevo/policies/
+    request_tables.py); a missing seed becomes ``seed`` (the
     rollout's, one per call) so that a rerun asks the same; a missing max_tokens is sized by
     ``default_max_tokens`` from the rollout's remaining budget (``max_tokens_left`` tokens,
     ``calls_left`` model calls) and the policy's context window (None: not known).
@@ -150,7 +152,6 @@ def check_request(
         if not _is_number(value) or not low <= value <= high:
             raise BadRequest(f"{key} must be a number from {low} to {high}.", param=key)
         clean[key] = value
-    clean["repeat_penalty"] = 1.0  # llama.cpp's own default is 1.1; OpenAI has no such knob
     clean["seed"] = _check_seed(clean.get("seed"), seed)
     stop = clean.get("stop")
     if stop is not None:

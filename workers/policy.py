@@ -27,8 +27,8 @@ class Sampling:
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
-            # Explicit: llama.cpp's server defaults to 1.1 and OpenAI's API has no such knob.
-            "repeat_penalty": 1.0,
+            # What a kind of server has beyond these (top_k, min_p, a repetition penalty) the
+            # policy client adds with its neutral value (coevo/policies/request_tables.py).
             "frequency_penalty": 0.0,
             "presence_penalty": 0.0,
         }
@@ -50,6 +50,11 @@ class Completion:
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
     # The endpoint that answered (its /v1 base URL), recorded on the model-call step.
     endpoint: str = ""
+    # The sampling parameters sent, under the names the server read (its kind's, with the
+    # neutral values of its own knobs), and the request's keys its kind does not take (left
+    # out): what the model-call step records as applied. Empty: not known.
+    sampling: dict[str, Any] = field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
 
 
 class Policy(Protocol):

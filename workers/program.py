@@ -41,7 +41,7 @@ from workers.outcomes import (
     LimitExceeded,
     ProtocolViolation,
 )
-from workers.policy import platform_wait, platform_waits_observed
+from workers.policy import Completion, platform_wait, platform_waits_observed
 from workers.steps import Step
 
 if TYPE_CHECKING:
@@ -403,7 +403,7 @@ class _ProgramRollout:
                 Step(
                     "model_call",
                     {
-                        **self._payload(api, body, dropped, spoken),
+                        **self._payload(api, body, dropped, spoken, completion),
                         **place,
                         "model": completion.model,
                         "endpoint": completion.endpoint,
@@ -446,8 +446,15 @@ class _ProgramRollout:
                 ) from None
 
     def _payload(
-        self, api: str, body: dict[str, Any], dropped: list[str], spoken: str | None = None
+        self,
+        api: str,
+        body: dict[str, Any],
+        dropped: list[str],
+        spoken: str | None = None,
+        completion: Completion | None = None,
     ) -> dict[str, Any]:
+        """The model-call step's request part; with the ``completion``, the sampling that
+        applied (as sent to the endpoint's kind) and what that kind did not take."""
         content_keys = (
             ("messages", "tools", "tool_choice", "response_format")
             if api == "chat"
@@ -461,6 +468,10 @@ class _ProgramRollout:
             "sampling": {k: v for k, v in body.items() if k not in content_keys},
             "n": int(body.get("n") or 1),
         }
+        if completion is not None and completion.sampling:
+            payload["sampling"] = completion.sampling
+        if completion is not None and completion.dropped:
+            dropped = sorted({*dropped, *completion.dropped})
         if dropped:
             payload["dropped"] = dropped
         if spoken:

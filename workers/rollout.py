@@ -496,7 +496,9 @@ class _Runner:
                         "policy_version": self.inputs.policy_version,
                         "endpoint": completion.endpoint,
                         **request,
-                        "sampling": sample.as_params(),
+                        # As sent: the endpoint kind's names and neutral values included.
+                        "sampling": completion.sampling or sample.as_params(),
+                        **({"dropped": list(completion.dropped)} if completion.dropped else {}),
                         "sample": i,
                         "n": n,
                         "completion": completion.text,

@@ -1,5 +1,6 @@
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db import models, transaction
 from django.forms.models import model_to_dict
@@ -7,6 +8,8 @@ from django.http import HttpRequest
 
 from coevo.audit.services import audit_record
 from coevo.policies.models import LoadedAdapter, PolicyEndpoint, PolicyVersion
+from coevo.policies.secrets import MAX_API_KEY_CHARS, SecretsKeyMissing, secret_encrypt
+from coevo.policies.services import policy_endpoint_api_key_revoke, policy_endpoint_api_key_set
 
 
 class AuditedAdmin(admin.ModelAdmin):
@@ -58,10 +61,47 @@ class LoadedAdapterAdmin(admin.ModelAdmin):
         return False
 
 
+class PolicyEndpointForm(forms.ModelForm):
+    """The endpoint with its API key write-only: typed in, stored encrypted, never shown again
+    (the page says only whether one is set)."""
+
+    base_url = forms.URLField(max_length=500, assume_scheme="http")
+    api_key = forms.CharField(
+        label="API key",
+        required=False,
+        max_length=MAX_API_KEY_CHARS,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only: a new key replaces the stored one; leave empty to keep it. "
+        "Sent as Authorization: Bearer (x-api-key for the Anthropic API).",
+    )
+    revoke_api_key = forms.BooleanField(
+        label="Revoke the API key", required=False, help_text="Forget the stored key."
+    )
+
+    class Meta:
+        model = PolicyEndpoint
+        fields = ["name", "base_url", "kind", "max_concurrency"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("api_key") and data.get("revoke_api_key"):
+            raise forms.ValidationError("Set a new API key or revoke the key, not both.")
+        if data.get("api_key"):
+            try:
+                secret_encrypt(plain="check")
+            except SecretsKeyMissing as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return data
+
+
 @admin.register(PolicyEndpoint)
 class PolicyEndpointAdmin(AuditedAdmin):
     """Operators size ``max_concurrency`` to what the server sustains (workers honour it).
-    Health is written by the beat check, so it is read-only here."""
+    Health is written by the beat check, so it is read-only here. The API key is write-only
+    (PolicyEndpointForm); setting, rotating and revoking it are audited events of their own."""
+
+    form = PolicyEndpointForm
 
     list_display = [
         "name",
@@ -75,7 +115,23 @@ class PolicyEndpointAdmin(AuditedAdmin):
     ]
     list_editable = ["max_concurrency"]
     list_filter = ["kind", "healthy"]
-    readonly_fields = _HEALTH
+    readonly_fields = ["api_key_status", *_HEALTH]
+
+    @admin.display(description="API key")
+    def api_key_status(self, obj: PolicyEndpoint) -> str:
+        if not obj.has_api_key:
+            return "not set"
+        return f"set {obj.api_key_set_at:%Y-%m-%d %H:%M}" if obj.api_key_set_at else "set"
+
+    def save_model(self, request: HttpRequest, obj: models.Model, form: Any, change: bool) -> None:
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            if form.cleaned_data.get("api_key"):
+                policy_endpoint_api_key_set(
+                    endpoint=obj, api_key=form.cleaned_data["api_key"], actor=request.user
+                )
+            elif form.cleaned_data.get("revoke_api_key"):
+                policy_endpoint_api_key_revoke(endpoint=obj, actor=request.user)
 
 
 @admin.register(PolicyVersion)

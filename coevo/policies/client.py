@@ -1,7 +1,14 @@
 """The one client for policy servers: the OpenAI-compatible HTTP API.
 
 Nothing else in coevo speaks HTTP to a model. Sampling parameters are always sent explicitly:
-servers' defaults differ (llama.cpp: max_tokens 16, repeat_penalty 1.1).
+servers' defaults differ (llama.cpp: max_tokens 16, repeat_penalty 1.1; vLLM: the model's
+generation_config.json). What a request carries is its endpoint kind's table
+(request_tables.py); an ``anthropic`` endpoint is spoken to in its Messages API
+(anthropic_api.py). An endpoint's API key goes only into its header (``key_headers``) and is
+taken out of any reply text the client quotes (``redact_key``). A 429's or 503's Retry-After
+stretches the wait before the next try (at most ``MAX_RETRY_AFTER_S``); a 401 or 403 (the
+endpoint's credentials refused, which no harness chooses) is PolicyUnavailable, not a refusal
+of the request.
 Transient failures (connection errors, timeouts, 408/429/5xx) are retried with exponential
 backoff; after the last try they raise PolicyUnavailable, which the worker records as an
 ``infra_error`` — never as a score. ``Sampling`` and ``Completion`` are the runtime's
@@ -31,6 +38,7 @@ estimate instead of failing.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import random
 import ssl
@@ -42,14 +50,21 @@ from typing import Any
 import httpx
 
 from coevo.errors import PolicyRequestFailed, PolicyRequestRejected, PolicyUnavailable
+from coevo.policies import anthropic_api
 from coevo.policies.concurrency import EndpointLimiter, limiter_slot
 from coevo.policies.http import JsonHttp, TransportError, url_without_credentials
+from coevo.policies.request_tables import request_for_kind, sampling_of
 from workers import metrics
 from workers.policy import Completion, Sampling
 
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
+# The longest a Retry-After is waited before one retry (a provider's rate limit may name
+# minutes; a rollout waits this much a try at most, then tries again).
+MAX_RETRY_AFTER_S = 60.0
+# The Messages API version coevo's translation speaks (Anthropic's anthropic-version header).
+ANTHROPIC_VERSION = "2023-06-01"
 PROBE_TIMEOUT_S = 5.0
 # Counting a prompt's tokens reads the whole prompt (at most a proposer's workspace, 1 MB).
 TOKENIZE_TIMEOUT_S = 20.0
@@ -100,6 +115,9 @@ class PolicyClient:
         retries: int = 4,
         backoff_s: float = 0.5,
         limiter: EndpointLimiter | None = None,
+        kind: str = "openai-compatible",
+        api_key: str = "",
+        retry_after_max_s: float = MAX_RETRY_AFTER_S,
     ) -> None:
         self.base_url = normalize_base_url(base_url)
         # What messages, metrics and traces name: the URL without any credentials in it.
@@ -108,8 +126,19 @@ class PolicyClient:
         self.model = model
         self.retries = retries
         self.backoff_s = backoff_s
+        # The endpoint's kind: which request parameters it takes (request_tables.py) and how
+        # its API key is sent.
+        self.kind = kind
+        self.retry_after_max_s = retry_after_max_s
+        # Kept only to take it out of any text a server sends back (a provider's error may
+        # quote the key it refused): never in a message, log line, metric or trace.
+        self._api_key = api_key
         self._http = JsonHttp(
-            self.base_url, timeout_s=timeout_s, connect_timeout_s=10.0, tls=_tls_if(self.base_url)
+            self.base_url,
+            timeout_s=timeout_s,
+            connect_timeout_s=10.0,
+            tls=_tls_if(self.base_url),
+            headers=key_headers(kind, api_key),
         )
 
     def close(self) -> None:
@@ -137,13 +166,14 @@ class PolicyClient:
             response = self._http.request("GET", "/models", timeout_s=timeout_s)
         except TransportError as exc:
             return Health(up=False, reason=str(exc))
+        shown = self._redacted(response.text)
         if response.status in _RETRY_STATUSES:
-            return Health(up=False, reason=f"HTTP {response.status}: {response.text[:200]}")
+            return Health(up=False, reason=f"HTTP {response.status}: {shown[:200]}")
         if response.status == 200:
             try:
                 response.json()
             except ValueError:
-                return Health(up=False, reason=f"response is not JSON: {response.text[:200]!r}")
+                return Health(up=False, reason=f"response is not JSON: {shown[:200]!r}")
         return Health(up=True)
 
     def server_info(self) -> ServerInfo:
@@ -225,12 +255,25 @@ class PolicyClient:
             return None
         return body if isinstance(body, dict) else None
 
-    def lora_load(self, *, name: str, path: str) -> str:
+    def lora_load(self, *, name: str, path: str, replace: bool = False) -> str:
         """vLLM's ``POST /v1/load_lora_adapter`` (needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and
-        --enable-lora); returns the server's message. vLLM answers plain text, not JSON."""
-        return self._request(
-            "POST", "/load_lora_adapter", json={"lora_name": name, "lora_path": path}, text=True
-        )
+        --enable-lora); returns the server's message. vLLM answers plain text, not JSON.
+
+        vLLM refuses a name it already serves (400) unless the request says ``load_inplace``:
+        ``replace`` says it, for new weights under a name the server lists with others."""
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if replace:
+            body["load_inplace"] = True
+        return self._request("POST", "/load_lora_adapter", json=body, text=True)
+
+    def lora_paths(self) -> dict[str, str]:
+        """The adapters ``GET /v1/models`` lists, by name: the path each was loaded from (its
+        ``root``; "" where the server does not say)."""
+        return {
+            str(m.get("id")): str(m.get("root") or "")
+            for m in self.model_entries()
+            if m.get("parent")
+        }
 
     def lora_unload(self, *, name: str) -> str:
         """vLLM's ``POST /v1/unload_lora_adapter``; returns the server's message."""
@@ -246,12 +289,18 @@ class PolicyClient:
         """``POST /v1/completions`` (api ``completions``) or ``/v1/chat/completions`` (``chat``)
         with ``body`` as given (tools, response_format, n, logprobs, …) and this client's
         model; the server's reply is kept whole in ``raw`` (every choice, tool calls)."""
-        payload = {**body, "model": self.model, "stream": False}
+        payload, dropped = request_for_kind(
+            self.kind, api, {**body, "model": self.model, "stream": False}
+        )
         path = "/completions" if api == "completions" else "/chat/completions"
+        if self.kind == "anthropic":
+            path, payload = "/messages", anthropic_api.request_from_chat(api, payload)
         with limiter_slot(self.limiter):
             started = time.monotonic()
             reply = self._request("POST", path, json=payload)
         latency_ms = int((time.monotonic() - started) * 1000)
+        if self.kind == "anthropic" and isinstance(reply, dict):
+            reply = anthropic_api.reply_to_chat(reply)
         if not isinstance(reply, dict):
             # It answered: not down (a rollout's attempt counts; an outage would be forgiven
             # and resumed for as long as the server keeps answering so).
@@ -277,6 +326,8 @@ class PolicyClient:
             model=reply.get("model", self.model),
             raw=reply,
             endpoint=self.shown_url,
+            sampling=sampling_of(payload),
+            dropped=tuple(dropped),
             **_usage(reply),
         )
 
@@ -287,12 +338,16 @@ class PolicyClient:
         last_status: int | None = None
         # Whether the last try got an answer (a body that is not JSON): the server is up.
         answered = False
+        # How long the last answer asked to wait (a rate limit's Retry-After), if it said.
+        retry_after: float | None = None
         for attempt in range(self.retries + 1):
             if attempt:
                 metrics.policy_request_failed(
                     endpoint=self.shown_url, model=self.model, path=path, reason="retried"
                 )
                 delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
+                if retry_after is not None:
+                    delay = min(max(delay, retry_after), self.retry_after_max_s)
                 logger.warning(
                     "policy request %s %s failed (%s); retry %d/%d in %.1fs",
                     method,
@@ -307,28 +362,44 @@ class PolicyClient:
                 response = self._http.request(method, path, **kwargs)
             except TransportError as exc:
                 last_error, last_status, answered = str(exc), None, False
+                retry_after = None
                 continue
+            shown = self._redacted(response.text)
             if response.status in _RETRY_STATUSES:
-                last_error = f"HTTP {response.status}: {response.text[:200]}"
-                last_status, last_reply = response.status, response.text[:500]
+                last_error = f"HTTP {response.status}: {shown[:200]}"
+                last_status, last_reply = response.status, shown[:500]
+                retry_after = response.retry_after_s
                 continue
+            if response.status in (401, 403):
+                # The endpoint's credentials, which the worker sends and no harness chooses:
+                # never the request's fault (an infra_error; the server is up).
+                metrics.policy_request_failed(
+                    endpoint=self.shown_url, model=self.model, path=path, reason="unavailable"
+                )
+                raise PolicyUnavailable(
+                    f"The policy server at {self.shown_url} refused the endpoint's credentials "
+                    f"for {method} {path} (HTTP {response.status}: {shown[:300]}). Set the "
+                    "endpoint's API key in the admin (Policy endpoints).",
+                    endpoint_down=False,
+                )
             if response.status >= 400:
                 metrics.policy_request_failed(
                     endpoint=self.shown_url, model=self.model, path=path, reason="rejected"
                 )
                 raise PolicyRequestRejected(
                     f"The policy server at {self.shown_url} rejected {method} {path} with "
-                    f"HTTP {response.status}: {response.text[:500]}",
+                    f"HTTP {response.status}: {shown[:500]}",
                     status=response.status,
-                    reply=response.text[:500],
+                    reply=shown[:500],
                 )
             if text:
-                return response.text
+                return shown
             try:
                 return response.json()
             except ValueError:
-                last_error = f"response is not JSON: {response.text[:200]!r}"
+                last_error = f"response is not JSON: {shown[:200]!r}"
                 last_status, answered = None, True
+                retry_after = None
                 continue
         gave_up = (
             f"The policy server at {self.shown_url} did not answer {method} {path} after "
@@ -356,6 +427,15 @@ class PolicyClient:
                 "Check that it is running (COEVO_POLICY_URL).",
                 endpoint_down=True,
             )
+        elif status == 429:
+            # A rate limit (a hosted provider's, per key): waited out as it asked, try after
+            # try; what remains is capacity, an infra_error, never the candidate's.
+            error = PolicyUnavailable(
+                f"{gave_up}: rate-limited (HTTP 429), each retry after the wait its "
+                f"Retry-After asked (at most {self.retry_after_max_s:.0f}s). Raise the API "
+                "key's rate limit or lower the endpoint's max_concurrency.",
+                endpoint_down=False,
+            )
         elif status == 500:
             error = PolicyRequestFailed(
                 f"The policy server at {self.shown_url} failed on {method} {path} with HTTP "
@@ -378,6 +458,50 @@ class PolicyClient:
             reason="failed" if isinstance(error, PolicyRequestFailed) else "unavailable",
         )
         return error
+
+    def _redacted(self, text: str) -> str:
+        """``text`` with the endpoint's API key taken out."""
+        return redact_key(text, self._api_key)
+
+
+def server_message(reply: str) -> str:
+    """What an error body says, in the server's own words: OpenAI's and vLLM's
+    ``{"error": {"message"}}``, vLLM's older ``{"message"}``, FastAPI's ``{"detail"}``, or the
+    text as it is."""
+    try:
+        body = json.loads(reply)
+    except ValueError:
+        return reply
+    if isinstance(body, dict):
+        error = body.get("error")
+        for found in (
+            error.get("message") if isinstance(error, dict) else error,
+            body.get("message"),
+            body.get("detail"),
+        ):
+            if isinstance(found, str) and found:
+                return found
+    return reply
+
+
+def key_headers(kind: str, api_key: str) -> dict[str, str]:
+    """The headers that carry an endpoint's API key: Anthropic's ``x-api-key`` (with the
+    ``anthropic-version`` its API requires), else OpenAI's ``Authorization: Bearer`` (vLLM's
+    and llama.cpp's ``--api-key`` read it too). None without a key, but Anthropic's version."""
+    if kind == "anthropic":
+        headers = {"anthropic-version": ANTHROPIC_VERSION}
+        if api_key:
+            headers["x-api-key"] = api_key
+        return headers
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def redact_key(text: str, api_key: str) -> str:
+    """``text`` with every occurrence of ``api_key`` replaced (a key too short to be one is
+    left: replacing a few common characters would garble the text and hide nothing)."""
+    if len(api_key) < 8 or api_key not in text:
+        return text
+    return text.replace(api_key, "[api key]")
 
 
 def _tls_if(base_url: str) -> ssl.SSLContext | None:

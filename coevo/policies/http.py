@@ -20,10 +20,12 @@ Every failure to get a whole reply is a :class:`TransportError`; an HTTP error s
 from __future__ import annotations
 
 import base64
+import email.utils
 import http.client
 import json
 import ssl
 import threading
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -46,6 +48,9 @@ class TransportError(Exception):
 class Reply:
     status: int
     body: bytes
+    # The seconds a 429 or 503 asks the client to wait (its Retry-After header, in seconds or
+    # as an HTTP date); None when it names none or none that parses.
+    retry_after_s: float | None = None
 
     @property
     def text(self) -> str:
@@ -81,6 +86,7 @@ class JsonHttp:
         connect_timeout_s: float = 10.0,
         tls: ssl.SSLContext | None = None,
         max_reply_bytes: int = MAX_REPLY_BYTES,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         parsed = urllib.parse.urlsplit(self.base_url)
@@ -88,6 +94,9 @@ class JsonHttp:
         # Credentials in the URL (``http://user:token@host/v1``) go as Basic auth, as httpx
         # sent them; never in the request line.
         self._authorization = _basic(parsed.username, parsed.password)
+        # Sent with every request (an API key's header); an Authorization here replaces the
+        # URL's credentials.
+        self._headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_reply_bytes = max_reply_bytes
@@ -111,6 +120,7 @@ class JsonHttp:
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if self._authorization:
             headers["Authorization"] = self._authorization
+        headers.update(self._headers)
         body = None
         if json is not None:
             body = _json_body(json)
@@ -129,7 +139,11 @@ class JsonHttp:
                 connection.close()
                 connection, reused = self._new(), False
                 response = self._exchange(connection, method, target, body, headers, timeout)
-            reply = Reply(response.status, self._read(response))
+            reply = Reply(
+                response.status,
+                self._read(response),
+                retry_after_s=retry_after_seconds(response.getheader("Retry-After")),
+            )
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
             raise TransportError(_describe(exc)) from exc
@@ -244,6 +258,25 @@ def _basic(username: str | None, password: str | None) -> str:
         return ""
     user, secret = urllib.parse.unquote(username), urllib.parse.unquote(password or "")
     return "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header's wait in seconds (RFC 9110: delay-seconds or an HTTP date), at
+    least 0; None for no header or one that is neither."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def url_without_credentials(url: str) -> str:

@@ -114,6 +114,9 @@ class Child:
     name: str
     lora: Path | None
     log_path: Path
+    # The adapter's path as its load named it: listed as its ``root`` in /v1/models, as vLLM
+    # lists an adapter's path (coevo compares it to tell a stale adapter from the one it wants).
+    source: str = ""
     port: int = 0
     process: subprocess.Popen | None = None
     # starting: being (re)started; ready: answered /v1/models; failed: its start failed.
@@ -204,15 +207,28 @@ class ChildPool:
                 child.in_flight -= 1
                 child.last_used = time.monotonic()
 
-    def adapter_load(self, *, name: str, lora: Path) -> str:
+    def adapter_load(
+        self, *, name: str, lora: Path, source: str = "", inplace: bool = False
+    ) -> str:
         """Start a child serving the base with ``lora`` as ``name`` and wait until it serves;
-        evicts the least recently used idle adapter when all --max-adapters are taken."""
+        evicts the least recently used idle adapter when all --max-adapters are taken.
+
+        A name already loaded is refused (400), as vLLM refuses it, unless ``inplace`` (vLLM's
+        ``load_inplace``): then the new weights replace it under the same name (its requests
+        meanwhile get 503 until they serve; the old child stops once its requests are
+        answered). ``source``: the path as the request named it, listed as the adapter's root.
+        """
         evicted: Child | None = None
+        replaced: Child | None = None
         with self._lock:
             if self._closing:
                 raise Refused(503, "The llama.cpp host is stopping.")
             existing = self._children.get(name)
-            if existing is None:
+            if existing is not None and inplace:
+                replaced, existing = existing, None
+                child = self._child(name, lora=lora, source=source)
+                self._children[name] = child
+            elif existing is None:
                 adapters = [c for c in self._children.values() if c.lora is not None]
                 if len(adapters) >= self.config.max_adapters:
                     idle = [c for c in adapters if c.in_flight == 0 and c.state != "starting"]
@@ -225,18 +241,26 @@ class ChildPool:
                         )
                     evicted = min(idle, key=lambda c: c.last_used)
                     del self._children[evicted.name]
-                child = self._child(name, lora=lora)
+                child = self._child(name, lora=lora, source=source)
                 self._children[name] = child
         if existing is not None:
-            # A load of the same name under way (another worker's): answer once it settles, as
-            # vLLM answers a second load, so the caller checks /v1/models and finds it there.
+            # A second load of a name (another worker's, under way or done): answered once the
+            # first settles, with vLLM's refusal, so the caller checks /v1/models and finds it.
             existing.settled.wait(self.config.start_timeout_s)
             if existing.state == "failed":
                 raise Refused(400, _load_failed(name))  # its reason was logged as it failed
-            raise Refused(400, f"The lora adapter '{name}' has already been loaded.")
+            raise Refused(
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                "adapter in place, set 'load_inplace' to True.",
+                param="lora_name",
+            )
         if evicted is not None:
             logger.info("evicting adapter %s (least recently used) to load %s", evicted.name, name)
             self._stop(evicted)
+        if replaced is not None:
+            logger.info("replacing adapter %s in place (load_inplace)", name)
+            threading.Thread(target=self._stop_when_idle, args=(replaced,), daemon=True).start()
         self._start(child)
         if child.state != "ready":
             with self._lock:
@@ -288,8 +312,10 @@ class ChildPool:
 
     # --- processes ---------------------------------------------------------------------------
 
-    def _child(self, name: str, *, lora: Path | None) -> Child:
-        return Child(name=name, lora=lora, log_path=self.config.log_dir / f"{name}.log")
+    def _child(self, name: str, *, lora: Path | None, source: str = "") -> Child:
+        return Child(
+            name=name, lora=lora, log_path=self.config.log_dir / f"{name}.log", source=source
+        )
 
     def argv(self, child: Child) -> list[str]:
         """The child's command: llama_cpp.server's flags (llama_cpp/server/settings.py)."""

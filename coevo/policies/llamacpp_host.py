@@ -7,13 +7,16 @@ GGUF model and any LoRA adapter loaded at run time.
 It speaks vLLM's runtime-LoRA API, so coevo loads, routes and unloads adapters on it exactly as
 on vLLM (coevo/policies/services.py, policy_adapter_ensure):
 
-- ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}``: ``lora_path`` is an installed
-  adapter directory (its ``adapter.gguf`` is loaded) or a ``.gguf`` file inside
-  ``--adapter-root``; answers once the adapter serves (200, text) or why not (400/503, JSON),
+- ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace"}``: ``lora_path``
+  is an installed adapter directory (its ``adapter.gguf`` is loaded) or a ``.gguf`` file inside
+  ``--adapter-root``; a name already loaded is refused (400, vLLM's message) unless
+  ``load_inplace`` is true, which replaces its weights under the same name;
+  answers once the adapter serves (200, text) or why not (400/503, JSON),
   except that why a path was refused, or why llama.cpp could not load a file, goes only to
   the host's log: the caller learns nothing of the host's files.
 - ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``.
-- ``GET /v1/models``: the base alias and the loaded adapters (``parent``: the base);
+- ``GET /v1/models``: the base alias and the loaded adapters (``parent``: the base; ``root``:
+  the path its load named, as vLLM lists it);
   ``GET /health``: 200 while the base model serves.
 - ``POST /v1/completions`` and ``/v1/chat/completions``: to the child serving the body's
   ``model`` (the base when absent; 404 in OpenAI's error format for a name not served).
@@ -141,7 +144,9 @@ class _Handler(BaseHTTPRequestHandler):
                     "id": child.name,
                     "object": "model",
                     "owned_by": "coevo",
-                    "root": str(child.lora or pool.config.model),
+                    # An adapter's path as its load named it (vLLM's ``root``), never the
+                    # file the host resolved it to.
+                    "root": child.source if child.lora is not None else str(pool.config.model),
                     "parent": alias if child.lora is not None else None,
                     # What the client's server_info reads (OpenRouter's name for it too).
                     "context_length": pool.config.n_ctx,
@@ -213,10 +218,11 @@ class _Handler(BaseHTTPRequestHandler):
         name = _name(body)
         if name == self.server.pool.config.alias:
             raise Refused(400, f"`{name}` is the base model's name: give the adapter another.")
-        lora = adapter_file_resolve(
-            root=self.server.adapter_root, path=str(body.get("lora_path") or "")
+        source = str(body.get("lora_path") or "")
+        lora = adapter_file_resolve(root=self.server.adapter_root, path=source)
+        return self.server.pool.adapter_load(
+            name=name, lora=lora, source=source, inplace=body.get("load_inplace") is True
         )
-        return self.server.pool.adapter_load(name=name, lora=lora)
 
     def _forward(
         self, model: str, raw: bytes, degraded: list[dict[str, str]] | None = None

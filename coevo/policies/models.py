@@ -7,9 +7,17 @@ from coevo.db import TimeStampedModel
 
 
 class EndpointKind(models.TextChoices):
+    """What serves an endpoint, which decides what its requests carry (one table per kind:
+    coevo/policies/request_tables.py) and how its API key is sent."""
+
     VLLM = "vllm", "vLLM"
     LLAMACPP = "llamacpp", "llama.cpp"
+    # Any server that speaks OpenAI's API: a hosted provider (OpenRouter, Together, Fireworks),
+    # a company gateway, a server of another make.
     OPENAI_COMPATIBLE = "openai-compatible", "OpenAI-compatible"
+    OPENAI = "openai", "OpenAI API"
+    # Anthropic's native Messages API (POST /v1/messages).
+    ANTHROPIC = "anthropic", "Anthropic API"
 
 
 # The endpoint kinds that load a trained LoRA adapter at run time (vLLM's runtime-LoRA API):
@@ -38,9 +46,17 @@ class PolicyEndpoint(TimeStampedModel):
     consecutive_failures = models.PositiveIntegerField(default=0)
     # When it last failed (None: never), for operators; routing is round robin among the healthy.
     failed_at = models.DateTimeField(null=True, blank=True)
+    # The API key, as a Fernet token made with COEVO_SECRETS_KEY (coevo/policies/secrets.py);
+    # "" for none. Written only by policy_endpoint_api_key_set/_revoke, never shown.
+    api_key_encrypted = models.TextField(blank=True, default="", editable=False)
+    api_key_set_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.base_url})"
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self.api_key_encrypted)
 
 
 class PolicyVersion(TimeStampedModel):

@@ -13,10 +13,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from coevo.audit.services import audit_record
 from coevo.errors import (
     AdapterLoadFailed,
     InvalidInput,
@@ -24,7 +26,13 @@ from coevo.errors import (
     PolicyRequestRejected,
     PolicyUnavailable,
 )
-from coevo.policies.client import PolicyClient, Route, RoutedPolicyClient, normalize_base_url
+from coevo.policies.client import (
+    PolicyClient,
+    Route,
+    RoutedPolicyClient,
+    normalize_base_url,
+    server_message,
+)
 from coevo.policies.concurrency import EndpointLimiter
 from coevo.policies.models import (
     ADAPTER_ENDPOINT_KINDS,
@@ -33,6 +41,7 @@ from coevo.policies.models import (
     PolicyEndpoint,
     PolicyVersion,
 )
+from coevo.policies.secrets import MAX_API_KEY_CHARS, secret_decrypt, secret_encrypt
 
 logger = logging.getLogger(__name__)
 
@@ -192,11 +201,82 @@ def policy_client_for(*, version: PolicyVersion, holder: str = "") -> RoutedPoli
     return RoutedPolicyClient(routes, model=version.served_name, unavailable=unavailable)
 
 
-def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int, holder: str) -> Route:
-    client = PolicyClient(
+def policy_client_for_endpoint(
+    *,
+    endpoint: PolicyEndpoint,
+    model: str,
+    timeout_s: float | None = None,
+    retries: int | None = None,
+    limiter: EndpointLimiter | None = None,
+) -> PolicyClient:
+    """A client for one endpoint: its kind's request table and its API key (decrypted here,
+    in the process that sends; SecretUnreadable when COEVO_SECRETS_KEY cannot read it)."""
+    return PolicyClient(
         endpoint.base_url,
+        model=model,
+        timeout_s=settings.COEVO_POLICY_TIMEOUT_S if timeout_s is None else timeout_s,
+        retries=settings.COEVO_POLICY_RETRIES if retries is None else retries,
+        limiter=limiter,
+        kind=endpoint.kind,
+        api_key=secret_decrypt(token=endpoint.api_key_encrypted),
+    )
+
+
+def policy_endpoint_api_key_set(
+    *, endpoint: PolicyEndpoint, api_key: str, actor: AbstractBaseUser | None
+) -> None:
+    """Store (or rotate) the endpoint's API key, encrypted, and audit it; the event says that
+    a key was set or replaced, never what it is."""
+    api_key = api_key.strip()
+    if not api_key or len(api_key) > MAX_API_KEY_CHARS:
+        raise InvalidInput(f"An API key is 1 to {MAX_API_KEY_CHARS} characters.")
+    if any(ch.isspace() or not ch.isprintable() for ch in api_key):
+        # It goes into an HTTP header: a line break there would end the header.
+        raise InvalidInput("An API key holds no spaces, line breaks or control characters.")
+    token = secret_encrypt(plain=api_key)
+    with transaction.atomic():
+        endpoint = PolicyEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        had = endpoint.has_api_key
+        PolicyEndpoint.objects.filter(pk=endpoint.pk).update(
+            api_key_encrypted=token, api_key_set_at=timezone.now()
+        )
+        audit_record(
+            actor=actor,
+            project=None,
+            action="policyendpoint.api_key_rotated" if had else "policyendpoint.api_key_set",
+            target=endpoint,
+            before={"api_key": "set" if had else "not set"},
+            after={"api_key": "set"},
+        )
+
+
+def policy_endpoint_api_key_revoke(
+    *, endpoint: PolicyEndpoint, actor: AbstractBaseUser | None
+) -> bool:
+    """Forget the endpoint's API key (its requests go without one) and audit it; False when
+    it had none."""
+    with transaction.atomic():
+        endpoint = PolicyEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        if not endpoint.has_api_key:
+            return False
+        PolicyEndpoint.objects.filter(pk=endpoint.pk).update(
+            api_key_encrypted="", api_key_set_at=None
+        )
+        audit_record(
+            actor=actor,
+            project=None,
+            action="policyendpoint.api_key_revoked",
+            target=endpoint,
+            before={"api_key": "set"},
+            after={"api_key": "not set"},
+        )
+    return True
+
+
+def _route(*, endpoint: PolicyEndpoint, version: PolicyVersion, retries: int, holder: str) -> Route:
+    client = policy_client_for_endpoint(
+        endpoint=endpoint,
         model=version.served_name,
-        timeout_s=settings.COEVO_POLICY_TIMEOUT_S,
         retries=retries,
         limiter=EndpointLimiter(
             endpoint_id=str(endpoint.id),
@@ -263,7 +343,9 @@ def _probe(endpoint: PolicyEndpoint, timeout_s: float) -> tuple[bool, str, int]:
     """(answered, error, latency in ms) of the endpoint's health probe (``GET /v1/models``,
     one try, short timeout): the same probe a client asks when a request keeps failing."""
     started = time.monotonic()
-    with PolicyClient(endpoint.base_url, model="", timeout_s=timeout_s, retries=0) as client:
+    with policy_client_for_endpoint(
+        endpoint=endpoint, model="", timeout_s=timeout_s, retries=0
+    ) as client:
         health = client.health(timeout_s=timeout_s)
         shown = client.shown_url
     if not health.up:
@@ -311,10 +393,14 @@ def policy_adapter_ensure(
     """Make sure the version's adapter is loaded on a vLLM or llama.cpp endpoint (the coevo
     llama.cpp host); True if it loaded it now.
 
-    ``/v1/models`` lists it → nothing to do; else ``POST /v1/load_lora_adapter`` and verify via
-    ``/v1/models``. The last use is recorded first, so the idle unloader never takes an adapter
-    a rollout is about to use. Raises AdapterLoadFailed (an infra error) naming the adapter and
-    the server's message.
+    ``/v1/models`` lists it from its path → nothing to do (vLLM refuses to load a name it
+    serves); lists the name from another path (stale weights: the version's adapter was
+    re-installed elsewhere) → load it in place (``load_inplace``); does not list it →
+    ``POST /v1/load_lora_adapter``. Then verify via ``/v1/models``. A refused load is checked
+    against ``/v1/models`` again: another worker may have loaded it a moment ago (vLLM's 400
+    "has already been loaded"). The last use is recorded first, so the idle unloader never takes
+    an adapter a rollout is about to use. Raises AdapterLoadFailed (an infra error) naming the
+    adapter and the server's message.
     """
     if not version.has_adapter:
         return False
@@ -326,21 +412,23 @@ def policy_adapter_ensure(
         defaults={"adapter_path": path, "last_used_at": timezone.now()},
     )
     own = client is None
-    client = client or PolicyClient(
-        endpoint.base_url, model=name, timeout_s=settings.COEVO_POLICY_TIMEOUT_S, retries=1
-    )
+    client = client or policy_client_for_endpoint(endpoint=endpoint, model=name, retries=1)
     try:
-        if name in client.models():
+        listed = client.lora_paths()
+        if _loaded_from(listed, name, path):
             return False
         try:
-            message = client.lora_load(name=name, path=path)
+            message = client.lora_load(name=name, path=path, replace=name in listed)
         except (PolicyRequestRejected, PolicyUnavailable) as exc:
-            # Another worker may have loaded it a moment ago (vLLM answers 400 "already loaded").
-            if name in client.models():
+            if _loaded_from(client.lora_paths(), name, path):
                 return False
+            said = str(exc)
+            if isinstance(exc, PolicyRequestRejected):
+                # The server's own words (vLLM's JSON body read), with its status.
+                said = f"HTTP {exc.status}: {server_message(exc.reply)}"
             raise AdapterLoadFailed(
                 f"Could not load the LoRA adapter {name!r} ({path}) of policy version "
-                f"{version.name} on {endpoint.name}: {exc}. {fix}"
+                f"{version.name} on {endpoint.name}: {said}. {fix}"
             ) from exc
         if name not in client.models():
             raise AdapterLoadFailed(
@@ -354,6 +442,12 @@ def policy_adapter_ensure(
             client.close()
 
 
+def _loaded_from(listed: dict[str, str], name: str, path: str) -> bool:
+    """Whether the server lists adapter ``name`` loaded from ``path`` (or from a path it does
+    not say: a server that lists no roots is taken at its word)."""
+    return name in listed and listed[name] in ("", path)
+
+
 def policy_adapters_unload_idle(*, now: datetime | None = None) -> list[str]:
     """Unload adapters not used for COEVO_ADAPTER_IDLE_S; returns ``name@endpoint`` of each."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.COEVO_ADAPTER_IDLE_S)
@@ -363,7 +457,7 @@ def policy_adapters_unload_idle(*, now: datetime | None = None) -> list[str]:
         if not LoadedAdapter.objects.filter(pk=loaded.pk, last_used_at__lt=cutoff).delete()[0]:
             continue
         endpoint = loaded.endpoint
-        client = PolicyClient(endpoint.base_url, model="", timeout_s=30, retries=1)
+        client = policy_client_for_endpoint(endpoint=endpoint, model="", timeout_s=30, retries=1)
         try:
             client.lora_unload(name=loaded.adapter_name)
         except (PolicyUnavailable, PolicyRequestFailed) as exc:

@@ -21,6 +21,14 @@ from tests.support.browser import browser, page  # noqa: F401
 from tests.support.net import free_port
 
 
+@pytest.fixture(autouse=True)
+def _llamacpp_kind(settings):
+    """The endpoint these tests register is the llama.cpp host: its kind's request table
+    (coevo/policies/request_tables.py) sends llama.cpp's own knobs at their neutral values,
+    as the demo's endpoint does."""
+    settings.COEVO_POLICY_KIND = "llamacpp"
+
+
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory):
     model = base_model_gguf(DEFAULT_MODEL_ALIAS)

@@ -104,6 +104,49 @@ def test_it_skips_loading_an_adapter_that_is_already_listed(adapter_version, vll
     assert lora_calls(vllm) == []
 
 
+def test_it_never_loads_again_an_adapter_the_server_lists_from_its_path(adapter_version, vllm):
+    """vLLM answers 400 to a second load of a name it serves: coevo asks /v1/models first, for
+    every route's first request and after an unloaded adapter's 404 alike."""
+    with policy_client_for(version=adapter_version) as client:
+        client.complete("first", Sampling(max_tokens=4))
+    with policy_client_for(version=adapter_version) as client:
+        client.complete("second", Sampling(max_tokens=4))
+
+    assert lora_calls(vllm) == [("/v1/load_lora_adapter", "ft1")]
+    loads = [r for r in vllm.requests if r["path"] == "/v1/load_lora_adapter"]
+    assert "load_inplace" not in loads[0]
+
+
+def test_it_loads_new_weights_in_place_of_a_name_listed_from_another_path(adapter_version, vllm):
+    """The server serves the name from another path (the version's adapter was installed
+    again elsewhere): a plain load would get vLLM's 400 and leave the old weights answering."""
+    vllm.adapters["ft1"] = "/adapters/old/ft1"
+
+    loaded = policy_adapter_ensure(endpoint=adapter_version.endpoint, version=adapter_version)
+
+    assert loaded is True
+    loads = [r for r in vllm.requests if r["path"] == "/v1/load_lora_adapter"]
+    assert loads == [
+        {
+            "path": "/v1/load_lora_adapter",
+            "lora_name": "ft1",
+            "lora_path": adapter_version.adapter_path,
+            "load_inplace": True,
+        }
+    ]
+    assert vllm.adapters == {"ft1": adapter_version.adapter_path}
+
+
+def test_a_load_refused_because_another_worker_just_loaded_it_is_no_failure(adapter_version, vllm):
+    vllm.race = True
+
+    loaded = policy_adapter_ensure(endpoint=adapter_version.endpoint, version=adapter_version)
+
+    assert loaded is False
+    assert vllm.adapters == {"ft1": adapter_version.adapter_path}
+    assert lora_calls(vllm) == [("/v1/load_lora_adapter", "ft1")]
+
+
 def test_it_fails_with_the_adapter_name_and_the_servers_message(adapter_version, vllm):
     adapter_version.adapter_path = "/nowhere/ft1"
 
@@ -112,6 +155,8 @@ def test_it_fails_with_the_adapter_name_and_the_servers_message(adapter_version,
 
     message = str(failure.value)
     assert "'ft1'" in message and "No adapter found for /nowhere/ft1" in message
+    # vLLM's own words, not its JSON body.
+    assert '{"error"' not in message
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in message and "--enable-lora" in message
 
 

@@ -130,7 +130,6 @@ def test_it_sends_the_model_the_prompt_and_every_sampling_parameter(client, scri
         "max_tokens": 64,
         "temperature": 0.3,
         "top_p": 0.9,
-        "repeat_penalty": 1.0,
         "frequency_penalty": 0.0,
         "presence_penalty": 0.0,
         "stop": ["\ndef ", "\n#"],
@@ -143,11 +142,11 @@ def test_it_sends_explicit_defaults_rather_than_the_servers(client, scripted_pol
     client.complete("x", Sampling())
 
     (request,) = scripted_policy.requests
-    # llama.cpp would otherwise use max_tokens 16 and repeat_penalty 1.1.
+    # llama.cpp would otherwise use max_tokens 16 (what each kind adds of its own:
+    # test_request_tables.py).
     assert request["max_tokens"] == 256
     assert request["temperature"] == 0.0
     assert request["top_p"] == 1.0
-    assert request["repeat_penalty"] == 1.0
     assert "stop" not in request
     assert "seed" not in request
 
@@ -188,7 +187,8 @@ def test_it_chats_with_messages(client, scripted_policy):
     assert request["path"] == "/v1/chat/completions"
     assert request["messages"] == messages
     assert (request["model"], request["max_tokens"], request["seed"]) == ("scripted", 8, 1)
-    assert request["repeat_penalty"] == 1.0
+    # llama.cpp's knob, which an OpenAI-compatible server of another make may refuse.
+    assert "repeat_penalty" not in request
 
 
 def test_it_treats_missing_usage_as_zero_tokens(sequence_server, make_client):
@@ -311,7 +311,7 @@ def test_it_gives_up_on_answers_that_are_never_json(sequence_server, make_client
     assert not caught.value.endpoint_down  # it answered
 
 
-@pytest.mark.parametrize("status", [400, 401, 404, 422])
+@pytest.mark.parametrize("status", [400, 404, 422])
 def test_it_rejects_a_client_error_without_retrying(sequence_server, make_client, status):
     server = sequence_server([(status, '{"error": "bad max_tokens"}'), (200, _OK)])
 
@@ -323,6 +323,23 @@ def test_it_rejects_a_client_error_without_retrying(sequence_server, make_client
     assert f"HTTP {status}" in message
     assert "bad max_tokens" in message
     assert "POST /completions" in message
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_credentials_are_the_endpoints_problem_not_the_requests(
+    sequence_server, make_client, status
+):
+    """The worker sends the endpoint's key; no harness chooses it: an infra_error (never the
+    candidate's), without retries, and the server (which answered) is not down."""
+    server = sequence_server([(status, '{"error": {"message": "Incorrect API key"}}')])
+
+    with pytest.raises(PolicyUnavailable) as caught:
+        make_client(server.url).complete("x", Sampling())
+
+    assert not isinstance(caught.value, PolicyRequestRejected)
+    assert not caught.value.endpoint_down
+    assert len(server.requests) == 1
+    assert "Set the endpoint's API key" in str(caught.value)
 
 
 def test_it_rejects_a_path_the_scripted_server_does_not_serve(scripted_policy, make_client):

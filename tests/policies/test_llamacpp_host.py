@@ -71,7 +71,8 @@ def test_it_lists_the_base_and_the_loaded_adapters_as_vllm_does(host):
     data = httpx.get(f"{host.url}/models").json()["data"]
 
     assert [(m["id"], m["parent"]) for m in data] == [("base-model", None), ("ft1", "base-model")]
-    assert data[1]["root"] == str((ft1 / "adapter.gguf").resolve())
+    # The path as the load named it, as vLLM lists it (never the file the host resolved).
+    assert data[1]["root"] == str(ft1)
     assert httpx.get(host.url.removesuffix("/v1") + "/health").status_code == 200
 
     unloaded = post(host, "/v1/unload_lora_adapter", {"lora_name": "ft1"})
@@ -171,7 +172,35 @@ def test_it_refuses_a_second_load_of_a_name_as_vllm_does(host):
 
     again = load(host, "ft1", str(ft1))
 
-    assert again.status_code == 400 and "already been loaded" in again.text
+    assert again.status_code == 400
+    assert again.json()["error"]["message"] == (
+        "The lora adapter 'ft1' has already been loaded. If you want to load the adapter in "
+        "place, set 'load_inplace' to True."
+    )
+    assert again.json()["error"]["param"] == "lora_name"
+
+
+def test_a_load_in_place_replaces_the_adapters_weights_under_its_name(host):
+    ft1 = make_gguf_adapter(host.adapter_root, "ft1")
+    retrained = make_gguf_adapter(host.adapter_root, "ft1-retrained")
+    load(host, "ft1", str(ft1))
+    assert text(complete(host, "ft1")) == "from ft1 + adapter.gguf"
+    old = next(c for c in host.pool.ready() if c.name == "ft1")
+
+    replaced = post(
+        host,
+        "/v1/load_lora_adapter",
+        {"lora_name": "ft1", "lora_path": str(retrained), "load_inplace": True},
+    )
+
+    assert replaced.status_code == 200, replaced.text
+    data = httpx.get(f"{host.url}/models").json()["data"]
+    assert [(m["id"], m["root"]) for m in data[1:]] == [("ft1", str(retrained))]
+    assert text(complete(host, "ft1")) == "from ft1 + adapter.gguf"
+    child = next(c for c in host.pool.ready() if c.name == "ft1")
+    assert child.lora == (retrained / "adapter.gguf").resolve()
+    # The old weights' process ends once idle.
+    wait_for(lambda: old.exited() is not None)
 
 
 def test_an_adapter_llama_cpp_cannot_load_is_refused_and_its_log_kept_for_the_operator(

@@ -14,10 +14,15 @@ CORRECT = "    return number % 1.0\n"
 
 
 def humaneval_rollout(
-    harness: Path, url: str, *, knobs: dict | None = None, test: str | None = None
+    harness: Path,
+    url: str,
+    *,
+    knobs: dict | None = None,
+    test: str | None = None,
+    kind: str = "openai-compatible",
 ):
-    """Run ``harness`` on HumanEval/2 against the policy at ``url``; ``test`` replaces the
-    hidden tests."""
+    """Run ``harness`` on HumanEval/2 against the policy at ``url`` (an endpoint of ``kind``);
+    ``test`` replaces the hidden tests."""
     inputs = RolloutInputs(
         harness_dir=harness,
         task_key=PROBLEM.task_id,
@@ -28,7 +33,7 @@ def humaneval_rollout(
         seed=7,
         wall_time_s=60,
     )
-    with PolicyClient(url, model="scripted", retries=1, backoff_s=0.01) as client:
+    with PolicyClient(url, model="scripted", retries=1, backoff_s=0.01, kind=kind) as client:
         return execute_rollout(
             inputs,
             policy=client,

@@ -1,8 +1,9 @@
 """A test server speaking vLLM's runtime LoRA endpoints, beside the scripted OpenAI server.
 
 It answers like ``vllm serve BASE --enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``:
-``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` answers plain text on success, a
-JSON error (400) when the name is already loaded or the path holds no adapter;
+``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace"}`` answers plain
+text on success, a JSON error (400, vLLM's body and words) when the name is already loaded
+(unless ``load_inplace`` is true: then the new path replaces it) or the path holds no adapter;
 ``POST /v1/unload_lora_adapter`` ``{"lora_name"}`` answers 404 for an unknown name;
 ``GET /v1/models`` lists the base model and each loaded adapter with ``parent`` (the base) and
 ``root`` (its path); completions for a model name that is not loaded answer 404. With
@@ -32,6 +33,9 @@ class VLLMPolicy(ScriptedPolicy):
     # Accept a load but do not list the adapter afterwards (a server that misbehaves).
     forget_loads: bool = False
     adapter_default: str | None = None
+    # A load that loses a race: just before it arrives, another worker's load of the same name
+    # (and path) is done, so this one gets vLLM's "already loaded" 400.
+    race: bool = False
 
     def reply_for_request(self, text: str, model: str | None) -> str:
         if self.adapter_default is not None and model in self.adapters:
@@ -55,8 +59,9 @@ def _adapter_problem(path: str) -> str:
     return ""
 
 
-def _error(message: str, code: int) -> dict[str, Any]:
-    return {"object": "error", "message": message, "type": "BadRequestError", "code": code}
+def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, Any]:
+    """vLLM's error body (its ErrorResponse, as vLLM answered here in 2026: nested)."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 class _VLLMHandler(_Handler):
@@ -96,9 +101,14 @@ class _VLLMHandler(_Handler):
             with policy._lock:
                 if self.path == "/v1/load_lora_adapter":
                     path = body.get("lora_path") or ""
-                    if name in policy.adapters:
-                        msg = f"The lora adapter '{name}' has already been loaded."
-                        self._json(400, _error(msg, 400))
+                    if policy.race:
+                        policy.adapters[name], policy.race = path, False
+                    if name in policy.adapters and body.get("load_inplace") is not True:
+                        msg = (
+                            f"The lora adapter '{name}' has already been loaded. If you want "
+                            "to load the adapter in place, set 'load_inplace' to True."
+                        )
+                        self._json(400, _error(msg, 400, "InvalidUserInput"))
                     elif problem := _adapter_problem(path):
                         msg = f"Loading lora {name} failed: {problem}"
                         self._json(400, _error(msg, 400))

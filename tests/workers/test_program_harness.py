@@ -48,7 +48,14 @@ def program(tmp_path: Path, files: dict[str, str], *, command: str, limits: str 
     return harness
 
 
-def rollout(harness: Path, url: str, *, expected: str = "yes", knobs: dict | None = None):
+def rollout(
+    harness: Path,
+    url: str,
+    *,
+    expected: str = "yes",
+    knobs: dict | None = None,
+    kind: str = "openai-compatible",
+):
     inputs = RolloutInputs(
         harness_dir=harness,
         task_key="q1",
@@ -63,7 +70,7 @@ def rollout(harness: Path, url: str, *, expected: str = "yes", knobs: dict | Non
         passed = answer == expected
         return Verdict(passed=passed, score=float(passed), detail=f"answer {answer!r}")
 
-    with PolicyClient(url, model="scripted", retries=0, backoff_s=0.01) as client:
+    with PolicyClient(url, model="scripted", retries=0, backoff_s=0.01, kind=kind) as client:
         return execute_rollout(inputs, policy=client, verify=verify)
 
 
@@ -176,6 +183,24 @@ def test_a_request_the_policy_server_fails_on_gets_an_error_the_program_recovers
     assert [("rejected" in call) for call in calls] == [False, True, False]
     assert "HTTP 500" in calls[1]["rejected"] and calls[1]["tool_choice"] == "required"
     assert [r.get("tool_choice") for r in server.policy.requests] == [None, "required", None]
+
+
+def test_a_boundary_call_records_the_sampling_the_endpoints_kind_applied(tmp_path, server):
+    """The program names no top_k; a vLLM endpoint gets it (and its other knobs) explicitly,
+    never llama.cpp's repeat_penalty, and the step records what was sent, and what of the
+    request the kind does not take."""
+    harness = program(tmp_path, {"ask.py": ASK}, command='["python3", "ask.py"]')
+
+    result = rollout(harness, server.url, kind="vllm")
+
+    assert result.outcome == Outcome.PASSED, result.detail
+    (request,) = server.policy.requests
+    (call,) = steps(result, "model_call")
+    assert (request["top_k"], request["min_p"], request["repetition_penalty"]) == (0, 0.0, 1.0)
+    assert "repeat_penalty" not in request
+    assert call["sampling"] == {
+        k: v for k, v in request.items() if k not in ("path", "messages", "model", "stream")
+    }
 
 
 @pytest.mark.parametrize(

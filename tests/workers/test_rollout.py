@@ -74,7 +74,7 @@ def test_it_sends_knob_values_as_explicit_sampling_parameters(scripted_policy):
     for request in scripted_policy.requests:
         assert request["max_tokens"] == 64
         assert request["temperature"] == 0.6  # sample_temperature, since samples > 1
-        assert request["repeat_penalty"] == 1.0
+        assert request["frequency_penalty"] == 0.0
         assert "\ndef " in request["stop"]
     assert len({r["seed"] for r in scripted_policy.requests}) == 3
 

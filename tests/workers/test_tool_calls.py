@@ -129,7 +129,7 @@ def test_it_runs_the_harness_tool_on_the_models_call_and_sends_the_result_back(
     assert all(r["tools"] == [CALCULATOR] for r in requests)
     assert "tool_choice" not in requests[0]
     # The explicit sampling parameters go with the tools, as on every call.
-    assert requests[0]["max_tokens"] == 64 and requests[0]["repeat_penalty"] == 1.0
+    assert requests[0]["max_tokens"] == 64 and requests[0]["frequency_penalty"] == 0.0
     assert requests[0]["seed"] == 5 and requests[0]["model"] == "scripted"
     assert requests[1]["messages"] == [
         {"role": "user", "content": QUESTION},
@@ -286,7 +286,6 @@ def test_it_sends_a_chat_without_tools_as_before(scripted_policy, tmp_path):
             "max_tokens",
             "temperature",
             "top_p",
-            "repeat_penalty",
             "frequency_penalty",
             "presence_penalty",
             "seed",

@@ -58,7 +58,7 @@ from coevo.policies.client import (
     normalize_base_url,
 )
 from coevo.policies.models import EndpointKind, PolicyEndpoint
-from coevo.policies.services import policy_client_for
+from coevo.policies.services import policy_client_for, policy_client_for_endpoint
 from harness_store.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_files, candidate_read_file
@@ -435,11 +435,10 @@ def proposer_client(
         client.model = options.get("model", version.served_name)
         return client, "(the policy endpoint)"
     endpoint = llm_patch_endpoint(options=options)  # again: it may be gone since
-    client = PolicyClient(
-        endpoint.base_url,
+    client = policy_client_for_endpoint(
+        endpoint=endpoint,
         model=options.get("model", version.served_name),
         timeout_s=options.get("timeout_s", 240),
-        retries=settings.COEVO_POLICY_RETRIES,
     )
     return client, endpoint.name
 
