@@ -2,8 +2,8 @@
 
 - **image build**, cold (a Dockerfile whose ``RUN apt-get install`` no layer cache holds: a
   fresh nonce before it) and cached (the same content again);
-- **container start and stop**: ``Workspace.for_task`` on a built image (image lookup, /app
-  copied out of it, the container started) and ``close`` (removed), p50 and p95;
+- **container start and stop**: ``Workspace.for_task`` on a built image (image lookup, the
+  container started with /app a volume the engine fills from the image) and ``close`` (removed), p50 and p95;
 - **overhead per rollout** at ``--in-flight`` rollouts at once (16 and 64 by default), for the
   same harness on the same task in bubblewrap and in its container: a ``run(task, ctx)``
   harness that runs one command through the exec helper and edits a file, no model call; the

@@ -574,14 +574,26 @@ def test_the_operator_can_verify_on_the_image_with_the_agents_app_only(workspace
     ],
     ids=["absolute", "relative", "nested"],
 )
-def test_a_hostile_images_links_out_of_app_are_refused(base_image, image_map, links):
+def test_a_hostile_images_links_out_of_app_are_links_the_worker_never_follows(
+    base_image, image_map, links
+):
+    """The engine fills /app's volume from the image as it is, links included: they lead to
+    the container's own files there, and the worker reads them as links, never through."""
     before = {path: stat_of(path) for path in ("/etc", "/etc/passwd")}
     listed = sorted(os.listdir("/etc"))
+    passwd = Path("/etc/passwd").read_text()
     dockerfile = f"FROM {TASK_BASE}\nWORKDIR /app\nRUN echo ok > /app/ok.txt && {links}\n"
 
-    with pytest.raises(WorkspaceRefused, match="cannot be taken"):
-        Workspace.for_task(inputs(dockerfile=dockerfile))
-
+    workspace = Workspace.for_task(inputs(dockerfile=dockerfile))
+    try:
+        start = workspace.start_tree
+        assert start is not None and start.files["ok.txt"].kind == "file"
+        assert {p for p, f in start.files.items() if f.kind == "symlink"}
+        final = workspace.final()
+        assert all(f.data is None for f in final.files.values() if f.kind == "symlink")
+        assert passwd.splitlines()[0] not in str(workspace.diff(final))
+    finally:
+        workspace.close()
     assert {path: stat_of(path) for path in ("/etc", "/etc/passwd")} == before
     assert sorted(os.listdir("/etc")) == listed
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -36,10 +35,8 @@ FIX = "sed -i 's/a - b/a + b/' /app/repo/calc.py && touch /opt/agent-was-here"
 def bare_container(base_image):
     """A container of the Debian base image (no Python, no Node.js) with the bundle bound."""
     runtime = host_runtime()
-    app = Path(tempfile.mkdtemp(prefix="coevo-test-app-"))
     container = TaskContainer.start(
         base_image,
-        app=app,
         rollout=None,
         cpus=1.0,
         memory_bytes=1024**3,
@@ -49,7 +46,6 @@ def bare_container(base_image):
     )
     yield runtime, container
     container.remove()
-    shutil.rmtree(app, ignore_errors=True)
 
 
 def run_in(container: TaskContainer, argv: list[str]) -> tuple[int, str, str]:

@@ -12,8 +12,10 @@ that runs commands).
 - ``state``: a worker machine's build locks and build logs (COEVO_CONTAINER_DIR).
 - ``run``: ``container_run`` (a command to completion or its timeout, contained and removed),
   ``container_commit`` and ``snapshot_remove``.
-- ``session``: a rollout's task container (``TaskContainer``: the agent phase's commands, its
-  stop and commit) and the image's /app copied out (``image_app_extract``).
+- ``session``: a rollout's task container (``TaskContainer``: /app a volume the engine fills
+  from the image, the agent phase's commands, its stop and commit; ``image_app_check``).
+- ``host_runtime``: the worker's Python and Node.js made to run in any task container, where
+  the harness runs; ``process``: the harness's process there, as the channel sees one.
 
 docs/deployment.md ("The container backend") says how a worker gets an engine, and
 docs/threat-model.md ("Containers") what a container isolates.

@@ -1,17 +1,19 @@
 """A rollout's task container: the container a workspace task's commands run in, alive for the
 whole agent phase (workers/environments/workspace.py, ``Workspace.for_task``).
 
-- **/app** is a directory on the worker's disk, filled from the task image's own ``/app``
-  (``image_app_extract``: whatever its Dockerfile's COPY and RUN steps left there) and bound
-  writable into the container, so the worker keeps watching its size and reads it back
-  without following links, as for a bubblewrap workspace. The rest of the container's files
-  are the image's, and what commands change there (``apt-get install``) stays in the
-  container until the verifier's snapshot of it.
+- **/app** is a volume of the container's own, which the engine fills from the task image's
+  ``/app`` when the container starts (its files as the image's Dockerfile left them: owners,
+  modes, links), and removes with the container. The worker watches its size and reads it
+  back without following links in the volume's directory on this machine's disk
+  (``app_path``), as for a bubblewrap workspace. An image whose /app is a link or a file is
+  refused first (``image_app_check``). The rest of the container's files are the image's,
+  and what commands change there (``apt-get install``) stays in the container until the
+  verifier's snapshot of it.
 - **Commands** (``TaskContainer.exec``) run as the image's root, with the capabilities and
   limits of every coevo container (workers/containers/run.py), to their end, their timeout,
   a cancel or too much output; a command stopped early is killed with every process it
   started that is still its descendant (the kill comes from the worker's side, which sees the
-  container's processes: the engine is local, as the bound /app requires). What escaped its
+  container's processes: the engine is local, as reading /app's volume requires). What escaped its
   command's process tree dies with the container (``stop``).
 - **Stopping** kills the container's PID 1, after which the kernel ends every process of its
   PID namespace: sealing the workspace stops it before anything is read back. It is kept,
@@ -30,15 +32,17 @@ import socket
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker.errors
 from django.conf import settings
+from docker.types import Mount
 
 from workers.containers.engine import (
+    KIND_PROBE,
     KIND_RUN,
     ContainerUnavailable,
     coevo_labels,
@@ -56,7 +60,6 @@ from workers.containers.run import (
     stream_tails,
 )
 from workers.environments.workspace_files import (
-    WorkspaceTooLarge,
     WorkspaceUnreadable,
     spec_bytes,
     tree_validate,
@@ -94,105 +97,51 @@ class ContainerExec:
     cancelled: bool = False
 
 
-def image_app_extract(image: str, target: Path, *, max_files: int, max_bytes: int) -> None:
-    """Copy the image's ``/app`` into ``target`` (an empty directory): directories, regular
-    files and symbolic links, with tarfile's ``data`` filter (no absolute or escaping paths
-    or links, no device files, no setuid bits), with the image's owners and permission bits.
-    An image without /app
-    gives an empty one. Raises WorkspaceTooLarge past the workspace's limits, and
-    WorkspaceUnreadable for an entry the filter refuses."""
+# The engine's file modes (Go's fs.FileMode) in an archive's stat: a directory, a link.
+_MODE_DIR = 1 << 31
+_MODE_SYMLINK = 1 << 27
+# Images whose /app was found a directory (or absent): an image's files never change.
+_APP_CHECKED: set[str] = set()
+
+
+def image_app_check(image: str) -> None:
+    """Refuse an image whose ``/app`` is a link or a file before any container of it runs:
+    the engine would mount the workspace where the link leads (resolved inside the
+    container's root) or fail. No /app is fine (the engine makes an empty one). Raises
+    ImageUnavailable or WorkspaceUnreadable."""
     client = engine_client()
-    with engine_errors("creating a container to read the image's /app"):
+    with engine_errors("looking at the task image"):
         try:
-            created = client.api.create_container(
-                image,
-                entrypoint=["true"],
-                labels=coevo_labels(kind=KIND_RUN),
-                host_config=client.api.create_host_config(network_mode="none"),
-                use_config_proxy=False,
-            )
+            image_id = client.api.inspect_image(image)["Id"]
         except docker.errors.ImageNotFound as exc:
             raise ImageUnavailable(f"the image {image} is not on the Docker engine") from exc
-    container = created["Id"]
+    if image_id in _APP_CHECKED:
+        return
+    with engine_errors("creating a container to look at the image's /app"):
+        created = client.api.create_container(
+            image_id,
+            entrypoint=["true"],
+            labels=coevo_labels(kind=KIND_PROBE),
+            host_config=client.api.create_host_config(network_mode="none"),
+            use_config_proxy=False,
+        )
     try:
         try:
-            with engine_errors("reading the image's /app"):
-                chunks, _ = client.api.get_archive(container, APP)
+            with engine_errors("looking at the image's /app"):
+                chunks, stat = client.api.get_archive(created["Id"], APP)
+                chunks.close()  # the stat is all it needs, not the files
         except docker.errors.NotFound:
-            return
-        files = 0
-        total = 0
-        owners: list[tuple[str, int, int, int, bool]] = []
-        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
-            for member in archive:
-                name = member.name.split("/", 1)[1] if "/" in member.name else ""
-                if not name:
-                    if not member.isdir():  # "app" itself: a link or a file is refused
-                        raise WorkspaceUnreadable(
-                            "the task image's /app is not a directory (a link or a file): "
-                            "coevo binds the workspace there"
-                        )
-                    continue
-                files += 1
-                total += member.size if member.isreg() else 0
-                if files > max_files or total > max_bytes:
-                    raise WorkspaceTooLarge(
-                        f"the task image's /app holds more than {max_files} files or "
-                        f"{max_bytes // 1024**2} MiB (COEVO_WORKSPACE_MAX_FILES/_BYTES)"
-                    )
-                if not (member.isdir() or member.isreg() or member.issym()):
-                    continue  # devices, FIFOs and hard links are not a workspace's
-                member.name = name
-                try:
-                    archive.extract(member, path=target, filter="data")
-                except tarfile.FilterError as exc:
-                    # A link that leads out of /app, an absolute path: the image is hostile.
-                    raise WorkspaceUnreadable(
-                        f"the task image's /app holds {name[:200]!r}, which cannot be taken: {exc}"
-                    ) from None
-                owners.append((name, member.uid, member.gid, member.mode, member.issym()))
-        _owners_restore(target, owners)
+            stat = {"mode": _MODE_DIR}
+        mode = int(stat.get("mode") or 0)
+        if mode & _MODE_SYMLINK or stat.get("linkTarget") or not mode & _MODE_DIR:
+            raise WorkspaceUnreadable(
+                "the task image's /app is not a directory (a link or a file): coevo mounts "
+                "the workspace there"
+            )
     finally:
         with contextlib.suppress(Exception):
-            container_remove(client, container)
-
-
-def _owners_restore(target: Path, owners: list[tuple[str, int, int, int, bool]]) -> None:
-    """Give each entry taken from an image's /app its owner and its permission bits as the
-    image has them (the ``data`` filter gave them to the worker, and took group and other
-    write), without setuid, setgid or sticky bits: root in the container, where the harness and
-    its commands work, sees the files as the image left them (git refuses a repository owned
-    by another user). Links are never followed (their targets are inside ``target``: the filter
-    refused others); modes are set after every entry is in place, as a directory without write
-    permission could not be filled after."""
-    for name, uid, gid, mode, is_link in owners:
-        path = target / name
-        with contextlib.suppress(OSError):
-            os.chown(path, uid, gid, follow_symlinks=False)
-            if not is_link:
-                os.chmod(path, mode & 0o777)
-
-
-class _ChunkReader(io.RawIOBase):
-    """The engine's archive stream (an iterator of byte chunks) as a file for tarfile."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._buffer:
-            try:
-                self._buffer = next(self._chunks)
-            except StopIteration:
-                return 0
-        size = min(len(buffer), len(self._buffer))
-        buffer[:size] = self._buffer[:size]
-        self._buffer = self._buffer[size:]
-        return size
+            container_remove(client, created["Id"])
+    _APP_CHECKED.add(image_id)
 
 
 @dataclass
@@ -204,13 +153,14 @@ class TaskContainer:
     network: bool
     rollout: str | None = None
     stopped: bool = False
+    # Where /app's volume is on this machine's disk: the worker watches and reads it there.
+    app_path: Path | None = None
 
     @classmethod
     def start(
         cls,
         image: str,
         *,
-        app: Path,
         rollout: str | None,
         cpus: float,
         memory_bytes: int,
@@ -218,14 +168,19 @@ class TaskContainer:
         network: bool,
         binds: Mapping[Path, str] | None = None,
     ) -> TaskContainer:
-        """A started container of ``image`` with ``app`` bound at /app, and ``binds`` (the
-        harness's own files: workers/environments/workspace.py) read-only. Raises
-        ImageUnavailable, or ContainerUnavailable when the engine fails or the image cannot
-        keep a container alive (it has no ``sleep``)."""
+        """A started container of ``image`` whose /app is a volume of its own that the engine
+        filled from the image's /app (its files, owners, modes and links as the image has
+        them), with ``binds`` (the harness's own files: workers/environments/workspace.py)
+        read-only. Raises ImageUnavailable, or ContainerUnavailable when the engine fails, the
+        image cannot keep a container alive (it has no ``sleep``), or the volume's files are
+        not on this machine's disk where the worker can read them."""
         client = engine_client()
+        # An anonymous volume: removed with the container (``container_remove``), by the
+        # worker or by ``engine_reap``. The engine copies the image's /app into it.
+        app = Mount(APP, None, type="volume", labels=coevo_labels(kind=KIND_RUN, rollout=rollout))
         host_config = contained_host_config(
             client,
-            mounts=bind_mounts(binds, {app: APP}),
+            mounts=[*bind_mounts(binds, None), app],
             network=network,
             cpus=cpus,
             memory_bytes=memory_bytes,
@@ -249,13 +204,15 @@ class TaskContainer:
             with engine_errors("starting the task's container"):
                 client.api.start(container.id)
             time.sleep(0.05)
-            state = client.api.inspect_container(container.id)["State"]
+            inspected = client.api.inspect_container(container.id)
+            state = inspected["State"]
             if not state.get("Running"):
                 raise ContainerUnavailable(
                     f"the task's container of {image} ended at once (exit {state.get('ExitCode')}"
                     f"{', ' + state['Error'] if state.get('Error') else ''}): coevo keeps it "
                     "alive with `sleep infinity`, which the image must have"
                 )
+            container.app_path = _app_source(inspected)
         except BaseException:
             container.remove()
             raise
@@ -435,6 +392,23 @@ class TaskContainer:
         with contextlib.suppress(Exception):
             container_remove(engine_client(), self.id)
         self.stopped = True
+
+
+def _app_source(inspected: Mapping[str, Any]) -> Path:
+    """The directory of the container's /app volume on this machine, checked readable: the
+    engine must be local and its volumes readable by the worker (root with the machine's or
+    coevo's own engine; the engine's user with a rootless one)."""
+    for mount in inspected.get("Mounts") or []:
+        if mount.get("Destination") == APP and mount.get("Type") == "volume":
+            source = Path(str(mount.get("Source") or ""))
+            if source.is_absolute() and source.is_dir() and os.access(source, os.R_OK | os.X_OK):
+                return source
+            raise ContainerUnavailable(
+                f"the task container's /app volume ({source}) is not readable on this machine: "
+                "the worker must run beside the engine, as root for a rootful engine or as the "
+                "engine's user for a rootless one (docs/deployment.md, 'The container backend')"
+            )
+    raise ContainerUnavailable("the engine mounted no volume at the task container's /app")
 
 
 def _in_container(pid: int, container: str) -> bool:

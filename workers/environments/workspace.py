@@ -46,7 +46,7 @@ from workers.containers.engine import ContainerUnavailable
 from workers.containers.host_runtime import HostRuntime, host_runtime
 from workers.containers.images import TaskImage, image_for_task
 from workers.containers.run import container_run, snapshot_remove
-from workers.containers.session import TaskContainer, container_settings, image_app_extract
+from workers.containers.session import TaskContainer, container_settings, image_app_check
 from workers.environments.base import InvalidHelperCall, Verdict
 from workers.environments.workspace_files import (
     FinalTree,
@@ -200,6 +200,9 @@ class Workspace:
     # interpreters there, and the host directory bound at HARNESS_RUN.
     runtime: HostRuntime | None = None
     run_dir: Path | None = None
+    # The workspace's own directory on the worker's disk (``root``'s parent, but for a task
+    # container, whose /app is the engine's volume): removed by ``close``.
+    base: Path | None = None
 
     @classmethod
     def for_task(
@@ -219,16 +222,12 @@ class Workspace:
         started = time.monotonic()
         image = task_image(environment)
         applied = container_settings(environment)
+        # The rollout's run directory (the boundary's socket, for a harness in the container);
+        # /app is the container's own volume, filled by the engine from the image's /app.
         base = Path(tempfile.mkdtemp(prefix="coevo-workspace-"))
-        root = base / "app"
-        root.mkdir()
-        root.chmod(0o755)
+        container = None
         try:
-            max_files, max_bytes = limits()
-            # Owned as in the image: the harness and its commands all run as root in the
-            # container, so no sandbox uid shares the files (the workspace has none).
-            image_app_extract(image.image, root, max_files=max_files, max_bytes=max_bytes)
-            start_tree = tree_read_final(root, max_files=max_files, max_bytes=max_bytes)
+            image_app_check(image.image)
             runtime = run_dir = None
             binds: dict[Path, str] = {}
             if harness is not None:
@@ -237,10 +236,16 @@ class Workspace:
                 run_dir.mkdir()
                 run_dir.chmod(0o755)
                 binds = {**runtime.binds, **harness, run_dir: HARNESS_RUN}
-            container = TaskContainer.start(
-                image.image, app=root, rollout=None, binds=binds, **applied
-            )
+            container = TaskContainer.start(image.image, rollout=None, binds=binds, **applied)
+            assert container.app_path is not None
+            root = container.app_path
+            # Owned as in the image: the harness and its commands all run as root in the
+            # container, so no sandbox uid shares the files (the workspace has none).
+            max_files, max_bytes = limits()
+            start_tree = tree_read_final(root, max_files=max_files, max_bytes=max_bytes)
         except BaseException:
+            if container is not None:
+                container.remove()
             shutil.rmtree(base, ignore_errors=True)
             raise
         return cls(
@@ -251,6 +256,7 @@ class Workspace:
             start_tree=start_tree,
             runtime=runtime,
             run_dir=run_dir,
+            base=base,
             applied={
                 "backend": "container",
                 # Where the harness itself runs: in the container, or beside it (a bubblewrap
@@ -513,8 +519,8 @@ class Workspace:
 
     def close(self) -> None:
         if self.container is not None:
-            self.container.remove()
-        shutil.rmtree(self.root.parent, ignore_errors=True)
+            self.container.remove()  # and /app's volume with it
+        shutil.rmtree(self.base or self.root.parent, ignore_errors=True)
 
 
 # --- the exec helper ------------------------------------------------------------------------
