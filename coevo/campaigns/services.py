@@ -24,6 +24,7 @@ from coevo.campaigns.models import (
 )
 from coevo.campaigns.proposers import Outcome, proposer_for_proposal, strategy_validate
 from coevo.campaigns.proposers.base import stage
+from coevo.campaigns.transitions import campaign_move
 from coevo.enqueue import task_enqueue
 from coevo.errors import InvalidInput, InvalidManifest, InvalidState
 from coevo.evaluations.ledger import BudgetLimits, budget_create
@@ -162,9 +163,7 @@ def campaign_create(
 
 
 def campaign_start(*, campaign: Campaign) -> Campaign:
-    moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.PENDING).update(
-        state=CampaignState.RUNNING, started_at=timezone.now(), updated_at=timezone.now()
-    )
+    moved = campaign_move(campaign_id=campaign.id, move="start", started_at=timezone.now())
     if not moved:
         raise InvalidState(
             f"Campaign {campaign.name} is {campaign.state}: only a pending one starts."
@@ -178,9 +177,7 @@ def campaign_pause(*, campaign: Campaign) -> Campaign:
     """Running → paused: no new proposal, and the open proposal's evaluations stop claiming
     rollouts until the campaign is resumed."""
     with transaction.atomic():
-        moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
-            state=CampaignState.PAUSED, updated_at=timezone.now()
-        )
+        moved = campaign_move(campaign_id=campaign.id, move="pause")
         if not moved:
             raise InvalidState(
                 f"Campaign {campaign.name} is {campaign.state}: only a running one pauses."
@@ -197,9 +194,7 @@ def campaign_pause(*, campaign: Campaign) -> Campaign:
 
 def campaign_resume(*, campaign: Campaign) -> Campaign:
     with transaction.atomic():
-        moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.PAUSED).update(
-            state=CampaignState.RUNNING, updated_at=timezone.now()
-        )
+        moved = campaign_move(campaign_id=campaign.id, move="resume")
         if not moved:
             raise InvalidState(
                 f"Campaign {campaign.name} is {campaign.state}: only a paused one resumes."
@@ -216,14 +211,11 @@ def campaign_resume(*, campaign: Campaign) -> Campaign:
 def campaign_stop(*, campaign: Campaign, reason: str = "stopped by a user") -> Campaign:
     """Any open state → stopped; the open proposal's evaluations are cancelled."""
     with transaction.atomic():
-        moved = Campaign.objects.filter(
-            id=campaign.id,
-            state__in=[CampaignState.PENDING, CampaignState.RUNNING, CampaignState.PAUSED],
-        ).update(
-            state=CampaignState.STOPPED,
+        moved = campaign_move(
+            campaign_id=campaign.id,
+            move="stop",
             stop_reason=reason,
             finished_at=timezone.now(),
-            updated_at=timezone.now(),
             # No draft is wanted any more. A draft still being written finds its ticket gone
             # and is discarded (and charged); a draft task that never reaches a worker would
             # otherwise leave its ticket here for good.

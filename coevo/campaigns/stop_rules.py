@@ -7,6 +7,7 @@ import logging
 from django.utils import timezone
 
 from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalState, ProposerKind
+from coevo.campaigns.transitions import campaign_move
 from coevo.evaluations.models import Budget
 
 logger = logging.getLogger(__name__)
@@ -72,8 +73,10 @@ def proposer_budget_spent(budget: Budget) -> str:
 
 
 def campaign_finish(campaign: Campaign, state: str, reason: str) -> None:
-    moved = Campaign.objects.filter(id=campaign.id, state=CampaignState.RUNNING).update(
-        state=state, stop_reason=reason, finished_at=timezone.now(), updated_at=timezone.now()
+    """Running → ``state`` (finished by a stop rule, or failed), with the reason."""
+    move = {CampaignState.FINISHED: "finish", CampaignState.FAILED: "fail"}[state]
+    moved = campaign_move(
+        campaign_id=campaign.id, move=move, stop_reason=reason, finished_at=timezone.now()
     )
     if moved:
         Proposal.objects.filter(campaign=campaign, state=ProposalState.QUEUED).update(

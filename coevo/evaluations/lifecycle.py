@@ -16,6 +16,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from coevo.errors import InvalidState
+from coevo.evaluations.dispatch import evaluation_enqueue
 from coevo.evaluations.ledger import budget_refund, budget_reserve, budget_unit
 from coevo.evaluations.models import (
     EVALUATION_OPEN_STATES,
@@ -32,7 +33,6 @@ from coevo.evaluations.models import (
 )
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.selectors import evaluation_task_scores
-from coevo.evaluations.services import evaluation_enqueue
 from coevo.evaluations.signals import evaluation_finished, evaluation_progressed
 from coevo.evaluations.stats.sequential import sequential_paired_decision
 

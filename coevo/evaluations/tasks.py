@@ -12,6 +12,7 @@ from celery import shared_task
 from django.conf import settings
 
 from coevo.evaluations.dbwait import DatabaseUnavailable
+from coevo.evaluations.dispatch import ROLLOUT_RUN_TASK
 from coevo.evaluations.services import (
     RolloutRetry,
     evaluations_resume_paused,
@@ -22,7 +23,7 @@ from coevo.evaluations.services import (
     rollout_resend_lost,
     rollout_retry_sent,
 )
-from coevo.evaluations.services.evaluations import ROLLOUT_RUN_TASK, ROLLOUTS_WATCHDOG_TASK
+from coevo.evaluations.services.evaluations import ROLLOUTS_WATCHDOG_TASK
 
 logger = logging.getLogger(__name__)
 

@@ -2,15 +2,13 @@
 
 Every state change is a compare-and-swap update, so a redelivered Celery task (acks_late) or
 two workers racing on the same rollout never do the work twice. The plan (stages, early
-stopping), cancel, pause and resume live in ``coevo.evaluations.lifecycle``; budgets in
+stopping), cancel, pause and resume live in ``coevo.evaluations.lifecycle``, below these
+services; sending to the queue in ``coevo.evaluations.dispatch``, below it; budgets in
 ``coevo.evaluations.ledger``.
 """
 
-from coevo.evaluations.services.evaluations import (
-    evaluation_create,
-    evaluation_enqueue,
-    rollout_retry_sent,
-)
+from coevo.evaluations.dispatch import evaluation_enqueue, rollout_retry_sent
+from coevo.evaluations.services.evaluations import evaluation_create
 from coevo.evaluations.services.rollouts import (
     RolloutCancelled,
     RolloutRetry,

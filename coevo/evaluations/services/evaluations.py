@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -11,7 +10,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from coevo.enqueue import task_enqueue
 from coevo.errors import InvalidInput, InvalidManifest, PermissionDenied
 from coevo.evaluations.cache import cache_lookup, rollout_cache_key
 from coevo.evaluations.ledger import (
@@ -20,6 +18,7 @@ from coevo.evaluations.ledger import (
     budget_create,
     budget_reserve,
 )
+from coevo.evaluations.lifecycle import evaluation_advance
 from coevo.evaluations.models import (
     Budget,
     Evaluation,
@@ -38,7 +37,6 @@ from harness_store.selectors import candidate_manifest
 logger = logging.getLogger(__name__)
 
 # Celery task names (coevo.evaluations.tasks registers them; services send them by name).
-ROLLOUT_RUN_TASK = "coevo.evaluations.tasks.rollout_run"
 ROLLOUTS_WATCHDOG_TASK = "coevo.evaluations.tasks.rollouts_watchdog"
 
 # The only purpose that may evaluate the held-out split (see evaluation_create).
@@ -199,8 +197,6 @@ def evaluation_create(
 
 
 def _start(evaluation_id: Any) -> None:
-    from coevo.evaluations.lifecycle import evaluation_advance
-
     evaluation_advance(evaluation_id=evaluation_id)
 
 
@@ -240,61 +236,3 @@ def _reuse_cached(evaluation: Evaluation, rollouts: list[Rollout]) -> int:
         rollout.latency_ms = source.latency_ms
         rollout.finished_at = now
     return sum(1 for r in rollouts if r.reused_from_id)
-
-
-def evaluation_enqueue(
-    *,
-    evaluation_id: Any,
-    stage: int | None = None,
-    only_unsent: bool = False,
-    rollout_ids: list[Any] | None = None,
-) -> int:
-    """Send pending rollouts (of one stage, or all; or only those not sent yet; or only
-    ``rollout_ids``, in that order) to the ``rollouts`` queue.
-
-    A broker that is down does not lose work: the rollout stays pending without ``enqueued_at``
-    and the watchdog sends it again.
-    """
-
-    pending = Rollout.objects.filter(evaluation_id=evaluation_id, state=RolloutState.PENDING)
-    if stage is not None:
-        pending = pending.filter(stage=stage)
-    if only_unsent:
-        pending = pending.filter(enqueued_at__isnull=True)
-    ids = list(pending.values_list("id", flat=True))
-    if rollout_ids is not None:
-        wanted = set(ids)
-        ids = [rollout_id for rollout_id in rollout_ids if rollout_id in wanted]
-    sent = 0
-    for rollout_id in ids:
-        if not _send(rollout_id):
-            break
-        sent += 1
-    return sent
-
-
-def rollout_retry_sent(*, rollout_id: Any, countdown: float) -> None:
-    """Record that a retry of the rollout is on its way, due in ``countdown`` seconds: its
-    ``enqueued_at`` is when the message is due, so the watchdog's resend (which counts from
-    it) neither cuts the backoff short nor mistakes the message a worker holds for a lost one."""
-    Rollout.objects.filter(id=rollout_id, state=RolloutState.PENDING).update(
-        enqueued_at=timezone.now() + timedelta(seconds=countdown)
-    )
-
-
-def _send(rollout_id: Any) -> bool:
-    """Publish one rollout; False (and a warning) when the broker cannot take it now."""
-
-    def record(task_id: str) -> None:
-        Rollout.objects.filter(id=rollout_id).update(
-            celery_task_id=task_id, enqueued_at=timezone.now()
-        )
-
-    return task_enqueue(
-        ROLLOUT_RUN_TASK,
-        str(rollout_id),
-        queue="rollouts",
-        what=f"rollout {rollout_id}",
-        later="the watchdog sends it again",
-        record=record,
-    )

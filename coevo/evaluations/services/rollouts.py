@@ -19,6 +19,7 @@ from coevo.evaluations.ledger import (
     budget_unit,
     wall_seconds,
 )
+from coevo.evaluations.lifecycle import evaluation_pause, evaluation_rollout_ended
 from coevo.evaluations.models import (
     Budget,
     Evaluation,
@@ -224,8 +225,6 @@ def _handle_infra_error(*, rollout: Rollout, detail: str, endpoint_down: bool = 
         if not moved:
             raise RolloutCancelled(f"rollout {rollout.id} is no longer running")
         if outages >= settings.COEVO_INFRA_PAUSE_THRESHOLD:
-            from coevo.evaluations.lifecycle import evaluation_pause
-
             evaluation_pause(
                 evaluation_id=evaluation.id,
                 kind=PauseKind.POLICY_OUTAGE,
@@ -377,8 +376,6 @@ def rollout_finish(
     for field, value in written.items():
         setattr(rollout, field, value)
     metrics.rollout_finished(outcome=outcome, error_kind=error_kind, seconds=latency_ms / 1000)
-    from coevo.evaluations.lifecycle import evaluation_rollout_ended
-
     durably(lambda: evaluation_rollout_ended(rollout=rollout))
     return True
 

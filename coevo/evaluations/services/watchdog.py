@@ -14,6 +14,8 @@ from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from coevo.enqueue import queue_depth
+from coevo.evaluations.dispatch import evaluation_enqueue, rollout_send
+from coevo.evaluations.lifecycle import evaluation_resume
 from coevo.evaluations.models import (
     Evaluation,
     EvaluationStage,
@@ -25,7 +27,6 @@ from coevo.evaluations.models import (
     StageState,
     TraceStep,
 )
-from coevo.evaluations.services.evaluations import _send, evaluation_enqueue
 from coevo.evaluations.services.rollouts import rollout_finish
 from coevo.policies.services import policy_endpoint_reachable
 from workers.outcomes import ErrorKind
@@ -147,7 +148,7 @@ def _requeue_or_give_up(
         ).update(state=RolloutState.PENDING, detail=detail, enqueued_at=None)
         if not moved:
             return ""
-        _send(rollout.id)  # or, if the broker is down too, the resend check will
+        rollout_send(rollout.id)  # or, if the broker is down too, the resend check will
         return "requeued"
     finished = rollout_finish(
         rollout=rollout,
@@ -225,8 +226,6 @@ def evaluations_resume_paused() -> int:
     Only that kind: an evaluation a person or its campaign paused stays paused until they
     resume it (the watchdog runs every 30 s and would otherwise undo every such pause).
     """
-    from coevo.evaluations.lifecycle import evaluation_resume
-
     resumed = 0
     outage_paused = Evaluation.objects.filter(
         state=EvaluationState.PAUSED, pause_kind=PauseKind.POLICY_OUTAGE
