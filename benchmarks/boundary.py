@@ -326,7 +326,9 @@ def agent_measure(agent: str, *, rounds: int, envs: Path) -> int:
                     policy_version="bench",
                     harness_env=env.path,
                 )
-                environment = TaskEnvironment(adapter=ws_env, inputs=INPUTS, verifier=VERIFIER)
+                environment = TaskEnvironment(
+                    adapter=ws_env.WorkspaceEnvironment(), inputs=INPUTS, verifier=VERIFIER
+                )
                 started = time.perf_counter()
                 with policy.client:
                     result = execute_rollout(inputs, policy=policy, environment=environment)

@@ -153,7 +153,9 @@ def bench_rollouts(in_flight: int, container: bool, harness: Path) -> dict:
             seed=1,
             wall_time_s=300,
         )
-        environment = TaskEnvironment(adapter=ws_env, inputs=inputs, verifier=VERIFIER)
+        environment = TaskEnvironment(
+            adapter=ws_env.WorkspaceEnvironment(), inputs=inputs, verifier=VERIFIER
+        )
         started = time.monotonic()
         with PolicyClient("http://127.0.0.1:9/v1", model="none", retries=0) as client:
             result = execute_rollout(rollout_inputs, policy=client, environment=environment)

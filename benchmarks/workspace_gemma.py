@@ -97,7 +97,9 @@ def main() -> int:
                     key=key, directory=data_dir / key, container_backend=args.containers
                 )
                 environment = TaskEnvironment(
-                    adapter=workspace, inputs=task.inputs, verifier=task.verifier
+                    adapter=workspace.WorkspaceEnvironment(),
+                    inputs=task.inputs,
+                    verifier=task.verifier,
                 )
                 inputs = RolloutInputs(
                     harness_dir=args.harness.resolve(),

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from django.conf import settings
@@ -40,8 +39,7 @@ from harness_store.manifest import Manifest, load_manifest
 from workers import calls, openai_requests
 from workers.channel import HarnessChannel, harness_binds
 from workers.containers import ImageBuildFailed, ImageUnavailable
-from workers.environments import adapter_has_workspace, adapter_helpers, adapter_is_multi_step
-from workers.environments.base import Episode, InvalidHelperCall, Verdict
+from workers.environments.base import Environment, Episode, InvalidHelperCall, Verdict
 from workers.environments.workspace import MAX_VERIFIER_OUTPUT_CHARS, Workspace
 from workers.environments.workspace_files import WorkspaceRefused
 from workers.limits import LimitMeter
@@ -93,38 +91,36 @@ class RolloutInputs:
 
 @dataclass
 class TaskEnvironment:
-    """The trusted side of one task: its suite's adapter, the task's inputs and verifier data."""
+    """The trusted side of one task: its suite kind's environment, the task's inputs and
+    verifier data."""
 
-    adapter: ModuleType
+    adapter: Environment
     inputs: dict[str, Any]
     verifier: dict[str, Any]
     # A workspace the caller made and keeps (a proposer reads its final state afterwards);
-    # otherwise a workspace adapter's rollout makes one from ``inputs["files"]`` and removes it.
+    # otherwise a workspace environment's rollout makes one from ``inputs`` and removes it.
     workspace: Workspace | None = None
 
     @property
     def multi_step(self) -> bool:
-        return adapter_is_multi_step(self.adapter)
+        return self.adapter.multi_step
 
     @property
     def has_workspace(self) -> bool:
-        return adapter_has_workspace(self.adapter)
+        return self.adapter.workspace
 
     @property
     def helpers(self) -> dict[str, Callable[..., dict[str, Any]]]:
-        return adapter_helpers(self.adapter)
+        return dict(self.adapter.helpers)
 
     def verify(self, answer: Any, *, workspace: Workspace | None = None) -> Verdict:
-        if workspace is not None:
-            return self.adapter.verify(
-                inputs=self.inputs, verifier=self.verifier, answer=answer, workspace=workspace
-            )
-        return self.adapter.verify(inputs=self.inputs, verifier=self.verifier, answer=answer)
+        return self.adapter.verify(
+            inputs=self.inputs, verifier=self.verifier, answer=answer, workspace=workspace
+        )
 
     def wall_s(self) -> int | None:
         """The task's own time limit for the harness (a workspace task's task.toml)."""
-        limit = getattr(self.adapter, "task_wall_s", None)
-        return limit(self.inputs) if limit else None
+        return self.adapter.wall_s(self.inputs)
 
     def open_episode(self, *, seed: int) -> Episode:
         return self.adapter.open_episode(inputs=self.inputs, verifier=self.verifier, seed=seed)

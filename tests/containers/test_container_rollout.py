@@ -33,7 +33,9 @@ def rollout(url: str, *, harness_env: Path, task: dict):
         policy_version="base",
         harness_env=harness_env,
     )
-    environment = TaskEnvironment(adapter=ws_env, inputs=task, verifier=VERIFIER)
+    environment = TaskEnvironment(
+        adapter=ws_env.WorkspaceEnvironment(), inputs=task, verifier=VERIFIER
+    )
     with PolicyClient(url, model="scripted", retries=0) as client:
         return execute_rollout(rollout_inputs, policy=client, environment=environment)
 

@@ -91,7 +91,7 @@ def propose(policy: ScriptedPolicy, history: Path, harness_env: Path, **knobs):
     workspace = Workspace.create(PARENT, ro_binds={history: proposing.HISTORY_MOUNT})
     inputs = {"instruction": INSTRUCTION, "files": PARENT, "components": COMPONENTS}
     environment = TaskEnvironment(
-        adapter=proposing, inputs=inputs, verifier={}, workspace=workspace
+        adapter=proposing.ENVIRONMENT, inputs=inputs, verifier={}, workspace=workspace
     )
     rollout = RolloutInputs(
         harness_dir=PROPOSER,

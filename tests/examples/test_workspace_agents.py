@@ -101,7 +101,9 @@ def rollout(
         policy_version="base",
         harness_env=harness_env,
     )
-    environment = TaskEnvironment(adapter=ws_env, inputs=task, verifier=verifier or VERIFIER)
+    environment = TaskEnvironment(
+        adapter=ws_env.WorkspaceEnvironment(), inputs=task, verifier=verifier or VERIFIER
+    )
     with PolicyClient(url, model="scripted", retries=0) as client:
         return execute_rollout(inputs, policy=client, environment=environment)
 

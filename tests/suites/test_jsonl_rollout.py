@@ -12,7 +12,7 @@ import pytest
 from coevo.policies.client import PolicyClient
 from coevo.suites.jsonl import scorer_spec_build
 from tests.support.factories import make_jsonl_suite
-from workers.environments import adapter_for
+from workers.environments import environment_for
 from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
 
 pytestmark = pytest.mark.django_db
@@ -71,7 +71,7 @@ def verified_suite(project):
 
 def roll(suite, key: str, harness: Path, url: str):
     task = suite.tasks.get(key=key)
-    adapter = adapter_for(suite.kind)
+    adapter = environment_for(suite.kind)
     inputs = RolloutInputs(
         harness_dir=harness,
         task_key=task.key,

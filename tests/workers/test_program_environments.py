@@ -51,7 +51,9 @@ def harness(tmp_path, script: str, *, moves: list[str], max_steps: int = 50):
 def play(directory, game, url):
     payload = task_payload(game, admissible_commands=True, max_steps=50)
     environment = TaskEnvironment(
-        adapter=tw_env, inputs=payload["inputs"], verifier=payload["verifier"]
+        adapter=tw_env.TextWorldEnvironment(),
+        inputs=payload["inputs"],
+        verifier=payload["verifier"],
     )
     inputs = RolloutInputs(
         harness_dir=directory,
@@ -110,7 +112,7 @@ def test_a_program_calls_a_suite_helper(tmp_path, scripted_policy):
         )
     )
     environment = TaskEnvironment(
-        adapter=humaneval,
+        adapter=humaneval.HumanEvalEnvironment(),
         inputs={"prompt": PROBLEM.prompt, "entry_point": PROBLEM.entry_point},
         verifier={"test": PROBLEM.test, "entry_point": PROBLEM.entry_point},
     )

@@ -100,7 +100,7 @@ def test_it_picks_samples_with_the_workers_check_helper_when_the_knob_asks(
     answers = iter(["    return 1.0\n", CORRECT, "    return number\n"])
     scripted_policy.reply_for = lambda text: next(answers)
     environment = TaskEnvironment(
-        adapter=humaneval,
+        adapter=humaneval.HumanEvalEnvironment(),
         inputs={"prompt": PROBLEM.prompt, "entry_point": PROBLEM.entry_point},
         verifier={"test": PROBLEM.test, "entry_point": PROBLEM.entry_point},
     )

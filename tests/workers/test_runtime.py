@@ -8,7 +8,6 @@ episodes through ``ctx.env`` (a counter game implementing the Episode protocol),
 from __future__ import annotations
 
 import textwrap
-import types
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 from coevo.policies.client import PolicyClient
 from coevo.suites.humaneval import humaneval_problems
 from workers.environments import humaneval
-from workers.environments.base import StepResult, Verdict
+from workers.environments.base import Environment, StepResult, Verdict
 from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
 
 PROBLEM = humaneval_problems()[0][2]  # HumanEval/2: truncate_number
@@ -81,27 +80,30 @@ class CounterEpisode:
         self.closed = True
 
 
-def counter_adapter() -> types.ModuleType:
-    adapter = types.ModuleType("counter")
-    adapter.MULTI_STEP = True
-    adapter.episodes = []
+class CounterEnvironment(Environment):
+    """A multi-step environment of the test's own: it keeps the episodes it opened."""
 
-    def harness_view(inputs: dict[str, Any]) -> dict[str, Any]:
+    multi_step = True
+
+    def __init__(self) -> None:
+        self.episodes: list[CounterEpisode] = []
+
+    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
         return {"goal": GOAL}
 
-    def open_episode(*, inputs: dict[str, Any], verifier: dict[str, Any], seed: int):
+    def open_episode(self, *, inputs: dict[str, Any], verifier: dict[str, Any], seed: int):
         episode = CounterEpisode(inputs=inputs, seed=seed)
-        adapter.episodes.append(episode)
+        self.episodes.append(episode)
         return episode
 
-    adapter.harness_view = harness_view
-    adapter.open_episode = open_episode
-    return adapter
+
+def counter_adapter() -> CounterEnvironment:
+    return CounterEnvironment()
 
 
 def humaneval_environment() -> TaskEnvironment:
     return TaskEnvironment(
-        adapter=humaneval,
+        adapter=humaneval.HumanEvalEnvironment(),
         inputs={"prompt": PROBLEM.prompt, "entry_point": PROBLEM.entry_point},
         verifier={"test": PROBLEM.test, "entry_point": PROBLEM.entry_point},
     )

@@ -10,7 +10,7 @@ from coevo.errors import InvalidState
 from coevo.policies.client import PolicyClient
 from coevo.suites.textworld import LEVELS, task_payload, textworld_games
 from tests.conftest import REPO_ROOT
-from workers.environments import adapter_for, adapter_is_multi_step
+from workers.environments import environment_for
 from workers.environments import textworld as tw_env
 from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
 
@@ -38,11 +38,11 @@ def cooking():
     episode.close()
 
 
-def test_it_is_registered_as_the_multi_step_adapter_of_textworld_suites():
-    adapter = adapter_for("textworld")
+def test_it_is_registered_as_the_multi_step_environment_of_textworld_suites():
+    environment = environment_for("textworld")
 
-    assert adapter is tw_env
-    assert adapter_is_multi_step(adapter)
+    assert type(environment) is tw_env.TextWorldEnvironment
+    assert environment.multi_step
 
 
 def test_it_shows_the_harness_no_game_data():
@@ -198,7 +198,9 @@ def test_it_cleans_the_prompt_and_status_line_from_the_game_text():
 def play_with_seed_harness(url, game, *, admissible_commands=True, knobs=None):
     payload = task_payload(game, admissible_commands=admissible_commands, max_steps=50)
     environment = TaskEnvironment(
-        adapter=tw_env, inputs=payload["inputs"], verifier=payload["verifier"]
+        adapter=tw_env.TextWorldEnvironment(),
+        inputs=payload["inputs"],
+        verifier=payload["verifier"],
     )
     inputs = RolloutInputs(
         harness_dir=TEXTWORLD_HARNESS,

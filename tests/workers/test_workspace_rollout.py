@@ -59,7 +59,9 @@ def harness(tmp_path: Path, body: str, *, program: bool = False, max_steps: int 
 
 def rollout(directory: Path, *, inputs=None, verifier=None):
     inputs = inputs or INPUTS
-    environment = TaskEnvironment(adapter=ws_env, inputs=inputs, verifier=verifier or VERIFIER)
+    environment = TaskEnvironment(
+        adapter=ws_env.WorkspaceEnvironment(), inputs=inputs, verifier=verifier or VERIFIER
+    )
     rollout_inputs = RolloutInputs(
         harness_dir=directory,
         task_key="fix-greet",

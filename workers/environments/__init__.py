@@ -1,40 +1,33 @@
-"""Environment adapters: what a harness sees of a task, and the trusted verifier.
+"""Environments: what a harness sees of a task, and the trusted verifier, one registered class
+per suite kind (``base.Environment``, ``register_environment``).
 
 Both run on the worker side; only ``harness_view`` output ever enters the sandbox. The
-contract (single-answer and multi-step adapters, helpers) is described in ``base.py``.
+contract (single-answer and multi-step environments, helpers) is described in ``base.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
+import importlib
+import pkgutil
 
 from coevo.errors import InvalidInput
-from workers.environments import humaneval, jsonl, textworld, workspace
+from workers.environments.base import (
+    Environment,
+    register_environment,
+    registered_environment,
+    registered_kinds,
+)
 
-_ADAPTERS: dict[str, ModuleType] = {
-    "humaneval": humaneval,
-    "jsonl": jsonl,
-    "textworld": textworld,
-    "workspace": workspace,
-}
+__all__ = ["Environment", "environment_for", "register_environment", "registered_kinds"]
 
-
-def adapter_for(kind: str) -> ModuleType:
-    try:
-        return _ADAPTERS[kind]
-    except KeyError:
-        raise InvalidInput(f"No environment adapter for suites of kind {kind!r}.") from None
+# Every module of this package is imported, and each registers its kind's environment when it
+# is: a new suite kind's environment is one module here, named nowhere else.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
-def adapter_is_multi_step(adapter: ModuleType) -> bool:
-    return bool(getattr(adapter, "MULTI_STEP", False))
-
-
-def adapter_has_workspace(adapter: ModuleType) -> bool:
-    return bool(getattr(adapter, "WORKSPACE", False))
-
-
-def adapter_helpers(adapter: ModuleType) -> dict[str, Callable[..., dict[str, Any]]]:
-    return dict(getattr(adapter, "HELPERS", {}))
+def environment_for(kind: str) -> Environment:
+    environment = registered_environment(kind)
+    if environment is None:
+        raise InvalidInput(f"No environment for suites of kind {kind!r}.")
+    return environment

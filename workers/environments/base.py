@@ -1,25 +1,30 @@
-"""The contract between the rollout runner and environment adapters.
+"""The contract between the rollout runner and a suite kind's environment.
 
-An adapter is a module registered in ``workers.environments._ADAPTERS`` by suite kind. Every
-adapter has ``harness_view(inputs) -> dict``: the harness's ``task`` argument, which never
-contains verifier data. Then either
+An environment is a subclass of ``Environment`` registered for its suite kind with
+``@register_environment`` in its own module (workers/environments/<kind>.py); the runner finds
+it with ``environment_for(kind)``. Adding a kind is that module (plus, on the platform's side,
+the kind's importer: coevo/suites/). Every environment has ``harness_view(inputs) -> dict``:
+the harness's ``task`` argument, which never contains verifier data. Then either
 
-- single-answer (HumanEval, JSONL): ``verify(*, inputs, verifier, answer) -> Verdict`` scores
-  what ``run(task, ctx)`` returned; or
-- multi-step (TextWorld): module attribute ``MULTI_STEP = True`` and
-  ``open_episode(*, inputs, verifier, seed) -> Episode``; the harness acts through
-  ``ctx.env.reset()`` / ``ctx.env.step(action)`` and the score is ``episode.verdict()``.
+- single-answer (HumanEval, JSONL, workspace tasks): ``verify(*, inputs, verifier, answer,
+  workspace=None) -> Verdict`` scores what the harness returned (or, with ``workspace = True``,
+  what it left in its workspace: ``workspace`` is the rollout's); or
+- multi-step (TextWorld): ``multi_step = True`` and ``open_episode(*, inputs, verifier, seed)
+  -> Episode``; the harness acts through ``ctx.env.reset()`` / ``ctx.env.step(action)`` and
+  the score is ``episode.verdict()``.
 
-Either kind may offer helpers to the harness: ``HELPERS = {"check": fn}`` where
-``fn(*, inputs, params, timeout_s) -> dict`` runs on the worker side (JSON-able result),
-raises ``InvalidHelperCall`` for bad parameters, and is given the task's ``inputs`` only, never
-its verifier data. The harness calls them as ``ctx.helper(name, **params)``.
+Either kind may offer helpers to the harness: ``helpers = {"check": fn}`` where ``fn(*, inputs,
+params, timeout_s) -> dict`` runs on the worker side (JSON-able result), raises
+``InvalidHelperCall`` for bad parameters, and is given the task's ``inputs`` only, never its
+verifier data. The harness calls them as ``ctx.helper(name, **params)``. ``wall_s(inputs)`` is a
+task's own time limit for the harness, where it has one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 
 class InvalidHelperCall(Exception):
@@ -59,3 +64,62 @@ class Episode(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+Helper = Callable[..., dict[str, Any]]
+
+
+class Environment:
+    """A suite kind's environment (see the module doc). Stateless: one instance serves every
+    rollout of its kind."""
+
+    kind: ClassVar[str] = ""
+    multi_step: ClassVar[bool] = False
+    workspace: ClassVar[bool] = False
+    helpers: ClassVar[Mapping[str, Helper]] = {}
+
+    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def verify(
+        self,
+        *,
+        inputs: dict[str, Any],
+        verifier: dict[str, Any],
+        answer: Any,
+        workspace: Any = None,
+    ) -> Verdict:
+        """Single-answer environments: the verdict on ``answer`` (or on ``workspace``)."""
+        raise NotImplementedError(f"{type(self).__name__} is multi-step: it opens episodes")
+
+    def open_episode(
+        self, *, inputs: dict[str, Any], verifier: dict[str, Any], seed: int
+    ) -> Episode:
+        """Multi-step environments: one play of the task."""
+        raise NotImplementedError(f"{type(self).__name__} is single-answer: it verifies answers")
+
+    def wall_s(self, inputs: dict[str, Any]) -> int | None:
+        """The task's own time limit for the harness, if it has one."""
+        return None
+
+
+_REGISTRY: dict[str, Environment] = {}
+E = TypeVar("E", bound=type[Environment])
+
+
+def register_environment(cls: E) -> E:
+    """Class decorator: ``cls`` serves suites of ``cls.kind`` (one class a kind)."""
+    if not cls.kind:
+        raise TypeError(f"{cls.__name__} names no suite kind")
+    if cls.kind in _REGISTRY and type(_REGISTRY[cls.kind]) is not cls:
+        raise TypeError(f"suite kind {cls.kind!r} already has {type(_REGISTRY[cls.kind]).__name__}")
+    _REGISTRY[cls.kind] = cls()
+    return cls
+
+
+def registered_kinds() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def registered_environment(kind: str) -> Environment | None:
+    return _REGISTRY.get(kind)

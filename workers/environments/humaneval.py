@@ -18,7 +18,12 @@ from typing import Any
 from django.conf import settings
 
 from workers import sandbox
-from workers.environments.base import InvalidHelperCall, Verdict
+from workers.environments.base import (
+    Environment,
+    InvalidHelperCall,
+    Verdict,
+    register_environment,
+)
 
 CHECK_MARKER = "__coevo_check__ "
 MAX_CHECK_CODE = 64 * 1024
@@ -208,9 +213,6 @@ def check(*, inputs: dict[str, Any], params: dict[str, Any], timeout_s: float) -
     }
 
 
-HELPERS = {"check": check}
-
-
 def _run_python(program: str, *, timeout_s: float, max_output_bytes: int) -> sandbox.SandboxRun:
     return sandbox.run(
         [sandbox.python_executable(), "-s", "-"],
@@ -219,3 +221,25 @@ def _run_python(program: str, *, timeout_s: float, max_output_bytes: int) -> san
         limits=sandbox.SandboxLimits(cpu_s=max(1, math.ceil(timeout_s)), memory_bytes=2 * 1024**3),
         max_output_bytes=max_output_bytes,
     )
+
+
+@register_environment
+class HumanEvalEnvironment(Environment):
+    """HumanEval problems: the harness answers a completion, the hidden tests judge it; the
+    ``check`` helper runs the visible docstring examples."""
+
+    kind = "humaneval"
+    helpers = {"check": check}
+
+    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return harness_view(inputs)
+
+    def verify(
+        self,
+        *,
+        inputs: dict[str, Any],
+        verifier: dict[str, Any],
+        answer: Any,
+        workspace: Any = None,
+    ) -> Verdict:
+        return verify(inputs=inputs, verifier=verifier, answer=answer)

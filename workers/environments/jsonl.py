@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.environments import scorers
-from workers.environments.base import Verdict
+from workers.environments.base import Environment, Verdict, register_environment
 
 
 def harness_view(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -44,3 +44,23 @@ def verify(*, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any) -> 
             name=scorer.get("verifier") or "verify.py",
         )
     return Verdict(False, 0.0, f"the suite declares an unknown scorer {kind!r}")
+
+
+@register_environment
+class JsonlEnvironment(Environment):
+    """Custom JSONL suites: an answer compared with the expected one by the row's rule."""
+
+    kind = "jsonl"
+
+    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return harness_view(inputs)
+
+    def verify(
+        self,
+        *,
+        inputs: dict[str, Any],
+        verifier: dict[str, Any],
+        answer: Any,
+        workspace: Any = None,
+    ) -> Verdict:
+        return verify(inputs=inputs, verifier=verifier, answer=answer)

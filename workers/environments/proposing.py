@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.environments.base import Verdict
+from workers.environments.base import Environment, Verdict
 from workers.environments.workspace import MOUNT, exec_command
 
-WORKSPACE = True
 HISTORY_MOUNT = "/history"
-HELPERS = {"exec": exec_command}
 
 
 def harness_view(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -34,3 +32,27 @@ def verify(
     *, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any, workspace: Any
 ) -> Verdict:
     return Verdict(True, 1.0, "the proposer finished: its edits are the proposal")
+
+
+class ProposingEnvironment(Environment):
+    """An agentic proposer's environment (see the module doc): not a suite kind, so not
+    registered; coevo/campaigns/proposers/agentic.py uses it directly."""
+
+    workspace = True
+    helpers = {"exec": exec_command}
+
+    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return harness_view(inputs)
+
+    def verify(
+        self,
+        *,
+        inputs: dict[str, Any],
+        verifier: dict[str, Any],
+        answer: Any,
+        workspace: Any = None,
+    ) -> Verdict:
+        return verify(inputs=inputs, verifier=verifier, answer=answer, workspace=workspace)
+
+
+ENVIRONMENT = ProposingEnvironment()

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from coevo.errors import InvalidState
-from workers.environments.base import StepResult, Verdict
+from workers.environments.base import Environment, StepResult, Verdict, register_environment
 
-MULTI_STEP = True
 DEFAULT_MAX_STEPS = 50
 # Longer commands are never meaningful to the game's parser; cut rather than fail.
 MAX_COMMAND_CHARS = 200
@@ -202,3 +201,19 @@ class TextWorldEpisode:
         if self.show_commands:
             payload["admissible_commands"] = sorted(self._state["admissible_commands"] or [])
         return payload
+
+
+@register_environment
+class TextWorldEnvironment(Environment):
+    """TextWorld games, played step by step (multi-step)."""
+
+    kind = "textworld"
+    multi_step = True
+
+    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return harness_view(inputs)
+
+    def open_episode(
+        self, *, inputs: dict[str, Any], verifier: dict[str, Any], seed: int
+    ) -> TextWorldEpisode:
+        return open_episode(inputs=inputs, verifier=verifier, seed=seed)

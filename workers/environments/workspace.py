@@ -47,7 +47,12 @@ from workers.containers.host_runtime import HostRuntime, host_runtime
 from workers.containers.images import TaskImage, image_for_task
 from workers.containers.run import container_run, snapshot_remove
 from workers.containers.session import TaskContainer, container_settings, image_app_check
-from workers.environments.base import InvalidHelperCall, Verdict
+from workers.environments.base import (
+    Environment,
+    InvalidHelperCall,
+    Verdict,
+    register_environment,
+)
 from workers.environments.workspace_files import (
     FinalTree,
     WorkspaceRefused,
@@ -62,7 +67,6 @@ from workers.environments.workspace_files import (
 from workers.harness_env import ENV_MOUNT
 from workers.outcomes import LimitExceeded
 
-WORKSPACE = True
 MOUNT = "/app"
 TESTS_MOUNT = "/tests"
 SOLUTION_MOUNT = "/solution"
@@ -593,9 +597,6 @@ def exec_command(*, workspace: Workspace, params: dict[str, Any], timeout_s: flo
     return reply
 
 
-HELPERS = {"exec": exec_command}
-
-
 # --- verification ---------------------------------------------------------------------------
 
 
@@ -911,3 +912,29 @@ def solution_check(*, inputs: Mapping[str, Any], verifier: Mapping[str, Any]) ->
     finally:
         workspace.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@register_environment
+class WorkspaceEnvironment(Environment):
+    """Workspace tasks (Harbor's format; see the module doc): the harness works in /app (in
+    the task's container when it has one), hidden tests judge what it leaves there."""
+
+    kind = "workspace"
+    workspace = True
+    helpers = {"exec": exec_command}
+
+    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return harness_view(inputs)
+
+    def verify(
+        self,
+        *,
+        inputs: dict[str, Any],
+        verifier: dict[str, Any],
+        answer: Any,
+        workspace: Any = None,
+    ) -> Verdict:
+        return verify(inputs=inputs, verifier=verifier, answer=answer, workspace=workspace)
+
+    def wall_s(self, inputs: dict[str, Any]) -> int | None:
+        return task_wall_s(inputs)

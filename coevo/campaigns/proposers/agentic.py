@@ -308,7 +308,7 @@ class AgenticProposer:
                 ),
                 policy=client,
                 environment=TaskEnvironment(
-                    adapter=proposing, inputs=inputs, verifier={}, workspace=workspace
+                    adapter=proposing.ENVIRONMENT, inputs=inputs, verifier={}, workspace=workspace
                 ),
             )
         draft.proposer_wall_ms = round(1000 * (time.monotonic() - started))

@@ -37,7 +37,7 @@ from coevo.policies.services import policy_client_for, policy_endpoint_reachable
 from coevo.suites.image_builds import task_image_builds_record_steps
 from harness_store.tree_cache import candidate_tree
 from workers import metrics
-from workers.environments import adapter_for
+from workers.environments import environment_for
 from workers.harness_env import harness_env_prepare
 from workers.outcomes import SCORED_OUTCOMES, DependencyBuildFailed, ErrorKind
 from workers.rollout import RolloutInputs, RolloutResult, Step, TaskEnvironment, execute_rollout
@@ -114,7 +114,7 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
     log_bind(**rollout_log_ids(rollout))  # every line from here on carries the rollout's ids
     metrics.rollout_started()
     evaluation = rollout.evaluation
-    adapter = adapter_for(evaluation.suite.kind)
+    adapter = environment_for(evaluation.suite.kind)
     # Steps are written in batches; every way out below flushes first, so the trace is
     # complete before the outcome is recorded (or the rollout is given up).
     trace = TraceWriter(rollout_id=rollout.id, attempt=rollout.attempts)
