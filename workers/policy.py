@@ -8,9 +8,10 @@ here knows where a model is served or how its endpoints are chosen.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Protocol
 
 
@@ -55,6 +56,24 @@ class Completion:
     # out): what the model-call step records as applied. Empty: not known.
     sampling: dict[str, Any] = field(default_factory=dict)
     dropped: tuple[str, ...] = ()
+    # Prompt tokens the server says it served from its prompt cache (0 where it does not say).
+    cached_tokens: int = 0
+    # US dollars, at ``price`` (the price row that applied when it was answered: its id and
+    # values); None where the endpoint has no price (coevo/policies/prices.py).
+    cost_usd: Decimal | None = None
+    price: dict[str, Any] | None = None
+
+    def cost_record(self) -> dict[str, Any] | None:
+        """The call's cost as its model-call step records it; None: the endpoint has no price."""
+        if self.cost_usd is None:
+            return None
+        return {"usd": str(self.cost_usd), "cached_tokens": self.cached_tokens, "price": self.price}
+
+
+def cost_total(costs: Iterable[Decimal | None]) -> Decimal | None:
+    """The sum of the calls' costs that have one; None when none has (no price at all)."""
+    priced = [cost for cost in costs if cost is not None]
+    return sum(priced, Decimal(0)) if priced else None
 
 
 class Policy(Protocol):

@@ -41,7 +41,7 @@ from workers.outcomes import (
     LimitExceeded,
     ProtocolViolation,
 )
-from workers.policy import Completion, platform_wait, platform_waits_observed
+from workers.policy import Completion, cost_total, platform_wait, platform_waits_observed
 from workers.steps import Step
 
 if TYPE_CHECKING:
@@ -398,6 +398,7 @@ class _ProgramRollout:
             runner.result.model_calls += n
             runner.result.prompt_tokens += completion.prompt_tokens
             runner.result.completion_tokens += completion.completion_tokens
+            runner.result.cost_usd = cost_total([runner.result.cost_usd, completion.cost_usd])
             place = self.tree.place(index, api, body, reply)
             self.pending.append(
                 Step(
@@ -412,6 +413,8 @@ class _ProgramRollout:
                         "tool_calls": openai_requests.tool_calls_of(api, reply),
                         "choices": reply.get("choices"),
                         "usage": reply.get("usage"),
+                        # Its cost and the price row that applied; None: no price.
+                        "cost": completion.cost_record(),
                         **_degraded(reply),
                     },
                     prompt_tokens=completion.prompt_tokens,

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from workers.outcomes import (
     Outcome,
     ProtocolViolation,
 )
-from workers.policy import Completion, Policy, Sampling, platform_waits_observed
+from workers.policy import Completion, Policy, Sampling, cost_total, platform_waits_observed
 from workers.program import converse_program
 from workers.steps import Step
 
@@ -71,6 +72,8 @@ class RolloutResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model_calls: int = 0
+    # US dollars, the sum of its calls' costs; None when no call had a price.
+    cost_usd: Decimal | None = None
     steps: list[Step] = field(default_factory=list)
 
 
@@ -478,6 +481,7 @@ class _Runner:
             self.result.model_calls += 1
             self.result.prompt_tokens += completion.prompt_tokens
             self.result.completion_tokens += completion.completion_tokens
+            self.result.cost_usd = cost_total([self.result.cost_usd, completion.cost_usd])
             # One choice per request (n is drawn as n calls): every call is choice 0's.
             tool_calls = openai_requests.tool_calls_of(wanted, completion.raw)
             # What the policy server could not honour (tools its model never saw): the trace
@@ -499,6 +503,8 @@ class _Runner:
                         "n": n,
                         "completion": completion.text,
                         "finish_reason": completion.finish_reason,
+                        # Its cost and the price row that applied; None: no price.
+                        "cost": completion.cost_record(),
                         **({"tool_calls": tool_calls} if "tools" in request or tool_calls else {}),
                         **({"degraded": degraded} if degraded else {}),
                     },

@@ -19,6 +19,7 @@ from coevo.enqueue import broker_ensure
 from coevo.errors import NotFound, PayloadTooLarge
 from coevo.policies.models import PolicyVersion
 from coevo.policies.selectors import policy_version_find
+from coevo.projects.audience import Audience
 from coevo.projects.models import Project, Role
 
 # Room for the multipart envelope and the small form fields around an upload.
@@ -87,6 +88,11 @@ class ApiView(APIView):
 
     def can_see_heldout(self) -> bool:
         return can_see_heldout(request=self.request, project=self.project)
+
+    def audience(self) -> Audience:
+        """Who this answer is for: a reviewer's personal token reads held-out results (the
+        evaluations and the promotion evidence they ran), every other token is a member's."""
+        return Audience.REVIEWER if self.can_see_heldout() else Audience.MEMBER
 
     def absolute(self, name: str, *args: Any, query: str = "") -> str:
         url = reverse(name, args=args)

@@ -8,6 +8,7 @@ campaign's status URL (the work itself happens on the workers).
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -108,6 +109,21 @@ class BudgetIn(StrictSerializer):
         max_value=MAX_BUDGET // 1000,
         required=False,
         help_text="Seconds the proposers spend writing proposals (llm-patch: its model calls).",
+    )
+    usd = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        help_text="US dollars of the policy's calls (endpoints' prices; a rollout reserves its "
+        "worst case).",
+    )
+    proposer_usd = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        help_text="US dollars of the proposer models' calls; the campaign stops when spent.",
     )
 
 
@@ -249,13 +265,40 @@ class SpendOut(serializers.Serializer):
         return getattr(budget, f"limit_{self.unit}")
 
 
+# Of a ledger budget, for a unit of US dollars (usd or proposer_usd): exact decimal strings.
+class DollarSpendOut(SpendOut):
+    spent = MethodField(serializers.DecimalField(max_digits=24, decimal_places=12))
+    reserved = MethodField(serializers.DecimalField(max_digits=24, decimal_places=12))
+    limit = MethodField(serializers.DecimalField(max_digits=24, decimal_places=12, allow_null=True))
+
+    def get_spent(self, budget: Budget) -> str:
+        return _dollars(super().get_spent(budget))
+
+    def get_reserved(self, budget: Budget) -> str:
+        return _dollars(super().get_reserved(budget))
+
+    def get_limit(self, budget: Budget) -> str | None:
+        limit = super().get_limit(budget)
+        return None if limit is None else _dollars(limit)
+
+
+def _dollars(value: Any) -> str:
+    return format(Decimal(value).normalize(), "f") if Decimal(value) else "0"
+
+
 class SpendAllOut(serializers.Serializer):
     rollouts = SpendOut(source="*", unit="rollouts")
     tokens = SpendOut(source="*", unit="tokens")
     wall_s = SpendOut(source="*", unit="wall_s")
+    usd = DollarSpendOut(
+        source="*", unit="usd", help_text="US dollars of the policy's calls (decimal strings)."
+    )
     proposer_tokens = SpendOut(source="*", unit="proposer_tokens")
     proposer_wall_ms = SpendOut(
         source="*", unit="proposer_wall_ms", help_text="Milliseconds (the limit too)."
+    )
+    proposer_usd = DollarSpendOut(
+        source="*", unit="proposer_usd", help_text="US dollars of the proposers' calls."
     )
 
 
@@ -396,6 +439,13 @@ class ProposalOut(OutSerializer):
     tokens_per_task = FiniteFloatField(allow_null=True)
     proposer_tokens = serializers.IntegerField()
     proposer_wall_ms = serializers.IntegerField(help_text="How long the proposer took to write it.")
+    proposer_cost_usd = serializers.DecimalField(
+        max_digits=24,
+        decimal_places=12,
+        allow_null=True,
+        help_text="US dollars of its proposer model calls at the prices that applied; null: "
+        "no price.",
+    )
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     diff_url = MethodField(serializers.URLField(allow_null=True))
@@ -562,6 +612,8 @@ class CampaignListView(CampaignViewMixin):
                 wall_s=budget.get("wall_s"),
                 proposer_tokens=budget.get("proposer_tokens"),
                 proposer_wall_s=budget.get("proposer_wall_s"),
+                usd=budget.get("usd"),
+                proposer_usd=budget.get("proposer_usd"),
             ),
             max_proposals=values["max_proposals"],
             batch_size=values["batch_size"],

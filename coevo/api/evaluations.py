@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -14,6 +15,7 @@ from rest_framework.response import Response
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
 from coevo.api.fields import FiniteFloatField, MethodField, OutSerializer, finite
 from coevo.errors import NotFound, PermissionDenied
+from coevo.evaluations.ledger import BudgetLimits
 from coevo.evaluations.lifecycle import evaluation_cancel
 from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, RolloutState
 from coevo.evaluations.selectors import (
@@ -49,6 +51,14 @@ class EvaluationStartIn(serializers.Serializer):
     task_limit = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
     seed = serializers.IntegerField(min_value=0, max_value=MAX_SEED, default=0)
     knobs = serializers.DictField(required=False)
+    budget_usd = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        help_text="US dollars it may spend: refused (409) when its worst case (every token the "
+        "manifest allows, at the endpoints' prices) exceeds it.",
+    )
 
     def to_internal_value(self, data: Any) -> Any:
         # Refused before validation of the split's choices: held-out is sealed (403, not 400).
@@ -135,6 +145,19 @@ class EvaluationDetailOut(EvaluationOut):
     progress = MethodField(ProgressOut())
     summary = MethodField(SummaryOut())
     errors = MethodField(ErrorsOut())
+    cost_usd = MethodField(
+        serializers.DecimalField(
+            max_digits=24,
+            decimal_places=12,
+            allow_null=True,
+            help_text="US dollars of its rollouts' model calls, each at the price that applied "
+            "(decimal string); null where its endpoints have no price.",
+        )
+    )
+
+    def get_cost_usd(self, evaluation: Evaluation) -> str | None:
+        cost = self.context["progress"].cost_usd
+        return None if cost is None else format(cost.normalize(), "f")
 
     def get_progress(self, evaluation: Evaluation) -> dict[str, Any]:
         return ProgressOut(self.context["progress"]).data
@@ -204,11 +227,16 @@ class ComparisonOut(OutSerializer):
 
 class EvaluationViewMixin(ApiView):
     def evaluation(self, evaluation_id: Any) -> Evaluation:
-        evaluation = evaluation_get(project=self.project, evaluation_id=evaluation_id)
-        if evaluation.split == Split.HELDOUT and not self.can_see_heldout():
-            # Sealed: not even its existence is shown to a non-reviewer.
-            raise NotFound(f"No evaluation {evaluation_id} in project {self.project.slug}.")
-        return evaluation
+        try:
+            return evaluation_get(
+                project=self.project, evaluation_id=evaluation_id, audience=self.audience()
+            )
+        except NotFound:
+            # Sealed: not even its existence is shown to a non-reviewer (the same answer as
+            # for an id that names nothing).
+            raise NotFound(
+                f"No evaluation {evaluation_id} in project {self.project.slug}."
+            ) from None
 
 
 # --- views ------------------------------------------------------------------------------------
@@ -226,9 +254,8 @@ class EvaluationListView(EvaluationViewMixin):
     )
     def get(self, request: Request, slug: str) -> Response:
         values = self.query(EvaluationFilterIn)
-        evaluations = evaluation_list(project=self.project).select_related("policy_version")
-        if not self.can_see_heldout():
-            evaluations = evaluations.exclude(split=Split.HELDOUT)
+        evaluations = evaluation_list(project=self.project, audience=self.audience())
+        evaluations = evaluations.select_related("policy_version")
         if values.get("candidate"):
             evaluations = evaluations.filter(candidate__sha__startswith=values["candidate"].lower())
         if values.get("suite"):
@@ -259,6 +286,7 @@ class EvaluationListView(EvaluationViewMixin):
             task_limit=values.get("task_limit"),
             seed=values["seed"],
             knobs=values.get("knobs") or {},
+            budget_limits=BudgetLimits(usd=values.get("budget_usd")),
             created_by=request.user,
         )
         body = self.out(AcceptedOut, evaluation)

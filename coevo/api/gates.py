@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from uuid import UUID
 
 from django.db.models import QuerySet
@@ -44,6 +45,14 @@ class GateIn(serializers.Serializer):
         child=serializers.CharField(max_length=200), max_length=1000, default=list
     )
     max_error_rate = serializers.FloatField(required=False, allow_null=True)
+    budget_usd = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        help_text="US dollars both evaluations may spend together: refused (409) when their "
+        "worst case (every token the manifest allows, at the endpoints' prices) exceeds it.",
+    )
 
 
 class GateCreatedOut(OutSerializer):
@@ -166,6 +175,7 @@ class GateListView(ApiView):
             confidence=values["confidence"],
             critical_tasks=values["critical_tasks"],
             max_error_rate=values.get("max_error_rate"),
+            budget_usd=values.get("budget_usd"),
             created_by=request.user,
         )
         body = self.out(GateCreatedOut, gate)

@@ -1,9 +1,10 @@
 """API: promotion requests (see docs/api.md, Promotions). Included under
 ``projects/<slug:slug>/``.
 
-Held-out per-task details (flips and their rollouts) are sealed (docs/architecture.md, "The held-out seal"): the evidence
-goes out whole only to reviewers' personal tokens (``ApiView.can_see_heldout``); everyone else
-gets the aggregates. Approve/reject need the ``promotions:approve`` scope, which
+Held-out per-task details (flips and their rollouts) are sealed (docs/architecture.md, "The
+held-out seal"): the evidence goes out whole only to reviewers' personal tokens
+(``ApiView.audience``); everyone else gets the aggregates (``sealed_evidence``, the promotion
+page's rule too). Approve/reject need the ``promotions:approve`` scope, which
 ``coevo.accounts`` never grants to CI tokens, and the reviewer role; the service refuses the
 requester (and the database refuses it again).
 """
@@ -29,13 +30,10 @@ from coevo.reviews import services as review_services
 from coevo.reviews.models import PromotionRequest
 from coevo.reviews.promotions.create import promotion_baseline_get, promotion_request_create
 from coevo.reviews.promotions.decide import promotion_decide
+from coevo.reviews.promotions.evidence_types import Evidence
 from coevo.suites.models import Split, Suite
 from coevo.suites.selectors import suite_get
 from harness_store.selectors import candidate_get
-
-# Evidence keys that carry per-task held-out results; removed for everyone but reviewers.
-SEALED_COMPARISON_KEYS = ("flips", "flipped_tasks", "dropped")
-SEALED_EVIDENCE_KEYS = ("heldout_tasks",)
 
 
 class PromotionIn(serializers.Serializer):
@@ -85,8 +83,9 @@ class ApprovalOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
-# Context: heldout, whether the evidence goes out whole (ApiView.can_see_heldout); summary,
-# whether it is a list's row (the evidence's summary, for everyone).
+# Context: evidence, the request's evidence sealed for the token's audience
+# (review_selectors.promotion_review_get); summary, whether it is a list's row (the evidence's
+# summary, for everyone).
 class PromotionOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.CharField()
@@ -135,9 +134,8 @@ class PromotionOut(OutSerializer):
             # Read by the database without the sealed, diff and lineage parts (the list's
             # query: review_selectors.promotion_list_summaries).
             return dict(promotion.evidence_summary or {})
-        if self.context["heldout"]:
-            return dict(promotion.evidence or {})
-        return sealed_evidence(promotion.evidence)
+        evidence: Evidence | None = self.context["evidence"]
+        return evidence.to_payload() if evidence else {}
 
     def get_approvals(self, promotion: PromotionRequest) -> list[dict[str, Any]]:
         approvals = review_selectors.promotion_approvals(request=promotion)
@@ -150,17 +148,12 @@ class PromotionOut(OutSerializer):
         return self.view.absolute("web:promotion", self.view.project.slug, promotion.id)
 
 
-def sealed_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
-    """The evidence without per-task held-out results (what non-reviewers may see)."""
-    evidence = {
-        key: value for key, value in (evidence or {}).items() if key not in SEALED_EVIDENCE_KEYS
-    }
-    comparison = evidence.get("comparison")
-    if isinstance(comparison, dict):
-        evidence["comparison"] = {
-            key: value for key, value in comparison.items() if key not in SEALED_COMPARISON_KEYS
-        }
-    return evidence
+def promotion_out(view: ApiView, request_id: Any) -> dict[str, Any]:
+    """One request as PromotionOut renders it, its evidence sealed for the token's audience."""
+    promotion, evidence = review_selectors.promotion_review_get(
+        project=view.project, request_id=request_id, audience=view.audience()
+    )
+    return view.out(PromotionOut, promotion, evidence=evidence)
 
 
 def _default_suite(project: Project) -> Suite:
@@ -196,7 +189,6 @@ class PromotionListView(ApiView):
             self,
             review_selectors.promotion_list_summaries(project=self.project),
             PromotionOut,
-            heldout=False,
             summary=True,
         )
 
@@ -235,8 +227,7 @@ class PromotionListView(ApiView):
 class PromotionDetailView(ApiView):
     @extend_schema(operation_id="promotions_retrieve", responses=PromotionOut)
     def get(self, request: Request, slug: str, request_id: UUID) -> Response:
-        promotion = review_selectors.promotion_get(project=self.project, request_id=request_id)
-        return Response(self.out(PromotionOut, promotion, heldout=self.can_see_heldout()))
+        return Response(promotion_out(self, request_id))
 
 
 class PromotionDecisionView(ApiView):
@@ -257,8 +248,7 @@ class PromotionDecisionView(ApiView):
             decision=self.decision,
             comment=data.validated_data.get("comment", ""),
         )
-        promotion = review_selectors.promotion_get(project=self.project, request_id=request_id)
-        return Response(self.out(PromotionOut, promotion, heldout=self.can_see_heldout()))
+        return Response(promotion_out(self, request_id))
 
 
 class PromotionApproveView(PromotionDecisionView):

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import models
 
 from coevo.db import TimeStampedModel
-from coevo.evaluations.models import Budget, Evaluation
+from coevo.evaluations.models import USD_DIGITS, Budget, Evaluation
 from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite
@@ -199,6 +199,8 @@ class Proposal(TimeStampedModel):
     # How long the proposer took to write it (llm-patch: its model call); charged with its
     # tokens to the campaign's budget as proposer spend (coevo.evaluations.ledger).
     proposer_wall_ms = models.PositiveIntegerField(default=0)
+    # US dollars of its proposer model calls (at the prices that applied); null: no price.
+    proposer_cost_usd = models.DecimalField(null=True, blank=True, **USD_DIGITS)
     patch = models.TextField(blank=True)
     # [{"stage": applies|manifest|imports|duplicate|smoke, "ok": bool, "reason": str}]
     stages = models.JSONField(default=list, blank=True)

@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import time
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -351,7 +352,9 @@ def _charge(campaign: Campaign, draft: Draft, note: str) -> None:
         budget=campaign.budget,
         reserved=Amount(),
         actual=Amount(
-            proposer_tokens=draft.proposer_tokens, proposer_wall_ms=draft.proposer_wall_ms or 0
+            proposer_tokens=draft.proposer_tokens,
+            proposer_wall_ms=draft.proposer_wall_ms or 0,
+            proposer_usd=draft.proposer_cost_usd or Decimal(0),
         ),
         rollout=None,
         note=note,
@@ -487,6 +490,7 @@ def _record(campaign: Campaign, sequence: int, draft: Draft, *, batch: int | Non
         trial_number=draft.trial_number,
         proposer_tokens=draft.proposer_tokens,
         proposer_wall_ms=draft.proposer_wall_ms or 0,
+        proposer_cost_usd=draft.proposer_cost_usd,
         state=ProposalState.INVALID if failed else ProposalState.PROPOSED,
         **_storable_record(
             shown=draft.shown,

@@ -7,6 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -215,12 +216,19 @@ _SPEND_ROWS = (
     ("rollouts", "rollouts", 1),
     ("tokens", "tokens", 1),
     ("wall_s", "wall s", 1),
+    ("usd", "policy US$", 0),
     ("proposer_tokens", "proposer tokens", 1),
     ("proposer_wall_ms", "proposer wall s", 1000),
+    ("proposer_usd", "proposer US$", 0),
 )
+# Dollars (divisor 0 above) are shown to the millionth: a call of a small model costs less
+# than a cent. The ledger keeps them exact.
+_SHOWN_USD = Decimal("0.000001")
 
 
-def _scaled(value: int, scale: int) -> int | float:
+def _scaled(value: int | Decimal, scale: int) -> int | float | Decimal:
+    if not scale:
+        return Decimal(value).quantize(_SHOWN_USD)
     return value // scale if value % scale == 0 else round(value / scale, 1)
 
 
@@ -422,6 +430,8 @@ class ProposerValidity:
     valid: int = 0
     rejected_at: dict[str, int] | None = None
     proposer_tokens: int = 0
+    # US dollars of its calls where its endpoint had a price; None: none had.
+    proposer_cost_usd: Decimal | None = None
 
     @property
     def valid_share(self) -> float | None:
@@ -437,7 +447,7 @@ def proposer_validity(*, campaigns: QuerySet[Campaign] | list[Campaign]) -> list
         Proposal.objects.filter(campaign__in=campaigns)
         .exclude(kind__in=[ProposerKind.SEED, ProposerKind.MANUAL])
         .exclude(state__in=[ProposalState.QUEUED, ProposalState.PROPOSED])
-        .only("kind", "state", "stages", "params", "proposer_tokens")
+        .only("kind", "state", "stages", "params", "proposer_tokens", "proposer_cost_usd")
     )
     for proposal in proposals:
         model = str((proposal.params or {}).get("model") or "-")
@@ -446,6 +456,10 @@ def proposer_validity(*, campaigns: QuerySet[Campaign] | list[Campaign]) -> list
         )
         row.judged += 1
         row.proposer_tokens += proposal.proposer_tokens
+        if proposal.proposer_cost_usd is not None:
+            row.proposer_cost_usd = (
+                row.proposer_cost_usd or Decimal(0)
+            ) + proposal.proposer_cost_usd
         if proposal.state != ProposalState.INVALID:
             row.valid += 1
             continue

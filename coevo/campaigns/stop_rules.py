@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 
 from django.utils import timezone
 
@@ -53,6 +54,16 @@ def budget_spent(budget: Budget) -> str:
         used = getattr(budget, f"reserved_{field}") + getattr(budget, f"spent_{field}")
         if limit is not None and used >= limit:
             return f"budget spent: {used:,} of {limit:,} {unit}"
+    return _dollars_spent(budget, "usd", "dollar budget spent")
+
+
+def _dollars_spent(budget: Budget, field: str, what: str) -> str:
+    limit = getattr(budget, f"limit_{field}")
+    used = Decimal(getattr(budget, f"reserved_{field}")) + Decimal(
+        getattr(budget, f"spent_{field}")
+    )
+    if limit is not None and used >= limit:
+        return f"{what}: ${used:,.4f} of ${Decimal(limit):,.4f}"
     return ""
 
 
@@ -69,7 +80,7 @@ def proposer_budget_spent(budget: Budget) -> str:
         return (
             f"proposer wall-time budget spent: {wall_ms / 1000:,.1f} of {wall_limit / 1000:,.1f} s"
         )
-    return ""
+    return _dollars_spent(budget, "proposer_usd", "proposer dollar budget spent")
 
 
 def campaign_finish(campaign: Campaign, state: str, reason: str) -> None:

@@ -21,6 +21,7 @@ from coevo.evaluations.selectors import evaluation_progress
 from coevo.projects.models import Role
 from coevo.reviews.models import PROMOTION_OPEN_STATES, PromotionRequest, PromotionState
 from coevo.reviews.promotions.create import promotion_request_create
+from coevo.reviews.promotions.evidence_types import evidence_read
 from coevo.reviews.services import channel_get_or_create
 
 CHANNEL = "production"
@@ -107,30 +108,35 @@ def promotion_summary(request: PromotionRequest, url: str) -> list[str]:
     """What held-out made of the campaign's gain, and where to decide."""
     request.refresh_from_db()
     lines = []
-    evidence = request.evidence or {}
-    if request.state == PromotionState.FAILED or not evidence:
+    evidence = evidence_read(payload=request.evidence)
+    if request.state == PromotionState.FAILED or evidence is None or evidence.candidate is None:
         lines.append(f"Held-out: no evidence ({request.state}: {request.state_detail})")
     else:
-        lines.append(evidence["reference"]["summary"])
-        candidate = evidence["candidate"]["scores"]["heldout"]
-        games = candidate["n_tasks"]
-        line = f"Held-out: candidate {pct(candidate['mean'])} on {games} game{'s' * (games != 1)}"
-        comparison = evidence.get("comparison")
+        if evidence.reference is not None:
+            lines.append(evidence.reference.summary)
+        candidate = evidence.candidate.scores["heldout"]
+        games = candidate.n_tasks or 0
+        line = f"Held-out: candidate {pct(candidate.mean)} on {games} game{'s' * (games != 1)}"
+        comparison = evidence.comparison
         if comparison:
-            interval = comparison.get("interval")
-            ci = f" [95% CI {interval['low']:+.1%}, {interval['high']:+.1%}]" if interval else ""
+            interval = comparison.interval
+            ci = f" [95% CI {interval.low:+.1%}, {interval.high:+.1%}]" if interval else ""
             line += (
-                f" vs reference {pct(comparison['reference_mean'])}: "
-                f"paired difference {comparison['difference']:+.1%}{ci}, "
-                f"{'significant' if comparison['significant'] else 'not significant'} "
-                f"(p = {comparison['p_value']:.2g})"
+                f" vs reference {pct(comparison.reference_mean)}: "
+                f"paired difference {comparison.difference:+.1%}{ci}, "
+                f"{'significant' if comparison.significant else 'not significant'} "
+                f"(p = {comparison.p_value:.2g})"
             )
         lines.append(line)
-        generalization = evidence.get("generalization") or {}
-        if generalization.get("search_gain") is not None and generalization.get("gap") is not None:
+        generalization = evidence.generalization
+        if (
+            generalization
+            and generalization.search_gain is not None
+            and generalization.gap is not None
+        ):
             lines.append(
-                f"Search gain {generalization['search_gain']:+.1%}, held-out gain "
-                f"{generalization['heldout_gain']:+.1%}: gap {generalization['gap']:+.1%} "
+                f"Search gain {generalization.search_gain:+.1%}, held-out gain "
+                f"{generalization.heldout_gain:+.1%}: gap {generalization.gap:+.1%} "
                 "(the part of the search-set gain that held-out did not confirm; HDA)"
             )
     lines.append(f"Promotion to {request.channel.name}: {request.state} · {url}")

@@ -95,6 +95,7 @@ def cache_lookup(*, project_id: Any, split: str, keys: list[str]) -> dict[str, R
             "completion_tokens",
             "model_calls",
             "latency_ms",
+            "cost_usd",
             "finished_at",
         )
         .order_by("finished_at")

@@ -4,8 +4,13 @@ Reservations are conditional updates (``limit >= reserved + spent + amount``), s
 evaluations racing for the last of a budget cannot both get it. Each movement is also written as
 a LedgerEntry, which is what the pages show.
 
-Proposer spend (the proposer model's tokens, the wall time of each draft) is in the same ledger
-as units of its own, never mixed with the policy's: a campaign's runner charges each draft once
+Dollars are units like tokens: a rollout reserves the manifest's token limit at the highest
+per-token price of the endpoints serving its policy version (``unit_usd``: 0 where none has a
+price) and settles its calls' actual cost (coevo/policies/prices.py). Amounts of dollars are
+exact decimals.
+
+Proposer spend (the proposer model's tokens and dollars, the wall time of each draft) is in the
+same ledger as units of its own, never mixed with the policy's: a campaign's runner charges each draft once
 it is written (``budget_settle`` with nothing reserved: its cost is known only then), and the
 campaign's stop rule checks them before the next draft.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -23,14 +29,25 @@ from coevo.errors import BudgetExceeded
 from coevo.evaluations.models import Budget, LedgerEntry, LedgerKind, Rollout
 from coevo.projects.models import Project
 
-_FIELDS = ("rollouts", "tokens", "wall_s", "proposer_tokens", "proposer_wall_ms")
+_FIELDS = (
+    "rollouts",
+    "tokens",
+    "wall_s",
+    "usd",
+    "proposer_tokens",
+    "proposer_wall_ms",
+    "proposer_usd",
+)
 # Charged after each draft, so a draft may pass their limit: a rollout (which needs none of
 # them) is not refused for it; the stop rule ends the campaign before the next draft instead.
-_PROPOSER_FIELDS = ("proposer_tokens", "proposer_wall_ms")
+_PROPOSER_FIELDS = ("proposer_tokens", "proposer_wall_ms", "proposer_usd")
+_DOLLAR_FIELDS = ("usd", "proposer_usd")
 _UNITS = {
     "rollouts": "rollouts",
     "tokens": "tokens",
     "wall_s": "seconds of rollout wall time",
+    "usd": "in policy calls",
+    "proposer_usd": "in proposer calls",
     "proposer_tokens": "proposer tokens",
     "proposer_wall_ms": "milliseconds of proposer wall time",
 }
@@ -45,6 +62,8 @@ class Amount:
     # Milliseconds: a config draft takes a few, and rounding each up to a second would
     # overcharge a campaign of many drafts.
     proposer_wall_ms: int = 0
+    usd: Decimal = Decimal(0)
+    proposer_usd: Decimal = Decimal(0)
 
     def __mul__(self, n: int) -> Amount:
         return Amount(**{f.name: getattr(self, f.name) * n for f in fields(self)})
@@ -62,6 +81,8 @@ class BudgetLimits:
     proposer_tokens: int | None = None
     # Given in seconds like wall_s; the ledger keeps proposer wall time in milliseconds.
     proposer_wall_s: int | None = None
+    usd: Decimal | None = None
+    proposer_usd: Decimal | None = None
 
 
 def budget_create(
@@ -75,7 +96,15 @@ def budget_create(
 ) -> Budget:
     limits = limits or BudgetLimits()
     unit = unit or Amount()
-    for field in ("rollouts", "tokens", "wall_s", "proposer_tokens", "proposer_wall_s"):
+    for field in (
+        "rollouts",
+        "tokens",
+        "wall_s",
+        "usd",
+        "proposer_tokens",
+        "proposer_wall_s",
+        "proposer_usd",
+    ):
         value = getattr(limits, field)
         if value is not None and value < 0:
             unit = _UNITS.get(field, "seconds of proposer wall time")
@@ -92,8 +121,11 @@ def budget_create(
         limit_proposer_wall_ms=(
             None if limits.proposer_wall_s is None else 1000 * limits.proposer_wall_s
         ),
+        limit_usd=limits.usd,
+        limit_proposer_usd=limits.proposer_usd,
         unit_tokens=unit.tokens,
         unit_wall_s=unit.wall_s,
+        unit_usd=unit.usd,
     )
 
 
@@ -169,7 +201,7 @@ def budget_refund(*, budget: Budget, amount: Amount, note: str = "") -> None:
 
 def budget_unit(budget: Budget) -> Amount:
     """What one rollout reserves on this budget."""
-    return Amount(1, budget.unit_tokens, budget.unit_wall_s)
+    return Amount(1, budget.unit_tokens, budget.unit_wall_s, usd=Decimal(budget.unit_usd))
 
 
 def wall_seconds(latency_ms: int) -> int:
@@ -189,7 +221,7 @@ def _moved(amount: Amount) -> list[str]:
     return [f for f in _FIELDS if getattr(amount, f)]
 
 
-def _signed(amount: Amount, sign: int) -> dict[str, int]:
+def _signed(amount: Amount, sign: int) -> dict[str, int | Decimal]:
     return {f: sign * getattr(amount, f) for f in _FIELDS}
 
 
@@ -205,9 +237,16 @@ def _refusal(account: Budget, amount: Amount) -> str:
             continue
         if used + need > limit:
             return (
-                f"Budget {account.name!r} would be exceeded: this needs {need:,} "
+                f"Budget {account.name!r} would be exceeded: this needs {_shown(field, need)} "
                 f"{_UNITS[field]} (the worst case the harness's limits allow), but only "
-                f"{max(0, limit - used):,} of its {limit:,} are left. Raise the budget, lower the "
-                "harness's limits in harness.toml, or evaluate fewer tasks or epochs."
+                f"{_shown(field, max(0, limit - used))} of its {_shown(field, limit)} are left. "
+                "Raise the budget, lower the harness's limits in harness.toml, or evaluate "
+                "fewer tasks or epochs."
             )
     return f"Budget {account.name!r} would be exceeded."
+
+
+def _shown(field: str, value: int | Decimal) -> str:
+    if field in _DOLLAR_FIELDS:
+        return f"${Decimal(value):,.4f}"
+    return f"{value:,}"

@@ -10,6 +10,10 @@ from coevo.suites.models import Split, Suite, Task
 from harness_store.models import Candidate
 from workers.outcomes import Outcome as RolloutOutcome
 
+# US dollars, exact: per-million prices with six places over a million tokens need twelve
+# (coevo/policies/prices.py); 12 digits before the point is far beyond any budget.
+USD_DIGITS = {"max_digits": 24, "decimal_places": 12}
+
 
 class EvaluationState(models.TextChoices):
     PENDING = "pending"
@@ -206,6 +210,9 @@ class Rollout(TimeStampedModel):
     completion_tokens = models.PositiveIntegerField(default=0)
     model_calls = models.PositiveIntegerField(default=0)
     latency_ms = models.PositiveIntegerField(default=0)
+    # US dollars: the sum of its model calls' costs, each at the price that applied when it
+    # was made (on its model-call step); null when no call had a price ("—", not 0).
+    cost_usd = models.DecimalField(null=True, blank=True, **USD_DIGITS)
     # Every claim is an attempt (trace steps are numbered by it); attempts lost to a policy
     # outage or wiped by a resume are ``forgiven``: only the others count against the maximum.
     attempts = models.PositiveSmallIntegerField(default=0)
@@ -318,9 +325,14 @@ class Budget(TimeStampedModel):
     # A campaign's proposer spend, in units of its own (coevo.evaluations.ledger).
     limit_proposer_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     limit_proposer_wall_ms = models.PositiveBigIntegerField(null=True, blank=True)
+    # US dollars: the policy's (rollouts, reserved at the worst case) and the proposers'.
+    limit_usd = models.DecimalField(null=True, blank=True, **USD_DIGITS)
+    limit_proposer_usd = models.DecimalField(null=True, blank=True, **USD_DIGITS)
     # Reserved per rollout: the manifest's token and wall-time limits (worst case).
     unit_tokens = models.BigIntegerField(default=0)
     unit_wall_s = models.BigIntegerField(default=0)
+    # The manifest's token limit at the highest per-token price of the version's endpoints.
+    unit_usd = models.DecimalField(default=0, **USD_DIGITS)
     reserved_rollouts = models.BigIntegerField(default=0)
     reserved_tokens = models.BigIntegerField(default=0)
     reserved_wall_s = models.BigIntegerField(default=0)
@@ -331,6 +343,10 @@ class Budget(TimeStampedModel):
     reserved_proposer_wall_ms = models.BigIntegerField(default=0)
     spent_proposer_tokens = models.BigIntegerField(default=0)
     spent_proposer_wall_ms = models.BigIntegerField(default=0)
+    reserved_usd = models.DecimalField(default=0, **USD_DIGITS)
+    spent_usd = models.DecimalField(default=0, **USD_DIGITS)
+    reserved_proposer_usd = models.DecimalField(default=0, **USD_DIGITS)
+    spent_proposer_usd = models.DecimalField(default=0, **USD_DIGITS)
 
     class Meta:
         constraints = [
@@ -365,6 +381,8 @@ class LedgerEntry(models.Model):
     wall_s = models.BigIntegerField(default=0)
     proposer_tokens = models.BigIntegerField(default=0)
     proposer_wall_ms = models.BigIntegerField(default=0)
+    usd = models.DecimalField(default=0, **USD_DIGITS)
+    proposer_usd = models.DecimalField(default=0, **USD_DIGITS)
     note = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from django.db.models import Count, F, Q, QuerySet, Sum, Window
@@ -30,6 +31,7 @@ from coevo.evaluations.stats.means import (
 from coevo.evaluations.stats.paired import PairedComparison, paired_comparison
 from coevo.evaluations.traces import PAGE_SIZE as TRACE_PAGE_SIZE
 from coevo.evaluations.traces import Cursor, TracePage, trace_page
+from coevo.projects.audience import Audience
 from coevo.projects.models import Project
 from coevo.suites.models import Split
 from harness_store.models import Candidate
@@ -50,6 +52,8 @@ class EvaluationProgress:
     prompt_tokens: int
     completion_tokens: int
     score: ScoreSummary
+    # US dollars of its rollouts' model calls; None when none had a price ("—").
+    cost_usd: Decimal | None = None
 
     @property
     def percent(self) -> int:
@@ -61,31 +65,30 @@ class EvaluationProgress:
 
 
 def evaluation_list(
-    *, project: Project, candidate: Candidate | None = None, include_heldout: bool = True
+    *, project: Project, audience: Audience, candidate: Candidate | None = None
 ) -> QuerySet[Evaluation]:
-    """``include_heldout=False`` for every view outside promotion requests: held-out results
-    are sealed (docs/architecture.md, "The held-out seal")."""
+    """The project's evaluations; held-out ones only for ``Audience.REVIEWER`` (they are
+    sealed: docs/architecture.md, "The held-out seal")."""
     qs = Evaluation.objects.filter(project=project).select_related("candidate", "suite")
     if candidate is not None:
         qs = qs.filter(candidate=candidate)
-    if not include_heldout:
+    if not audience.sees_heldout:
         qs = qs.exclude(split=Split.HELDOUT)
     return qs
 
 
-def evaluation_get(
-    *, project: Project, evaluation_id: Any, include_heldout: bool = True
-) -> Evaluation:
-    """``include_heldout=False``: a held-out evaluation is answered as not found."""
+def evaluation_get(*, project: Project, evaluation_id: Any, audience: Audience) -> Evaluation:
+    """The evaluation; a held-out one is answered as not found unless ``audience`` is
+    ``Audience.REVIEWER``."""
     qs = Evaluation.objects.select_related("candidate", "suite", "policy_version")
-    if not include_heldout:
+    if not audience.sees_heldout:
         qs = qs.exclude(split=Split.HELDOUT)
     try:
         return qs.get(project=project, id=evaluation_id)
     except (Evaluation.DoesNotExist, ValueError, TypeError):
         raise NotFound(
             f"No evaluation {evaluation_id} in project {project.slug}"
-            + ("" if include_heldout else " outside the sealed held-out split")
+            + ("" if audience.sees_heldout else " outside the sealed held-out split")
             + "."
         ) from None
 
@@ -100,6 +103,7 @@ def evaluation_progress(*, evaluation: Evaluation) -> EvaluationProgress:
         **_rollout_counts(),
         prompt_tokens=Sum("prompt_tokens"),
         completion_tokens=Sum("completion_tokens"),
+        cost_usd=Sum("cost_usd"),
     )
     scored = agg["done"] - agg["infra_errors"]
     return EvaluationProgress(
@@ -116,6 +120,7 @@ def evaluation_progress(*, evaluation: Evaluation) -> EvaluationProgress:
         prompt_tokens=agg["prompt_tokens"] or 0,
         completion_tokens=agg["completion_tokens"] or 0,
         score=pass_rate_summary(agg["passed"], scored),
+        cost_usd=agg["cost_usd"],
     )
 
 
@@ -130,14 +135,14 @@ class EvaluationSummary:
 def evaluation_summaries(
     *,
     project: Project,
+    audience: Audience,
     candidate: Candidate | None = None,
     limit: int = 20,
-    include_heldout: bool = False,
 ) -> list[EvaluationSummary]:
     """The latest evaluations with their pass rate (counted as evaluation_progress counts),
-    in one query. Held-out evaluations only when asked for (they are sealed)."""
+    in one query; held-out ones as evaluation_list lets ``audience`` see them."""
     rows = (
-        evaluation_list(project=project, candidate=candidate, include_heldout=include_heldout)
+        evaluation_list(project=project, audience=audience, candidate=candidate)
         .select_related("policy_version")
         .annotate(**_rollout_counts("rollouts__"))[:limit]
     )
@@ -223,12 +228,12 @@ def _rollout_cursor_decode(cursor: str) -> tuple[int, int]:
         raise InvalidInput("That page link is broken: start again from the first page.") from None
 
 
-def rollout_get(*, project: Project, rollout_id: Any, include_heldout: bool = False) -> Rollout:
-    """``include_heldout=True`` only on a promotion request's pages, which check that the
-    rollout is part of the request's evidence: anywhere else a held-out rollout (its outcome,
-    score and detail as much as its trace) is answered as not found, like its evaluation."""
+def rollout_get(*, project: Project, rollout_id: Any, audience: Audience) -> Rollout:
+    """``Audience.REVIEWER`` only on a promotion request's pages, which check that the rollout
+    is part of the request's evidence: for anyone else a held-out rollout (its outcome, score
+    and detail as much as its trace) is answered as not found, like its evaluation."""
     rollouts = Rollout.objects.filter(evaluation__project=project)
-    if not include_heldout:
+    if not audience.sees_heldout:
         rollouts = rollouts.exclude(evaluation__split=Split.HELDOUT)
     try:
         return (

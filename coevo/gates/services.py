@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -22,6 +23,7 @@ from django.utils import timezone
 
 from coevo.enqueue import task_enqueue
 from coevo.errors import CoevoError, InvalidInput, NotFound, PermissionDenied
+from coevo.evaluations.ledger import BudgetLimits, budget_create
 from coevo.evaluations.models import (
     EVALUATION_FINAL_STATES,
     Evaluation,
@@ -63,12 +65,14 @@ def gate_create(
     confidence: float = 0.95,
     critical_tasks: Iterable[str] = (),
     max_error_rate: float | None = None,
+    budget_usd: Decimal | None = None,
     created_by: AbstractBaseUser | None = None,
 ) -> Gate:
     """Create the gate and its two evaluations (baseline and candidate, same suite split,
     policy version, epochs and seed) in one transaction; their rollouts are enqueued when it
     commits. An unchanged baseline costs nothing to evaluate again: its rollouts come from the
-    rollout cache.
+    rollout cache. ``budget_usd`` bounds both evaluations together (one ledger account, their
+    parent): refused (BudgetExceeded, nothing created) when their worst case exceeds it.
     """
     if candidate.project_id != project.id or suite.project_id != project.id:
         raise InvalidInput("The candidate and the suite must belong to this project.")
@@ -105,6 +109,12 @@ def gate_create(
             "seed": seed,
             "created_by": created_by,
         }
+        if budget_usd is not None:
+            common["parent_budget"] = budget_create(
+                project=project,
+                name=f"gate {candidate.short_sha} against {against[:100]}",
+                limits=BudgetLimits(usd=budget_usd),
+            )
         baseline_evaluation = evaluation_create(candidate=baseline, **common)
         # The reference link shows the comparison on the candidate's evaluation page.
         candidate_evaluation = evaluation_create(

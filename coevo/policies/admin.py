@@ -7,7 +7,9 @@ from django.forms.models import model_to_dict
 from django.http import HttpRequest
 
 from coevo.audit.services import audit_record
-from coevo.policies.models import LoadedAdapter, PolicyEndpoint, PolicyVersion
+from coevo.errors import InvalidInput
+from coevo.policies.models import LoadedAdapter, ModelPrice, PolicyEndpoint, PolicyVersion
+from coevo.policies.prices import model_price_check, model_price_create
 from coevo.policies.secrets import MAX_API_KEY_CHARS, SecretsKeyMissing, secret_encrypt
 from coevo.policies.services import policy_endpoint_api_key_revoke, policy_endpoint_api_key_set
 
@@ -145,3 +147,82 @@ class PolicyVersionAdmin(AuditedAdmin):
         ("LoRA adapter", {"fields": ["adapter_name", "adapter_path", "parent"]}),
         ("Provenance", {"fields": ["provenance"]}),
     ]
+
+
+class ModelPriceForm(forms.ModelForm):
+    """A new price row; ``effective_from`` empty means now. A start in the past is refused
+    (coevo.policies.prices.model_price_create says why)."""
+
+    effective_from = forms.DateTimeField(
+        required=False, help_text="When it starts to apply (empty: now). Never in the past."
+    )
+
+    class Meta:
+        model = ModelPrice
+        fields = [
+            "endpoint",
+            "model",
+            "effective_from",
+            "input_per_m",
+            "cached_input_per_m",
+            "output_per_m",
+            "note",
+        ]
+        help_texts = {
+            "model": "The served model name it prices; empty: every model of the endpoint "
+            "without a row of its own.",
+            "input_per_m": "US dollars per million prompt tokens.",
+            "cached_input_per_m": "US dollars per million prompt tokens served from the "
+            "provider's prompt cache.",
+            "output_per_m": "US dollars per million completion tokens.",
+        }
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        try:
+            model_price_check(
+                effective_from=data.get("effective_from"),
+                prices=[data.get(f) for f in ("input_per_m", "cached_input_per_m", "output_per_m")],
+            )
+        except InvalidInput as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return data
+
+
+@admin.register(ModelPrice)
+class ModelPriceAdmin(admin.ModelAdmin):
+    """The price table: operators add rows, never change or delete one (a call keeps the price
+    that applied when it was made; a new price is a new row from its time). Each row is audited."""
+
+    form = ModelPriceForm
+    list_display = [
+        "endpoint",
+        "model",
+        "effective_from",
+        "input_per_m",
+        "cached_input_per_m",
+        "output_per_m",
+        "note",
+    ]
+    list_filter = ["endpoint"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The list and a row's page stay readable; only adding writes.
+        return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: ModelPrice, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        saved = model_price_create(
+            endpoint=data["endpoint"],
+            model=data["model"],
+            input_per_m=data["input_per_m"],
+            cached_input_per_m=data["cached_input_per_m"],
+            output_per_m=data["output_per_m"],
+            effective_from=data.get("effective_from"),
+            note=data.get("note") or "",
+            actor=request.user,
+        )
+        obj.pk = saved.pk

@@ -126,6 +126,10 @@ def reply_to_chat(reply: dict[str, Any]) -> dict[str, Any]:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            # Cache reads, in OpenAI's place for them: priced at the cached-input price.
+            "prompt_tokens_details": {
+                "cached_tokens": _count(usage.get("cache_read_input_tokens"))
+            },
         },
     }
 

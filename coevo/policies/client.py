@@ -45,6 +45,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -53,6 +54,7 @@ from coevo.errors import PolicyRequestFailed, PolicyRequestRejected, PolicyUnava
 from coevo.policies import anthropic_api
 from coevo.policies.concurrency import EndpointLimiter, limiter_slot
 from coevo.policies.http import JsonHttp, TransportError, url_without_credentials
+from coevo.policies.pricing import PriceSchedule
 from coevo.policies.request_tables import request_for_kind, sampling_of
 from workers import metrics
 from workers.policy import Completion, Sampling
@@ -118,6 +120,7 @@ class PolicyClient:
         kind: str = "openai-compatible",
         api_key: str = "",
         retry_after_max_s: float = MAX_RETRY_AFTER_S,
+        prices: PriceSchedule | None = None,
     ) -> None:
         self.base_url = normalize_base_url(base_url)
         # What messages, metrics and traces name: the URL without any credentials in it.
@@ -130,6 +133,9 @@ class PolicyClient:
         # its API key is sent.
         self.kind = kind
         self.retry_after_max_s = retry_after_max_s
+        # The endpoint's price rows (coevo/policies/prices.py): each call is priced by the row
+        # that applies when it is answered. None: no price, the calls' cost is None.
+        self.prices = prices
         # Kept only to take it out of any text a server sends back (a provider's error may
         # quote the key it refused): never in a message, log line, metric or trace.
         self._api_key = api_key
@@ -319,6 +325,13 @@ class PolicyClient:
             text = choice.get("text") or ""
         else:
             text = (choice.get("message") or {}).get("content") or ""
+        usage = _usage(reply)
+        cached = _cached_tokens(reply)
+        price = (
+            None
+            if self.prices is None
+            else self.prices.at(model=self.model, when=datetime.now(UTC))
+        )
         return Completion(
             text=text if isinstance(text, str) else "",
             finish_reason=choice.get("finish_reason"),
@@ -328,7 +341,10 @@ class PolicyClient:
             endpoint=self.shown_url,
             sampling=sampling_of(payload),
             dropped=tuple(dropped),
-            **_usage(reply),
+            **usage,
+            cached_tokens=cached,
+            cost_usd=None if price is None else price.cost(cached_tokens=cached, **usage),
+            price=None if price is None else price.record(),
         )
 
     def _request(self, method: str, path: str, *, text: bool = False, **kwargs: Any) -> Any:
@@ -541,6 +557,17 @@ def _usage(body: dict[str, Any]) -> dict[str, int]:
         "prompt_tokens": count("prompt_tokens"),
         "completion_tokens": count("completion_tokens"),
     }
+
+
+def _cached_tokens(body: dict[str, Any]) -> int:
+    """Prompt tokens served from the provider's prompt cache: OpenAI's (and vLLM's)
+    ``usage.prompt_tokens_details.cached_tokens``; 0 where the reply does not say."""
+    usage = body.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, bool) or not isinstance(cached, int):
+        return 0
+    return max(0, cached)
 
 
 @dataclass

@@ -127,3 +127,47 @@ class LoadedAdapter(TimeStampedModel):
 
     def __str__(self) -> str:
         return f"{self.adapter_name} on {self.endpoint.name}"
+
+
+class ModelPrice(TimeStampedModel):
+    """What a model's tokens cost on an endpoint, in US dollars per million tokens, from
+    ``effective_from`` on (coevo/policies/prices.py).
+
+    Rows are never edited: a new price is a new row from its own time, so every call keeps the
+    price that applied when it was made (recorded on its model-call step, row id and values).
+    ``model`` "" prices every model the endpoint serves that has no row of its own. A
+    self-hosted endpoint may have a price (its GPU-hours spread over the tokens they serve) or
+    none: its calls then have no cost (shown as "—", never as 0).
+    """
+
+    endpoint = models.ForeignKey(PolicyEndpoint, on_delete=models.CASCADE, related_name="prices")
+    model = models.CharField(max_length=200, blank=True, default="")
+    effective_from = models.DateTimeField()
+    input_per_m = models.DecimalField(max_digits=12, decimal_places=6)
+    # Prompt tokens the provider served from its prompt cache (OpenAI's cached_tokens,
+    # Anthropic's cache reads), at their own price.
+    cached_input_per_m = models.DecimalField(max_digits=12, decimal_places=6)
+    output_per_m = models.DecimalField(max_digits=12, decimal_places=6)
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["endpoint", "model", "-effective_from"]
+        constraints = [
+            # One price per endpoint, model and moment: the price at a time is never ambiguous.
+            models.UniqueConstraint(
+                fields=["endpoint", "model", "effective_from"], name="model_price_unique_from"
+            ),
+            models.CheckConstraint(
+                condition=Q(input_per_m__gte=0)
+                & Q(cached_input_per_m__gte=0)
+                & Q(output_per_m__gte=0),
+                name="model_price_not_negative",
+            ),
+        ]
+        indexes = [
+            # model_price_schedule: an endpoint's rows, newest first.
+            models.Index(fields=["endpoint", "-effective_from"], name="model_price_endpoint_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model or 'any model'} on {self.endpoint.name} from {self.effective_from}"

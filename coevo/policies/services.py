@@ -41,6 +41,7 @@ from coevo.policies.models import (
     PolicyEndpoint,
     PolicyVersion,
 )
+from coevo.policies.prices import price_schedule_for
 from coevo.policies.secrets import MAX_API_KEY_CHARS, secret_decrypt, secret_encrypt
 
 logger = logging.getLogger(__name__)
@@ -209,8 +210,9 @@ def policy_client_for_endpoint(
     retries: int | None = None,
     limiter: EndpointLimiter | None = None,
 ) -> PolicyClient:
-    """A client for one endpoint: its kind's request table and its API key (decrypted here,
-    in the process that sends; SecretUnreadable when COEVO_SECRETS_KEY cannot read it)."""
+    """A client for one endpoint: its kind's request table, its API key (decrypted here,
+    in the process that sends; SecretUnreadable when COEVO_SECRETS_KEY cannot read it) and its
+    price rows (each call priced by the row that applies when it is answered)."""
     return PolicyClient(
         endpoint.base_url,
         model=model,
@@ -219,6 +221,7 @@ def policy_client_for_endpoint(
         limiter=limiter,
         kind=endpoint.kind,
         api_key=secret_decrypt(token=endpoint.api_key_encrypted),
+        prices=price_schedule_for(endpoint=endpoint),
     )
 
 

@@ -11,6 +11,7 @@ from coevo.campaigns.models import Proposal
 from coevo.db import JSONWithout
 from coevo.errors import NotFound
 from coevo.evaluations.models import Evaluation
+from coevo.projects.audience import Audience
 from coevo.projects.models import Project
 from coevo.reviews.models import (
     Approval,
@@ -20,6 +21,7 @@ from coevo.reviews.models import (
     PromotionRequest,
     ReviewComment,
 )
+from coevo.reviews.promotions.evidence_types import Evidence, evidence_read, sealed_evidence
 from coevo.suites.models import Split
 from harness_store.models import Candidate
 
@@ -111,6 +113,22 @@ def promotion_get(*, project: Project, request_id: Any) -> PromotionRequest:
         return promotion_list_for_project(project=project).get(id=request_id)
     except (PromotionRequest.DoesNotExist, ValueError, TypeError):
         raise NotFound(f"No promotion request {request_id} in project {project.slug}.") from None
+
+
+def promotion_review_get(
+    *, project: Project, request_id: Any, audience: Audience
+) -> tuple[PromotionRequest, Evidence | None]:
+    """A request as its page or API answer shows it: the row without its stored evidence
+    (left in the database, so nothing downstream holds the sealed parts), and the evidence
+    read through its type and sealed for ``audience`` (None before it is assembled)."""
+    try:
+        promotion = promotion_list_for_project(project=project).defer("evidence").get(id=request_id)
+    except (PromotionRequest.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"No promotion request {request_id} in project {project.slug}.") from None
+    payload = (
+        PromotionRequest.objects.filter(id=promotion.id).values_list("evidence", flat=True).get()
+    )
+    return promotion, sealed_evidence(evidence=evidence_read(payload=payload), audience=audience)
 
 
 def promotion_is_stale(*, request: PromotionRequest) -> bool:

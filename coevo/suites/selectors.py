@@ -4,11 +4,25 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import (
+    Case,
+    Count,
+    F,
+    IntegerField,
+    JSONField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 
 from coevo.errors import NotFound
+from coevo.projects.audience import Audience
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite, SuiteKind, Task, TaskImageBuild
 from workers.environments.regexes import regex_problem
@@ -123,19 +137,30 @@ def task_list(*, suite: Suite, split: Split) -> QuerySet[Task]:
     return Task.objects.filter(suite=suite, split=split).defer("verifier").order_by("position")
 
 
-def task_catalogue(*, suite: Suite, split: Split | None = None) -> QuerySet[Task]:
-    """A suite's tasks for listing: key, split, position and inputs, never the verifier.
+def task_catalogue(
+    *, suite: Suite, audience: Audience, split: Split | None = None
+) -> QuerySet[Task]:
+    """A suite's tasks for listing: key, split, position and what the harness sees
+    (``listed_inputs``), never the verifier. A held-out task's ``listed_inputs`` is None unless
+    ``audience`` is ``Audience.REVIEWER``: sealed (docs/architecture.md, "The held-out seal").
 
     A workspace task's inputs hold its starting files (megabytes, maybe): its listing takes
-    only the instruction (``instruction``), read out by the database."""
+    only the instruction, read out by the database."""
     if suite.kind == SuiteKind.WORKSPACE:
-        tasks = (
-            Task.objects.filter(suite=suite)
-            .only("id", "key", "split", "position")
-            .annotate(instruction=KT("inputs__instruction"))
-        )
+        listed: Any = KT("inputs__instruction")
     else:
-        tasks = Task.objects.filter(suite=suite).only("id", "key", "split", "position", "inputs")
+        listed = F("inputs")
+    if not audience.sees_heldout:
+        listed = Case(
+            When(split=Split.HELDOUT, then=Value(None)),
+            default=listed,
+            output_field=TextField() if suite.kind == SuiteKind.WORKSPACE else JSONField(),
+        )
+    tasks = (
+        Task.objects.filter(suite=suite)
+        .only("id", "key", "split", "position")
+        .annotate(listed_inputs=listed)
+    )
     if split is not None:
         tasks = tasks.filter(split=split)
     return tasks.order_by("position")

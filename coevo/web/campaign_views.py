@@ -5,6 +5,7 @@ configuration, its current phase and the policy each proposal ran under."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -290,6 +291,22 @@ class CampaignStartForm(forms.Form):
         label="budget: proposer wall time (s)",
         help_text="time the proposers spend writing proposals",
     )
+    max_usd = forms.DecimalField(
+        min_value=Decimal("0.000001"),
+        max_digits=18,
+        decimal_places=6,
+        required=False,
+        label="budget: policy US$",
+        help_text="at the endpoints' prices; each rollout reserves its worst case",
+    )
+    max_proposer_usd = forms.DecimalField(
+        min_value=Decimal("0.000001"),
+        max_digits=18,
+        decimal_places=6,
+        required=False,
+        label="budget: proposer US$",
+        help_text="the proposer model's calls at its endpoint's price; the campaign stops when spent",
+    )
     epochs = forms.IntegerField(min_value=1, max_value=100, initial=1)
     random_seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0, label="seed")
     # Optional: alternate harness steps with policy steps (coevo.campaigns.alternation, which
@@ -404,6 +421,8 @@ def campaign_new(request: HttpRequest, project: Project) -> HttpResponse:
                         wall_s=data["max_wall_s"],
                         proposer_tokens=data["max_proposer_tokens"],
                         proposer_wall_s=data["max_proposer_wall_s"],
+                        usd=data["max_usd"],
+                        proposer_usd=data["max_proposer_usd"],
                     ),
                     max_proposals=data["max_proposals"],
                     batch_size=data["batch_size"] or 1,

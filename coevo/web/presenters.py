@@ -44,6 +44,8 @@ from coevo.gates.policy import GatePolicy
 from coevo.projects.models import Membership, Project
 from coevo.projects.selectors import project_list_for_user
 from coevo.reviews.models import PromotionRequest
+from coevo.reviews.promotions.evidence_types import SPLITS as EVIDENCE_SPLITS
+from coevo.reviews.promotions.evidence_types import Evidence, Score, Side
 from coevo.suites.models import Task
 from coevo.suites.selectors import task_is_sealed
 from coevo.web.trace_calls import model_call_views
@@ -536,13 +538,10 @@ class TaskRow:
 
 
 def task_row(task: Task) -> TaskRow:
+    """A task of task_catalogue's (``listed_inputs``: a workspace task's instruction only)."""
     if task_is_sealed(task=task):
         return TaskRow(task.key, task.split, task.position, None)
-    # Workspace tasks are listed with their instruction only (task_catalogue).
-    instruction = getattr(task, "instruction", None)
-    if instruction is not None:
-        return TaskRow(task.key, task.split, task.position, input_preview(instruction))
-    return TaskRow(task.key, task.split, task.position, input_preview(task.inputs))
+    return TaskRow(task.key, task.split, task.position, input_preview(task.listed_inputs))
 
 
 def input_preview(inputs: Any) -> str:
@@ -565,32 +564,44 @@ def input_preview(inputs: Any) -> str:
 REFERENCE_LABELS = {"holder": "holder", "campaign_seed": "campaign seed", "picked": "baseline"}
 
 
-def promotion_sides(*, evidence: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None]]:
+def promotion_sides(*, evidence: Evidence | None) -> list[tuple[str, dict[str, Any] | None]]:
     """The candidate's evidence and its reference's (the holder's or the baseline's), each
     with its search, validation and held-out scores in that order (None where a side or a
     split has none), labelled as the page shows them."""
-    kind = (evidence.get("reference") or {}).get("kind") or "holder"
-    reference = evidence.get("holder") or evidence.get("baseline")
+    if evidence is None:
+        return [("candidate", None), ("holder", None)]
+    kind = (evidence.reference.kind if evidence.reference else None) or "holder"
     return [
-        ("candidate", _side(evidence.get("candidate"))),
-        (REFERENCE_LABELS.get(kind, "reference"), _side(reference)),
+        ("candidate", _side(evidence.candidate)),
+        (REFERENCE_LABELS.get(kind, "reference"), _side(evidence.reference_side)),
     ]
 
 
-def _side(side: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not side:
+def _side(side: Side | None) -> dict[str, Any] | None:
+    if side is None:
         return None
-    scores = side.get("scores") or {}
-    missing = side.get("missing") or {}
-    splits = ("search", "validation", "heldout")
     return {
-        **side,
-        "score_list": [scores.get(s) for s in splits],
+        "sha": side.sha,
+        "policy_version": side.policy_version,
+        "errors": side.errors,
+        "cost": side.cost,
         "cells": [
-            {"score": scores.get(s), "missing": missing.get(s), **score_interval(scores.get(s))}
-            for s in splits
+            {
+                "score": side.scores.get(split),
+                "missing": side.missing.get(split),
+                **_evidence_score_interval(side.scores.get(split)),
+            }
+            for split in EVIDENCE_SPLITS
         ],
     }
+
+
+def _evidence_score_interval(score: Score | None) -> dict[str, Any]:
+    if score is None:
+        return interval_view(ci_low=None, method=None, n_tasks=None, confidence=None)
+    return interval_view(
+        ci_low=score.ci_low, method=score.method, n_tasks=score.n_tasks, confidence=score.confidence
+    )
 
 
 # How a page names the interval method a score summary stored ("method" of ScoreSummary).
@@ -598,14 +609,27 @@ INTERVAL_METHODS = {"wilson": "Wilson interval", "bootstrap": "bootstrap interva
 
 
 def score_interval(score: dict[str, Any] | None) -> dict[str, Any]:
-    """A stored score summary's interval as a page shows it (issue 38): its name ("95% Wilson
-    interval"), or, for a bootstrap over too few tasks to mean anything, why none is shown.
-    Wilson intervals hold their level at any n and are always shown."""
-    if not score or score.get("ci_low") is None:
+    """A stored score summary's interval as a page shows it: see interval_view."""
+    score = score or {}
+    return interval_view(
+        ci_low=score.get("ci_low"),
+        method=score.get("method"),
+        n_tasks=score.get("n_tasks"),
+        confidence=score.get("confidence"),
+    )
+
+
+def interval_view(
+    *, ci_low: float | None, method: str | None, n_tasks: int | None, confidence: float | None
+) -> dict[str, Any]:
+    """A score's interval as a page shows it (issue 38): its name ("95% Wilson interval"),
+    or, for a bootstrap over too few tasks to mean anything, why none is shown. Wilson
+    intervals hold their level at any n and are always shown."""
+    if ci_low is None:
         return {"interval_shown": False, "interval_note": None, "interval_name": None}
-    method = score.get("method") or "wilson"
-    note = too_few_tasks_note(int(score.get("n_tasks") or 0)) if method == "bootstrap" else None
-    confidence = float(score.get("confidence") or 0.95)
+    method = method or "wilson"
+    note = too_few_tasks_note(int(n_tasks or 0)) if method == "bootstrap" else None
+    confidence = float(confidence or 0.95)
     return {
         "interval_shown": note is None,
         "interval_note": note,
@@ -613,48 +637,54 @@ def score_interval(score: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def promotion_comparison(*, evidence: dict[str, Any]) -> PairedComparison | None:
-    """The evidence's held-out paired comparison (every version stores `as_dict`'s shape), for
-    the `paired_verdict` line: the exact test's verdict, the difference named by its score, and
-    an interval only where the comparison page would show one."""
-    stored = evidence.get("comparison")
-    return PairedComparison.from_dict(stored) if stored else None
+def promotion_comparison(*, evidence: Evidence | None) -> PairedComparison | None:
+    """The evidence's held-out paired comparison, for the `paired_verdict` line: the exact
+    test's verdict, the difference named by its score, and an interval only where the
+    comparison page would show one."""
+    return evidence.comparison.statistics() if evidence and evidence.comparison else None
 
 
-def promotion_heldout_tasks(*, evidence: dict[str, Any]) -> dict[str, Any] | None:
-    """The held-out task list of the evidence (version 2) as rows the page renders: per task,
-    the candidate's result and the reference's (when there is one) in column order. For
-    reviewers only: the view passes it to nobody else. None for older evidence (its flipped
-    tasks are shown instead)."""
-    listed = evidence.get("heldout_tasks")
-    if not listed:
+def promotion_heldout_tasks(*, evidence: Evidence | None) -> dict[str, Any] | None:
+    """The held-out task list of the evidence as rows the page renders: per task, the
+    candidate's result and the reference's (when there is one) in column order. None where
+    the evidence has none: sealed (sealed_evidence keeps it for reviewers alone), or version 1
+    (its flipped tasks are shown instead)."""
+    listed = evidence.heldout_tasks if evidence else None
+    if listed is None or not listed.tasks:
         return None
-    compared = bool((evidence.get("reference") or {}).get("kind"))
+    compared = bool(evidence.reference and evidence.reference.kind)
     rows = [
         {
-            **task,
-            "sides": [task["candidate"], task["reference"]] if compared else [task["candidate"]],
+            "task": task.task,
+            "flip": task.flip,
+            "changed": task.changed,
+            "sides": [task.candidate, task.reference] if compared else [task.candidate],
         }
-        for task in listed["tasks"]
+        for task in listed.tasks
     ]
-    return {**listed, "tasks": rows}
+    return {"total": listed.total, "truncated": listed.truncated, "tasks": rows}
 
 
 def promotion_reference_summary(
-    *, evidence: dict[str, Any], promotion: PromotionRequest
+    *, evidence: Evidence | None, promotion: PromotionRequest
 ) -> dict[str, Any]:
     """Which reference the evidence compares against, in one sentence: the stored one
     (evidence version 2), one read from an older evidence's holder, or, before the evidence
     is assembled, what the request will compare against."""
     channel = promotion.channel.name
-    if evidence.get("reference"):
-        reference = dict(evidence["reference"])
-    elif evidence:
-        holder = evidence.get("holder")
+    if evidence is not None and evidence.reference is not None:
+        reference: dict[str, Any] = {
+            "kind": evidence.reference.kind,
+            "sha": evidence.reference.sha,
+            "policy_version": evidence.reference.policy_version,
+            "summary": evidence.reference.summary,
+        }
+    elif evidence is not None:
+        holder = evidence.holder
         reference = {
             "kind": "holder" if holder else None,
-            "sha": holder["sha"] if holder else None,
-            "summary": f"Compared with {channel}'s holder {holder['sha'][:7]}."
+            "sha": holder.sha if holder else None,
+            "summary": f"Compared with {channel}'s holder {holder.sha[:7]}."
             if holder
             else f"No comparison: {channel} held nothing.",
         }

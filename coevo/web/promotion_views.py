@@ -2,7 +2,8 @@
 promotion request form and list, and one request's evidence with the review forms.
 
 Held-out task inputs, traces and per-task results (docs/architecture.md, "The held-out seal") appear only here and only for
-reviewers: ``promotion_detail`` gives the per-task part of the evidence to reviewers alone, and
+reviewers: ``promotion_detail`` gives the per-task part of the evidence to reviewers alone
+(``sealed_evidence``, through ``promotion_review_get``), and
 ``promotion_rollout`` is the one page that unseals a held-out rollout, for reviewers, when the
 rollout belongs to one of the request's own evaluations.
 """
@@ -23,6 +24,7 @@ from coevo.errors import CoevoError, InvalidInput, NotFound
 from coevo.evaluations.selectors import rollout_get
 from coevo.policies.selectors import policy_version_find, policy_versions_list
 from coevo.policies.services import policy_version_get_default
+from coevo.projects.audience import Audience, audience_for_review
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.reviews import selectors as review_selectors
@@ -210,9 +212,14 @@ def _create_from_form(*, project: Project, values: dict[str, str], user: Any) ->
 
 @project_view
 def promotion_detail(request: HttpRequest, project: Project, request_id: UUID) -> HttpResponse:
-    promotion = review_selectors.promotion_get(project=project, request_id=request_id)
-    evidence = promotion.evidence or {}
-    is_reviewer = _has_role(request, project, Role.REVIEWER)
+    audience = audience_for_review(project=project, user=request.user)
+    # Sealed (docs/architecture.md, "The held-out seal"): the request comes without its stored
+    # evidence, and the evidence holds only what ``audience`` may see, so the template never
+    # receives per-task held-out results a member who is not a reviewer may not see.
+    promotion, evidence = review_selectors.promotion_review_get(
+        project=project, request_id=request_id, audience=audience
+    )
+    is_reviewer = audience is Audience.REVIEWER
     is_requester = promotion.requester_id == request.user.pk
     sides = promotion_sides(evidence=evidence)
     context = {
@@ -225,9 +232,7 @@ def promotion_detail(request: HttpRequest, project: Project, request_id: UUID) -
         # verdict, the score it is of, an interval only where it means something.
         "comparison": promotion_comparison(evidence=evidence),
         "reference": promotion_reference_summary(evidence=evidence, promotion=promotion),
-        # Sealed (docs/architecture.md, "The held-out seal"): the per-task held-out list reaches the template for
-        # reviewers only.
-        "heldout_tasks": promotion_heldout_tasks(evidence=evidence) if is_reviewer else None,
+        "heldout_tasks": promotion_heldout_tasks(evidence=evidence),
         "looks": promotion_looks(promotion=promotion),
         "is_stale": review_selectors.promotion_is_stale(request=promotion),
         "is_settled": promotion.state != PromotionState.EVALUATING,
@@ -289,7 +294,7 @@ def promotion_rollout(
     """A rollout of the request's evaluations, held-out ones unsealed: reviewers only."""
     _require_role(request, project, Role.REVIEWER, "Reading held-out traces")
     promotion = review_selectors.promotion_get(project=project, request_id=request_id)
-    rollout = rollout_get(project=project, rollout_id=rollout_id, include_heldout=True)
+    rollout = rollout_get(project=project, rollout_id=rollout_id, audience=Audience.REVIEWER)
     if rollout.evaluation_id not in (
         promotion.candidate_evaluation_id,
         promotion.holder_evaluation_id,

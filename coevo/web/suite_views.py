@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
 from coevo.errors import CoevoError
+from coevo.projects.audience import Audience
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.suites.harbor import (
@@ -105,9 +106,9 @@ def suite_detail(request: HttpRequest, project: Project, suite_id: UUID) -> Http
     suite = suite_get_by_id(project=project, suite_id=suite_id)
     split = request.GET.get("split", "")
     chosen = Split(split) if split in Split.values else None
-    page = Paginator(task_catalogue(suite=suite, split=chosen), TASKS_PER_PAGE).get_page(
-        request.GET.get("page")
-    )
+    # Not a review page: held-out tasks are listed by key, sealed (Audience.MEMBER).
+    tasks = task_catalogue(suite=suite, audience=Audience.MEMBER, split=chosen)
+    page = Paginator(tasks, TASKS_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,
         "web/suite_detail.html",

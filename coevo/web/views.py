@@ -1,7 +1,9 @@
 """The browser dashboard: server-rendered pages, htmx for the live evaluation progress.
 
 Every project page goes through ``project_view``, which scopes it to a project the user is a
-member of; every read below is a selector call on that project.
+member of; every read below is a selector call on that project. None of these pages is a
+promotion request's review, so their audience is ``Audience.MEMBER`` whatever the user's role:
+held-out evaluations and rollouts are not found here, for reviewers too.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from coevo.evaluations.selectors import (
     rollout_list_page,
 )
 from coevo.policies.selectors import policy_slot_wait
+from coevo.projects.audience import Audience
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
 from coevo.suites.selectors import suite_list, task_is_sealed
@@ -90,7 +93,9 @@ def project_detail(request: HttpRequest, project: Project) -> HttpResponse:
             "older_query": urlencode({"cursor": page.next_cursor}) if page.next_cursor else None,
             "paged": bool(cursor),
             "suites": suite_list(project=project),
-            "evaluations": evaluation_summaries(project=project, limit=20),
+            "evaluations": evaluation_summaries(
+                project=project, audience=Audience.MEMBER, limit=20
+            ),
         },
     )
 
@@ -106,7 +111,9 @@ def candidate_detail(request: HttpRequest, project: Project, sha: str) -> HttpRe
             "candidate": candidate,
             "parent": candidate_parent(candidate=candidate),
             "files": candidate_files(candidate=candidate),
-            "evaluations": evaluation_summaries(project=project, candidate=candidate, limit=50),
+            "evaluations": evaluation_summaries(
+                project=project, audience=Audience.MEMBER, candidate=candidate, limit=50
+            ),
             "gaps": candidate_split_gaps(candidate=candidate),
         },
     )
@@ -167,7 +174,9 @@ def candidate_diff_page(request: HttpRequest, project: Project, sha: str) -> Htt
 
 @project_view
 def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUID) -> HttpResponse:
-    evaluation = evaluation_get(project=project, evaluation_id=evaluation_id, include_heldout=False)
+    evaluation = evaluation_get(
+        project=project, evaluation_id=evaluation_id, audience=Audience.MEMBER
+    )
     cursor = request.GET.get("cursor")
     try:
         rollouts = rollout_list_page(evaluation=evaluation, cursor=cursor, limit=ROLLOUTS_PER_PAGE)
@@ -201,7 +210,7 @@ def evaluation_detail(request: HttpRequest, project: Project, evaluation_id: UUI
 def rollout_detail(request: HttpRequest, project: Project, rollout_id: UUID) -> HttpResponse:
     """A rollout and its trace, a page of steps at a time (``?from=attempt.index``), searched
     with ``?q=``; htmx's "load more" gets only the next page's steps."""
-    rollout = rollout_get(project=project, rollout_id=rollout_id)
+    rollout = rollout_get(project=project, rollout_id=rollout_id, audience=Audience.MEMBER)
     # Held-out inputs are sealed (docs/architecture.md, "The held-out seal"): the prompt is in the task and in every model
     # call of the trace, so neither is shown. Reviewers reach held-out rollouts only through a
     # promotion request (coevo.web.promotion_views.promotion_rollout), which unseals them.
@@ -249,7 +258,9 @@ def evaluation_action(
     """Cancel or resume an evaluation (researchers and above)."""
     if not project_user_has_role(project=project, user=request.user, role=Role.RESEARCHER):
         raise PermissionDenied("Cancelling or resuming evaluations needs the researcher role.")
-    evaluation = evaluation_get(project=project, evaluation_id=evaluation_id, include_heldout=False)
+    evaluation = evaluation_get(
+        project=project, evaluation_id=evaluation_id, audience=Audience.MEMBER
+    )
     if action not in ("cancel", "resume"):
         raise Http404(f"No action {action!r}.")
     try:
@@ -271,10 +282,10 @@ def evaluation_comparison(request: HttpRequest, project: Project) -> HttpRespons
     """Two evaluations of the same suite split, task by task: ``?reference=…&candidate=…``."""
     # Held-out comparisons are part of a promotion request's evidence, never shown here.
     reference = evaluation_get(
-        project=project, evaluation_id=request.GET.get("reference"), include_heldout=False
+        project=project, evaluation_id=request.GET.get("reference"), audience=Audience.MEMBER
     )
     candidate = evaluation_get(
-        project=project, evaluation_id=request.GET.get("candidate"), include_heldout=False
+        project=project, evaluation_id=request.GET.get("candidate"), audience=Audience.MEMBER
     )
     context: dict[str, object] = {
         "project": project,

@@ -183,6 +183,42 @@ def test_the_installed_console_script_submits(cli_env, user_repo, project):
     assert unauthorized.stderr.strip().endswith("(not_authenticated)")
 
 
+def test_budget_usd_refuses_an_evaluation_and_a_gate_whose_worst_case_exceeds_it(
+    cli_env, user_repo, project, arith_suite, policy_version, capsys
+):
+    from decimal import Decimal
+
+    from coevo.evaluations.models import Budget, Evaluation
+    from coevo.gates.models import Gate
+    from coevo.policies.prices import model_price_create
+
+    # $2 per million output tokens; the manifest's max_tokens (16,384 by default) at that price
+    # is each rollout's worst case: $0.032768, three tasks $0.098304.
+    model_price_create(
+        endpoint=policy_version.endpoint,
+        model="",
+        input_per_m=Decimal(1),
+        cached_input_per_m=Decimal("0.5"),
+        output_per_m=Decimal(2),
+    )
+    assert main(["submit", str(user_repo)]) == 0
+    sha = capsys.readouterr().out.splitlines()[0]
+    evaluate = ["evaluate", "--candidate", sha, "--suite", "arith"]
+
+    assert main([*evaluate, "--budget-usd", "0.09"]) == 1
+    err = capsys.readouterr().err
+    assert "needs $0.0983 in policy calls" in err and "(budget_exceeded)" in err
+    assert not Evaluation.objects.exists()
+    gate = ["gate", "--candidate", sha, "--against", sha, "--suite", "arith", "--min-score", "0.5"]
+    assert main([*gate, "--budget-usd", "0.15"]) == 3  # two evaluations: $0.196608
+    assert "(budget_exceeded)" in capsys.readouterr().err
+    assert not Evaluation.objects.exists() and not Gate.objects.exists()
+
+    assert main([*evaluate, "--budget-usd", "0.1", "--json"]) == 0
+    budget = Budget.objects.get(evaluation=Evaluation.objects.get())
+    assert budget.limit_usd == Decimal("0.1") and budget.reserved_usd == Decimal("0.098304")
+
+
 REMOTE_MODULES = sorted(
     str(path.relative_to(REPO_ROOT / "coevo" / "cli"))
     for path in (REPO_ROOT / "coevo" / "cli" / "remote").glob("*.py")

@@ -8,7 +8,9 @@ is above zero, answers 429 with a ``Retry-After`` of ``retry_after`` seconds. Re
 scripted as the OpenAI test server scripts them (``rules``: the first whose substring is in the
 last user message), in the provider's reply shape; ``requests`` and ``headers`` record what
 came (each body with its ``path``); ``echo_key_in_errors`` makes its 401 quote the key it got,
-as a careless gateway might.
+as a careless gateway might. ``cached_tokens`` is how many prompt tokens each reply says the
+provider's prompt cache served (OpenAI's ``prompt_tokens_details``, Anthropic's
+``cache_read_input_tokens``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class ProviderPolicy:
     rate_limit_next: int = 0
     retry_after: str = "1"
     echo_key_in_errors: bool = False
+    cached_tokens: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -144,7 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/v1/completions":
             text = policy.reply_for(str(body.get("prompt")))
-            self._json(200, _openai(policy.model, {"index": 0, "text": text, "finish_reason": "stop"}))  # fmt: skip
+            self._json(200, _openai(policy, {"index": 0, "text": text, "finish_reason": "stop"}))  # fmt: skip
             return
         last = (body.get("messages") or [{}])[-1].get("content")
         last = last if isinstance(last, str) else json.dumps(last)
@@ -154,21 +157,29 @@ class _Handler(BaseHTTPRequestHandler):
                 "id": "msg_test", "type": "message", "role": "assistant", "model": policy.model,
                 "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
                 "stop_sequence": None, "usage": {"input_tokens": len(last.split()),
+                                                 "cache_read_input_tokens": policy.cached_tokens,
                                                  "output_tokens": len(text.split())},
             })  # fmt: skip
             return
         message = {"role": "assistant", "content": text}
-        self._json(200, _openai(policy.model, {"index": 0, "message": message, "finish_reason": "stop"}))  # fmt: skip
+        self._json(200, _openai(policy, {"index": 0, "message": message, "finish_reason": "stop"}))  # fmt: skip
 
 
-def _openai(model: str, choice: dict[str, Any]) -> dict[str, Any]:
+def _openai(policy: ProviderPolicy, choice: dict[str, Any]) -> dict[str, Any]:
     text = choice.get("text") or choice.get("message", {}).get("content") or ""
+    usage: dict[str, Any] = {
+        "prompt_tokens": 3,
+        "completion_tokens": len(text.split()),
+        "total_tokens": 3 + len(text.split()),
+    }
+    if policy.cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": policy.cached_tokens}
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",
-        "model": model,
+        "model": policy.model,
         "choices": [choice],
-        "usage": {"prompt_tokens": 3, "completion_tokens": len(text.split()), "total_tokens": 3},
+        "usage": usage,
     }
 
 

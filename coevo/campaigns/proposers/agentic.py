@@ -313,6 +313,7 @@ class AgenticProposer:
             )
         draft.proposer_wall_ms = round(1000 * (time.monotonic() - started))
         draft.proposer_tokens = result.prompt_tokens + result.completion_tokens
+        draft.proposer_cost_usd = result.cost_usd
         draft.response = _transcript(result.steps)
         draft.params.update(
             {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Protocol
 
 from harness_store.models import Candidate
@@ -27,6 +28,8 @@ class Draft:
     proposer_tokens: int = 0
     # Set by a proposer that waits on a model (its calls); else the runner times propose().
     proposer_wall_ms: int | None = None
+    # US dollars of its model calls at the prices that applied; None: no price (or no call).
+    proposer_cost_usd: Decimal | None = None
 
     @property
     def failed(self) -> bool:

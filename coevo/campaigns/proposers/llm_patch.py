@@ -303,10 +303,13 @@ class LlmPatchProposer:
                 draft.proposer_wall_ms = round(1000 * (time.monotonic() - started))
         draft.response = completion.text
         draft.proposer_tokens = completion.prompt_tokens + completion.completion_tokens
+        draft.proposer_cost_usd = completion.cost_usd
         draft.params["usage"] = {
             "prompt_tokens": completion.prompt_tokens,
             "completion_tokens": completion.completion_tokens,
             "finish_reason": completion.finish_reason,
+            # Its cost and the price row that applied; None: the endpoint has no price.
+            "cost": completion.cost_record(),
         }
         try:
             if answer_format in JSON_FORMATS:

@@ -42,6 +42,12 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--policy-version", metavar="NAME", help="policy version name (default: the configured one)"
     )
+    parser.add_argument(
+        "--budget-usd",
+        metavar="USD",
+        help="US dollars it may spend; refused when its worst case (every token the harness's "
+        "limits allow, at the endpoints' prices) exceeds them",
+    )
     add_wait_arguments(parser)
     add_connection_arguments(parser)
     parser.set_defaults(handler=evaluate)
@@ -56,6 +62,7 @@ def evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         task_limit=args.task_limit,
         seed=args.seed,
         policy_version=args.policy_version,
+        budget_usd=args.budget_usd,
     )
     try:
         check_wait_arguments(args)
@@ -113,6 +120,8 @@ def _evaluation_summary(evaluation: dict[str, Any]) -> str:
         if summary.get("n_tasks") is not None:
             text += f" over {summary['n_tasks']} tasks"
         parts.append(text)
+    if evaluation.get("cost_usd") is not None:
+        parts.append(f"cost ${evaluation['cost_usd']}")
     errors = {kind: n for kind, n in (evaluation.get("errors") or {}).items() if n}
     if errors:
         parts.append(", ".join(f"{n} {kind.replace('_', ' ')}s" for kind, n in errors.items()))

@@ -63,6 +63,12 @@ def register(commands: Any) -> None:
         "--max-error-rate", type=float, metavar="R", help="harness + infra errors per rollout"
     )
     parser.add_argument("--seed", type=int, help="the rollouts' seed (default 0)")
+    parser.add_argument(
+        "--budget-usd",
+        metavar="USD",
+        help="US dollars both evaluations may spend together; refused when their worst case "
+        "exceeds them",
+    )
     add_wait_arguments(parser)
     add_connection_arguments(parser)
     parser.set_defaults(handler=gate)
@@ -83,6 +89,7 @@ def gate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         critical_tasks=args.critical_tasks,
         max_error_rate=args.max_error_rate,
         seed=args.seed,
+        budget_usd=args.budget_usd,
     )
     try:
         check_wait_arguments(args)

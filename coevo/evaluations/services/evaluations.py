@@ -28,6 +28,7 @@ from coevo.evaluations.models import (
 )
 from coevo.evaluations.plans import EvaluationPlan, stages_for
 from coevo.policies.models import PolicyVersion
+from coevo.policies.prices import price_worst_per_token
 from coevo.suites.models import Split, Suite, Task
 from coevo.suites.selectors import suite_unrunnable_patterns
 from harness_store.manifest import Manifest
@@ -121,6 +122,8 @@ def evaluation_create(
         rollouts=1,
         tokens=manifest.limits.max_tokens,
         wall_s=min(manifest.limits.wall_time_s, settings.COEVO_ROLLOUT_WALL_S),
+        # The worst case in dollars: every token the manifest allows at the dearest price.
+        usd=manifest.limits.max_tokens * price_worst_per_token(version=policy_version),
     )
     with transaction.atomic():
         evaluation = Evaluation.objects.create(
@@ -234,5 +237,7 @@ def _reuse_cached(evaluation: Evaluation, rollouts: list[Rollout]) -> int:
         rollout.completion_tokens = source.completion_tokens
         rollout.model_calls = source.model_calls
         rollout.latency_ms = source.latency_ms
+        # What the result cost when it was made, as its tokens are (the ledger is not charged).
+        rollout.cost_usd = source.cost_usd
         rollout.finished_at = now
     return sum(1 for r in rollouts if r.reused_from_id)

@@ -5,6 +5,7 @@ finish it (settle its budget, move the evaluation along)."""
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -176,6 +177,7 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
         completion_tokens=result.completion_tokens,
         model_calls=result.model_calls,
         latency_ms=latency_ms,
+        cost_usd=result.cost_usd,
         by_worker=True,
     )
     return rollout
@@ -274,6 +276,7 @@ def rollout_finish(
     completion_tokens: int = 0,
     model_calls: int = 0,
     latency_ms: int = 0,
+    cost_usd: Decimal | None = None,
     by_worker: bool = False,
 ) -> bool:
     """Running → done with the outcome, settle its budget, then move the evaluation along.
@@ -317,6 +320,7 @@ def rollout_finish(
         "completion_tokens": completion_tokens,
         "model_calls": model_calls,
         "latency_ms": latency_ms,
+        "cost_usd": cost_usd,
         "finished_at": timezone.now(),
     }
     tries = 0
@@ -349,7 +353,10 @@ def rollout_finish(
                         budget=budget,
                         reserved=budget_unit(budget),
                         actual=Amount(
-                            1, prompt_tokens + completion_tokens, wall_seconds(latency_ms)
+                            1,
+                            prompt_tokens + completion_tokens,
+                            wall_seconds(latency_ms),
+                            usd=cost_usd or Decimal(0),
                         ),
                         rollout=rollout,
                         note=outcome,

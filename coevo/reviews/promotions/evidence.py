@@ -26,7 +26,8 @@ so the request page shows the same figures on every reload and after the traces 
   infra_error counts).
 
 Version 1 (before baselines) had no ``reference``, ``baseline``, ``heldout_tasks`` or score
-labels, and its flipped tasks named the reference "holder"; pages still render it.
+labels, and its flipped tasks named the reference "holder". Readers read every version through
+its type (coevo.reviews.promotions.evidence_types, ``evidence_read``), never as a dict.
 """
 
 from __future__ import annotations
@@ -46,13 +47,13 @@ from coevo.evaluations.selectors import (
 )
 from coevo.evaluations.stats.means import per_task_means
 from coevo.reviews.models import BaselineKind
+from coevo.reviews.promotions.evidence_types import EVIDENCE_VERSION
 from coevo.suites.models import Split, Suite, Task
 from coevo.suites.selectors import suite_family, suite_family_root
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_diff, candidate_diff_names
 from harness_store.services import project_repo
 
-EVIDENCE_VERSION = 2
 DIFF_MAX_CHARS = 200_000
 LINEAGE_MAX_COMMITS = 200
 # Held-out tasks listed one by one (far above any shipped suite's held-out split: HumanEval's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from decimal import Decimal
 from typing import Any
 
 from django import template
@@ -35,6 +36,15 @@ def percent(value: float | None, digits: int = 1) -> str:
 @register.filter
 def thousands(value: int | None) -> str:
     return "—" if value is None else f"{value:,}"
+
+
+@register.filter
+def usd(value: Decimal | str | None) -> str:
+    """US dollars to the millionth (a small model's call costs less than a cent); "—" for no
+    price (None), which is not $0."""
+    if value is None or value == "":
+        return "—"
+    return f"${Decimal(value):,.6f}"
 
 
 @register.filter

@@ -1,0 +1,68 @@
+"""A call's price and cost, without the database: what the policy client (which the worker's
+runtime side imports) needs to price each call it makes. The price table and its rows are
+coevo/policies/prices.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+MILLION = Decimal(1_000_000)
+
+
+@dataclass(frozen=True)
+class Price:
+    """One price row as it applied."""
+
+    id: int
+    model: str
+    effective_from: datetime
+    input_per_m: Decimal
+    cached_input_per_m: Decimal
+    output_per_m: Decimal
+
+    def cost(self, *, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
+        """US dollars: uncached prompt tokens at the input price, cached ones (at most all of
+        the prompt) at the cached-input price, completion tokens at the output price."""
+        cached = max(0, min(cached_tokens, prompt_tokens))
+        per_m = (
+            (prompt_tokens - cached) * self.input_per_m
+            + cached * self.cached_input_per_m
+            + completion_tokens * self.output_per_m
+        )
+        return per_m / MILLION
+
+    @property
+    def worst_per_token(self) -> Decimal:
+        """The most one token of any kind costs: what a worst-case reservation charges."""
+        return max(self.input_per_m, self.cached_input_per_m, self.output_per_m) / MILLION
+
+    def record(self) -> dict[str, Any]:
+        """The row's id and values, as the model-call step records them (strings: exact)."""
+        return {
+            "id": self.id,
+            "model": self.model,
+            "effective_from": self.effective_from.isoformat(),
+            "input_per_m": str(self.input_per_m),
+            "cached_input_per_m": str(self.cached_input_per_m),
+            "output_per_m": str(self.output_per_m),
+        }
+
+
+@dataclass(frozen=True)
+class PriceSchedule:
+    """One endpoint's price rows, newest first."""
+
+    prices: tuple[Price, ...] = ()
+
+    def at(self, *, model: str, when: datetime) -> Price | None:
+        """The price that applies to ``model`` at ``when``: the model's own newest row from
+        before then, else the endpoint's any-model row; None when neither has begun."""
+        for wanted in (model, ""):
+            for price in self.prices:
+                if price.model == wanted and price.effective_from <= when:
+                    return price
+        return None
