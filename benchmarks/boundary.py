@@ -18,8 +18,8 @@ time into the hop (sandbox → forwarder → socket → boundary → back) and t
     .venv/bin/python benchmarks/boundary.py                   # --calls 50 --rounds 10 --latency 0
     .venv/bin/python benchmarks/boundary.py --latency 0.05
 
-``--agent NAME`` measures a shipped CLI agent (examples/NAME: mini-swe-agent, claude-code, codex)
-instead, unmodified, on the small workspace task of its tests with the scripted fix its test
+``--agent NAME`` measures a shipped CLI agent (examples/NAME: mini-swe-agent, claude-code, codex,
+aider) instead, unmodified, on the small workspace task of its tests with the scripted fix its test
 plays (tests/examples/test_<agent>.py): its dependency build cold (a fresh cache, from the
 local wheel directory or npm cache scripts/test fills) and warm, then ``--rounds`` rollouts
 through ``execute_rollout``, each timed from its start to the first model call and to its end.
@@ -129,7 +129,7 @@ def main() -> int:
     from coevo.policies.client import PolicyClient
     from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
     from workers.environments.base import Verdict
-    from workers.outcomes import Outcome
+    from workers.outcomes import RolloutOutcome
     from workers.rollout import RolloutInputs, execute_rollout
 
     namespace: dict[str, Any] = {}
@@ -168,7 +168,7 @@ def main() -> int:
                 straight = timed_calls(server.url, "none", args.calls, 1)
             with policy.client:
                 result = execute_rollout(inputs, policy=policy, verify=verify)
-            if result.outcome != Outcome.PASSED:
+            if result.outcome != RolloutOutcome.PASSED:
                 print(f"round {round_}: {result.outcome} {result.detail}", file=sys.stderr)
                 return 1
             if not round_ % 2:
@@ -197,7 +197,7 @@ def main() -> int:
     return 0
 
 
-AGENTS = ("mini-swe-agent", "claude-code", "codex")
+AGENTS = ("mini-swe-agent", "claude-code", "codex", "aider")
 MODEL_CALL_PATHS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
 
 
@@ -224,6 +224,10 @@ def agent_script(agent: str) -> Any:
             tool_rules=[("Fix the typo", [("Edit", EDIT)])],
             default="Nothing to do.",
         )
+    if agent == "aider":
+        from tests.examples.test_aider import FIX
+
+        return ScriptedPolicy(rules=[("Fix the typo", FIX)], default="I am lost.")
     from tests.examples.test_codex import EXITED, SED
 
     return ScriptedPolicy(
@@ -257,7 +261,7 @@ def agent_main(agent: str, *, rounds: int) -> int:
     try:
         return agent_measure(agent, rounds=rounds, envs=envs)
     finally:
-        shutil.rmtree(envs, ignore_errors=True)  # mini-swe-agent's is 655 MiB
+        shutil.rmtree(envs, ignore_errors=True)  # mini-swe-agent's is 655 MiB, Aider's 661
 
 
 def agent_measure(agent: str, *, rounds: int, envs: Path) -> int:
@@ -279,7 +283,7 @@ def agent_measure(agent: str, *, rounds: int, envs: Path) -> int:
     from workers import boundary
     from workers.environments import workspace as ws_env
     from workers.harness_env import harness_env_prepare
-    from workers.outcomes import Outcome
+    from workers.outcomes import RolloutOutcome
     from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
     # The boundary's own time per model call: the handler's whole request, less the policy
@@ -333,7 +337,7 @@ def agent_measure(agent: str, *, rounds: int, envs: Path) -> int:
                 with policy.client:
                     result = execute_rollout(inputs, policy=policy, environment=environment)
                 walls.append(time.perf_counter() - started)
-            if (result.outcome, result.score) != (Outcome.PASSED, 1.0):
+            if (result.outcome, result.score) != (RolloutOutcome.PASSED, 1.0):
                 print(f"round {round_}: {result.outcome} {result.detail}", file=sys.stderr)
                 return 1
             firsts.append(policy.arrivals[0] - started)

@@ -53,17 +53,23 @@ const out = (run.stdout || Buffer.alloc(0)).toString();
 process.stdout.write(out.slice(-8000));
 let result = null;
 try { result = JSON.parse(out.trim().split("\n").pop()); } catch (e) { result = null; }
-// A run Claude Code ended itself on the policy's refusal (a conversation past the policy's
-// context: terminal_reason "prompt_too_long", an API error status 400) is its own end, as an
-// exception is mini-swe-agent's: the workspace is judged as it stands. Anything else (no
-// result, a crash, a connection that never answered) is the harness's failure.
-const policyEnded = result !== null && result.type === "result" &&
+// Claude Code's own ends, each with a non-zero exit, leave the workspace to be judged as it
+// stands: its turn limit (the knob max_turns: subtype "error_max_turns", terminal_reason
+// "max_turns"), as mini-swe-agent's step limit ends that agent; and the policy's refusal (a
+// conversation past the policy's context: terminal_reason "prompt_too_long", an API error
+// status 400), as an exception is mini-swe-agent's. Anything else (no result, a crash, a
+// connection that never answered) is the harness's failure.
+const isResult = result !== null && result.type === "result";
+const turnsEnded = isResult && result.subtype === "error_max_turns";
+const policyEnded = isResult &&
   (result.terminal_reason === "prompt_too_long" || result.api_error_status === 400);
-if ((run.status !== 0 && !policyEnded) || result === null) {
+if ((run.status !== 0 && !turnsEnded && !policyEnded) || result === null) {
   console.error(`claude exited with ${run.status === null ? run.signal : run.status}`);
   process.exit(1);
 }
-if (policyEnded) {
+if (turnsEnded) {
+  console.error(`claude stopped at its own --max-turns (${knobs.max_turns}); the workspace is judged`);
+} else if (policyEnded) {
   console.error(`claude ended on the policy's refusal (${result.terminal_reason}, ${result.api_error_status}); the workspace is judged`);
 }
 fs.writeFileSync(process.env.COEVO_ANSWER_FILE, JSON.stringify(result.result ?? ""));

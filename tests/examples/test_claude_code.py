@@ -20,7 +20,7 @@ from tests.support.example_envs import npm_example_env
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers import sandbox
 from workers.harness_env import harness_env_binds, harness_env_prepare, harness_env_vars
-from workers.outcomes import ErrorKind, Outcome
+from workers.outcomes import ErrorKind, RolloutOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "claude-code"
@@ -90,7 +90,10 @@ def test_claude_code_fixes_the_workspace_task_with_its_edit_tool(claude_env):
     )
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(EXAMPLE, server.url, harness_env=claude_env.path)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), (
+        result.detail,
+        result.steps,
+    )
     first, second = sorted(steps(result, "model_call"), key=lambda c: c.get("call", 0))
     offered = {tool["function"]["name"]: tool["function"] for tool in first["tools"]}
     assert {"Bash", "Edit", "Read"} <= set(offered)
@@ -119,7 +122,7 @@ def test_a_call_the_policy_server_refuses_ends_claude_code_and_the_workspace_is_
     policy = ScriptedPolicy(default="Done.", context_tokens=50)
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(EXAMPLE, server.url, harness_env=claude_env.path)
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     (output,) = steps(result, "program_output")
     assert output["exit_code"] == 0
     assert '"api_error_status":400' in output["stdout"]
@@ -133,12 +136,33 @@ def test_a_claude_code_that_never_stops_runs_into_max_model_calls(claude_env):
     policy = ScriptedPolicy(tool_rules=[("", ls)])
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(EXAMPLE, server.url, harness_env=claude_env.path, knobs={"max_turns": 200})
-    assert result.outcome == Outcome.HARNESS_ERROR, result.detail
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR, result.detail
     assert result.error_kind == ErrorKind.LIMIT
     assert result.detail == "limit exceeded: max_model_calls = 40"
     calls = model_calls(result)
     assert len(calls) == 40
     assert all([c["name"] for c in call["tool_calls"]] == ["Bash"] for call in calls)
+
+
+def test_its_own_max_turns_ends_claude_code_first_and_the_workspace_is_judged(claude_env):
+    """Every reply another command, and the knob max_turns below max_model_calls: Claude Code
+    stops on its own turn limit (it exits 1 with a result of subtype error_max_turns), as
+    mini-swe-agent on its step_limit; that is the agent's end, not a harness error, and the
+    hidden tests judge the workspace as it stands."""
+    ls = [("Bash", {"command": "ls", "description": "List the workspace"})]
+    policy = ScriptedPolicy(tool_rules=[("", ls)])
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(EXAMPLE, server.url, harness_env=claude_env.path, knobs={"max_turns": 3})
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
+    (output,) = steps(result, "program_output")
+    assert output["exit_code"] == 0
+    claude = json.loads(output["stdout"].strip().splitlines()[-1])
+    assert (claude["subtype"], claude["terminal_reason"]) == ("error_max_turns", "max_turns")
+    assert claude["errors"] == ["Reached maximum number of turns (3)"]
+    calls = model_calls(result)
+    assert len(calls) == 3
+    assert all([c["name"] for c in call["tool_calls"]] == ["Bash"] for call in calls)
+    assert steps(result, "answer") == [{"answer": ""}]
 
 
 def test_claude_code_solves_the_shipped_task_on_a_real_worker(
@@ -148,7 +172,7 @@ def test_claude_code_solves_the_shipped_task_on_a_real_worker(
     scripted_policy.tool_rules[:] = [("Fix the typo", [("Edit", EDIT)])]
     scripted_policy.default = "Nothing to do."
     rollout = shipped_task_solve(project, "claude-code", policy_version, tmp_path)
-    assert (rollout.outcome, rollout.score) == (Outcome.PASSED, 1.0), rollout.detail
+    assert (rollout.outcome, rollout.score) == (RolloutOutcome.PASSED, 1.0), rollout.detail
     calls = trace_payloads(rollout, "model_call")
     assert [[c["name"] for c in call["tool_calls"]] for call in calls] == [["Edit"], []]
     assert trace_payloads(rollout, "answer") == [{"answer": "Fixed the typo in greet.py."}]
