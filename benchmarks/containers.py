@@ -140,7 +140,7 @@ def bench_verifier(Workspace, verify, count: int) -> dict:
 def bench_rollouts(in_flight: int, container: bool, harness: Path) -> dict:
     from coevo.policies.client import PolicyClient
     from workers.environments import workspace as ws_env
-    from workers.outcomes import Outcome
+    from workers.outcomes import RolloutOutcome
     from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
     def one(_: int) -> float:
@@ -159,7 +159,7 @@ def bench_rollouts(in_flight: int, container: bool, harness: Path) -> dict:
         started = time.monotonic()
         with PolicyClient("http://127.0.0.1:9/v1", model="none", retries=0) as client:
             result = execute_rollout(rollout_inputs, policy=client, environment=environment)
-        assert result.outcome == Outcome.PASSED, result.detail
+        assert result.outcome == RolloutOutcome.PASSED, result.detail
         return time.monotonic() - started
 
     started = time.monotonic()

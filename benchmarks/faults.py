@@ -248,7 +248,7 @@ def run_one(args: argparse.Namespace) -> int:
 
     from coevo.accounts.models import TokenKind
     from coevo.accounts.services import token_create
-    from coevo.evaluations.models import Outcome, Rollout, RolloutState, TraceStep
+    from coevo.evaluations.models import Rollout, RolloutOutcome, RolloutState, TraceStep
     from coevo.evaluations.services import evaluation_create
     from coevo.policies.models import PolicyEndpoint
     from coevo.policies.services import policy_version_get_default
@@ -349,7 +349,8 @@ def run_one(args: argparse.Namespace) -> int:
         scored = [
             r
             for r in rollouts
-            if r.state == RolloutState.DONE and r.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE)
+            if r.state == RolloutState.DONE
+            and r.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE)
         ]
         verdicts: dict = {}
         for rollout_id, attempt in TraceStep.objects.filter(

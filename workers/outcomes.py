@@ -4,7 +4,7 @@ The runtime decides both where the failure happens (each fault below carries its
 one downstream has to read them back out of the English detail message. The values are what
 ``Rollout.outcome`` and ``Rollout.error_kind`` store and what breakdowns and metrics are
 labelled with: renaming one is a data migration, not a refactor. ``coevo.evaluations.models``
-builds its ``Outcome`` choices from ``Outcome`` here.
+builds its ``Rollout.outcome`` choices from ``RolloutOutcome`` here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 
-class Outcome(StrEnum):
+class RolloutOutcome(StrEnum):
     PASSED = "passed"
     TASK_FAILURE = "task_failure"
     # The candidate's fault (crashed, timed out, broke the protocol or a limit): scores 0.
@@ -21,7 +21,7 @@ class Outcome(StrEnum):
     INFRA_ERROR = "infra_error"
 
 
-SCORED_OUTCOMES = (Outcome.PASSED, Outcome.TASK_FAILURE)
+SCORED_OUTCOMES = (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE)
 
 
 class ErrorKind(StrEnum):

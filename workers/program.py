@@ -45,7 +45,7 @@ from workers.policy import Completion, cost_total, platform_wait, platform_waits
 from workers.steps import Step
 
 if TYPE_CHECKING:
-    from workers.rollout import _Runner
+    from workers.rollout import RolloutRunner
 
 BOUNDARY_DIR = "/run/coevo"
 # How often the rollout's thread records the calls the boundary's threads made.
@@ -54,7 +54,7 @@ _POLL_S = 0.2
 _HELPER_DRAIN_S = 10.0
 
 
-def converse_program(runner: _Runner, manifest: Manifest, knobs: dict[str, Any]) -> Any:
+def converse_program(runner: RolloutRunner, manifest: Manifest, knobs: dict[str, Any]) -> Any:
     """Run the program to its end and return its answer; raises the fault that ends it."""
     return _ProgramRollout(runner, manifest, knobs).run()
 
@@ -108,7 +108,7 @@ class _CallTree:
 
 
 class _ProgramRollout:
-    def __init__(self, runner: _Runner, manifest: Manifest, knobs: dict[str, Any]) -> None:
+    def __init__(self, runner: RolloutRunner, manifest: Manifest, knobs: dict[str, Any]) -> None:
         self.runner = runner
         self.manifest = manifest
         self.knobs = knobs
@@ -438,8 +438,8 @@ class _ProgramRollout:
                     raise BoundaryRefusal(409, error_body("This rollout has ended.", code="ended"))
             try:
                 if method.startswith("env."):
-                    return self.runner._env_call(method.removeprefix("env."), params)
-                return self.runner._helper_call(method.removeprefix("helper."), params)
+                    return self.runner.env_call(method.removeprefix("env."), params)
+                return self.runner.helper_call(method.removeprefix("helper."), params)
             except HarnessFault as exc:
                 with self.lock:
                     self._fail(exc)

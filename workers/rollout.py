@@ -50,8 +50,8 @@ from workers.outcomes import (
     HarnessRaised,
     InvalidCall,
     LimitExceeded,
-    Outcome,
     ProtocolViolation,
+    RolloutOutcome,
 )
 from workers.policy import Completion, Policy, Sampling, cost_total, platform_waits_observed
 from workers.program import converse_program
@@ -145,11 +145,30 @@ def execute_rollout(
     """
     if (environment is None) == (verify is None):
         raise TypeError("execute_rollout needs exactly one of environment= or verify=")
-    runner = _Runner(inputs, policy=policy, environment=environment, verify=verify, on_step=on_step)
+    runner = RolloutRunner(
+        inputs, policy=policy, environment=environment, verify=verify, on_step=on_step
+    )
     return runner.run()
 
 
-class _Runner:
+class RolloutRunner:
+    """One rollout's run: the harness's sandbox (or its task's container), the conversation
+    with it, the trace, the limits and the verdict. ``execute_rollout`` makes and runs one.
+
+    The runner of a ``run(task, ctx)`` harness is this class; a program harness's conversation
+    (workers/program.py, ``converse_program``) drives the same runner through this interface,
+    and nothing else of it:
+
+    - what the rollout is: ``inputs``, ``policy``, ``multi_step``, ``helpers``, ``has_workspace``
+      and ``workspace`` (its task's files, or its container);
+    - where it stands: ``meter`` (the limits), ``result`` (what it will report), ``channel``
+      (the harness process), ``sink`` (where steps go while the program runs);
+    - what it does for a program: ``record`` / ``record_now`` (a trace step),
+      ``workspace_channel_options`` and ``watch_workspace`` (the harness's sandbox or
+      container, and its size watch), ``env_call`` (``ctx.env``) and ``helper_call``
+      (``ctx.helper``), each as the boundary's ``/env`` and ``/helpers`` routes answer them.
+    """
+
     def __init__(
         self,
         inputs: RolloutInputs,
@@ -167,7 +186,7 @@ class _Runner:
         self.helpers = environment.helpers if environment else {}
         self.on_step = on_step
         self.sink: Callable[[Step], None] | None = None
-        self.result = RolloutResult(outcome=Outcome.HARNESS_ERROR, score=0.0)
+        self.result = RolloutResult(outcome=RolloutOutcome.HARNESS_ERROR, score=0.0)
         self.channel: HarnessChannel | None = None
         self.meter: LimitMeter | None = None
         self.episode: Episode | None = None
@@ -200,7 +219,9 @@ class _Runner:
             manifest = load_manifest(self.inputs.harness_dir)
             knobs = manifest.knob_values(self.inputs.knob_overrides)
         except InvalidManifest as exc:
-            return self._end(Outcome.HARNESS_ERROR, ErrorKind.MANIFEST, f"invalid harness: {exc}")
+            return self._end(
+                RolloutOutcome.HARNESS_ERROR, ErrorKind.MANIFEST, f"invalid harness: {exc}"
+            )
         self.record(
             Step(
                 "start",
@@ -253,7 +274,7 @@ class _Runner:
                         )
                     # The task's container cannot be had: not the harness's doing.
                     return self._end(
-                        Outcome.INFRA_ERROR,
+                        RolloutOutcome.INFRA_ERROR,
                         ErrorKind.SANDBOX,
                         f"the task's container: {exc}",
                         score=None,
@@ -283,23 +304,25 @@ class _Runner:
             fault = self.workspace_fault or exc
             self._record_unscored_verdict()
             self._record_workspace_diff()
-            return self._end(Outcome.HARNESS_ERROR, fault.error_kind, str(fault))
+            return self._end(RolloutOutcome.HARNESS_ERROR, fault.error_kind, str(fault))
         except PolicyUnavailable as exc:
             self.result.endpoint_down = exc.endpoint_down
-            return self._end(Outcome.INFRA_ERROR, ErrorKind.POLICY, str(exc), score=None)
+            return self._end(RolloutOutcome.INFRA_ERROR, ErrorKind.POLICY, str(exc), score=None)
         except SandboxUnavailable as exc:
-            return self._end(Outcome.INFRA_ERROR, ErrorKind.SANDBOX, str(exc), score=None)
+            return self._end(RolloutOutcome.INFRA_ERROR, ErrorKind.SANDBOX, str(exc), score=None)
         except PolicyRequestRejected as exc:
             # A 4xx from the policy server means the harness asked for something invalid
             # (say, a prompt longer than the context window); so does a 500 it answers on
             # every try while its health probe says it is up (PolicyRequestFailed).
             self._record_unscored_verdict()
-            return self._end(Outcome.HARNESS_ERROR, ErrorKind.POLICY, str(exc))
+            return self._end(RolloutOutcome.HARNESS_ERROR, ErrorKind.POLICY, str(exc))
         self.result.answer = answer
         self.record(Step("answer", {"answer": answer}))
         if self.workspace is not None and not self._record_workspace_diff():
             return self._end(
-                Outcome.HARNESS_ERROR, ErrorKind.LIMIT, f"limit exceeded: {self.workspace_fault}"
+                RolloutOutcome.HARNESS_ERROR,
+                ErrorKind.LIMIT,
+                f"limit exceeded: {self.workspace_fault}",
             )
         try:
             if self.episode is not None:
@@ -310,11 +333,11 @@ class _Runner:
             else:
                 verdict = self.verify(answer)
         except SandboxUnavailable as exc:
-            return self._end(Outcome.INFRA_ERROR, ErrorKind.SANDBOX, str(exc), score=None)
+            return self._end(RolloutOutcome.INFRA_ERROR, ErrorKind.SANDBOX, str(exc), score=None)
         # A workspace task's test output is what reviewers read: more of it is kept.
         chars = MAX_VERIFIER_OUTPUT_CHARS if self.workspace is not None else 4000
         self.record(Step("verdict", _verdict_payload(verdict, output_chars=chars)))
-        outcome = Outcome.PASSED if verdict.passed else Outcome.TASK_FAILURE
+        outcome = RolloutOutcome.PASSED if verdict.passed else RolloutOutcome.TASK_FAILURE
         return self._end(outcome, ErrorKind.NONE, verdict.detail, score=verdict.score, record=False)
 
     def _record_workspace_diff(self) -> bool:
@@ -342,7 +365,7 @@ class _Runner:
 
     def _end(
         self,
-        outcome: Outcome,
+        outcome: RolloutOutcome,
         error_kind: ErrorKind,
         detail: str,
         *,
@@ -437,9 +460,9 @@ class _Runner:
         if method in ("llm.complete", "llm.chat"):
             return self._model_call(method.removeprefix("llm."), params, manifest)
         if method in ("env.reset", "env.step"):
-            return self._env_call(method.removeprefix("env."), params)
+            return self.env_call(method.removeprefix("env."), params)
         if method.startswith("helper."):
-            return self._helper_call(method.removeprefix("helper."), params)
+            return self.helper_call(method.removeprefix("helper."), params)
         raise ProtocolViolation(f"protocol violation: unknown call {method!r}")
 
     # --- model calls ------------------------------------------------------------------------
@@ -564,7 +587,7 @@ class _Runner:
 
     # --- environment steps ------------------------------------------------------------------
 
-    def _env_call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    def env_call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         assert self.meter is not None
         name = f"ctx.env.{method}"
         if self.episode is None:
@@ -613,7 +636,7 @@ class _Runner:
 
     # --- suite helpers ----------------------------------------------------------------------
 
-    def _helper_call(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    def helper_call(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
         assert self.meter is not None and self.environment is not None
         helper = self.helpers.get(name)
         if helper is None:

@@ -320,7 +320,7 @@ def copy_evaluation(source: Any) -> Any:
     task in seven flipped between passed and failed, so that the comparison has changes."""
     from django.db import transaction
 
-    from coevo.evaluations.models import Evaluation, Outcome, Rollout
+    from coevo.evaluations.models import Evaluation, Rollout, RolloutOutcome
     from harness_store.models import Candidate
 
     other = (
@@ -331,7 +331,10 @@ def copy_evaluation(source: Any) -> Any:
     )
     if other is None:
         sys.exit("The project has a single candidate: nothing to compare.")
-    flip = {Outcome.PASSED: Outcome.TASK_FAILURE, Outcome.TASK_FAILURE: Outcome.PASSED}
+    flip = {
+        RolloutOutcome.PASSED: RolloutOutcome.TASK_FAILURE,
+        RolloutOutcome.TASK_FAILURE: RolloutOutcome.PASSED,
+    }
     with transaction.atomic():
         copy = Evaluation.objects.get(pk=source.pk)
         copy.pk = uuid.uuid4()
@@ -347,7 +350,7 @@ def copy_evaluation(source: Any) -> Any:
             rollout.reused_from = None
             if rollout.task_id % 7 == 0 and rollout.outcome in flip:
                 rollout.outcome = flip[rollout.outcome]
-                rollout.score = 1.0 if rollout.outcome == Outcome.PASSED else 0.0
+                rollout.score = 1.0 if rollout.outcome == RolloutOutcome.PASSED else 0.0
             rows.append(rollout)
         Rollout.objects.bulk_create(rows, batch_size=1000)
     return copy

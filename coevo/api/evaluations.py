@@ -17,7 +17,11 @@ from coevo.api.fields import FiniteFloatField, MethodField, OutSerializer, finit
 from coevo.errors import NotFound, PermissionDenied
 from coevo.evaluations.ledger import BudgetLimits
 from coevo.evaluations.lifecycle import evaluation_cancel
-from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, RolloutState
+from coevo.evaluations.models import (
+    Evaluation,
+    EvaluationState,
+    RolloutState,
+)
 from coevo.evaluations.selectors import (
     evaluation_compare,
     evaluation_get,
@@ -32,6 +36,7 @@ from coevo.projects.models import Role
 from coevo.suites.models import Split
 from coevo.suites.selectors import suite_get
 from harness_store.selectors import candidate_get
+from workers.outcomes import RolloutOutcome
 
 MAX_SEED = 2**31 - 1
 
@@ -320,12 +325,12 @@ class EvaluationTasksView(EvaluationViewMixin):
             row["epochs"] += 1
             done = state == RolloutState.DONE
             row["outcomes"].append(outcome if done else state)
-            if done and outcome == Outcome.PASSED:
+            if done and outcome == RolloutOutcome.PASSED:
                 row["passed"] += 1
-            if done and outcome != Outcome.INFRA_ERROR:
+            if done and outcome != RolloutOutcome.INFRA_ERROR:
                 # As the statistics count it: harness errors score 0, infra errors not at all.
                 if score is None:
-                    score = 1.0 if outcome == Outcome.PASSED else 0.0
+                    score = 1.0 if outcome == RolloutOutcome.PASSED else 0.0
                 row["scores"].append(float(score))
         results = [
             {

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from coevo.api.base import PAGE_PARAMETERS, ApiView, paginate, paginated, policy_version_named
 from coevo.api.fields import MethodField, OutSerializer
 from coevo.evaluations.models import Evaluation
-from coevo.gates.models import Gate, GateState, Verdict
+from coevo.gates.models import Gate, GateState, GateVerdict
 from coevo.gates.selectors import gate_get, gate_list
 from coevo.gates.services import gate_create
 from coevo.projects.models import Role
@@ -70,7 +70,7 @@ class GateCreatedOut(OutSerializer):
 
 class ReasonOut(serializers.Serializer):
     rule = serializers.CharField()
-    outcome = serializers.ChoiceField(choices=Verdict.choices)
+    outcome = serializers.ChoiceField(choices=GateVerdict.choices)
     message = serializers.CharField()
 
 
@@ -101,7 +101,7 @@ class GateOut(OutSerializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=GateState.choices)
     state_detail = serializers.CharField()
-    verdict = MethodField(serializers.ChoiceField(choices=Verdict.choices, allow_null=True))
+    verdict = MethodField(serializers.ChoiceField(choices=GateVerdict.choices, allow_null=True))
     # As stored: one per declared rule (coevo.gates.verdict).
     reasons = MethodField(ReasonOut(many=True))
     statistics = serializers.DictField(

@@ -125,7 +125,7 @@ def _export_validate(raw: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Step:
+class EndedProposal:
     """An ended proposal as the switch rules see it."""
 
     policy: bool
@@ -141,7 +141,7 @@ class Phase:
     reason: str  # why the next step is what it is, for the campaign page
 
 
-def phase_of(*, alternation: dict[str, Any], steps: Iterable[Step]) -> Phase:
+def phase_of(*, alternation: dict[str, Any], steps: Iterable[EndedProposal]) -> Phase:
     """The phase the next step belongs to, given the ended steps in order (seed and manual
     proposals left out). A campaign starts in a harness phase (the seed is its baseline)."""
     if not alternation:
@@ -168,4 +168,4 @@ def phase_of(*, alternation: dict[str, Any], steps: Iterable[Step]) -> Phase:
     return Phase(phase, taken, stale, policy_steps, reason)
 
 
-__all__ = ["Phase", "Step", "alternation_validate", "phase_of"]
+__all__ = ["Phase", "EndedProposal", "alternation_validate", "phase_of"]

@@ -21,15 +21,15 @@ from coevo.campaigns.models import (
     ProposerKind,
 )
 from coevo.campaigns.patterns import failure_patterns_check_regressions, failure_patterns_update
-from coevo.campaigns.proposers import Outcome, proposer_for_proposal
+from coevo.campaigns.proposers import ProposalOutcome, proposer_for_proposal
 from coevo.campaigns.proposers.base import stage
 from coevo.campaigns.stop_rules import campaign_finish
 from coevo.errors import BudgetExceeded, CoevoError
 from coevo.evaluations.models import Evaluation, EvaluationState, Rollout, StageKind
-from coevo.evaluations.models import Outcome as RolloutOutcome
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.selectors import evaluation_task_scores
 from coevo.evaluations.services import evaluation_create
+from workers.outcomes import RolloutOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ def _search_done(campaign: Campaign, proposal: Proposal, search: Evaluation) -> 
             proposal,
             ProposalState.EVALUATED,
             f"not validated: the search evaluation {search.stop_reason}",
-            outcome=Outcome.PRUNED,
+            outcome=ProposalOutcome.PRUNED,
         )
         return True
     return _start_validation(campaign, proposal)
@@ -241,7 +241,7 @@ def _validation_done(campaign: Campaign, proposal: Proposal, validation: Evaluat
         validation_score=score, tokens_per_task=tokens, updated_at=timezone.now()
     )
     proposal.refresh_from_db()
-    proposal_end(campaign, proposal, ProposalState.EVALUATED, "", outcome=Outcome.COMPLETE)
+    proposal_end(campaign, proposal, ProposalState.EVALUATED, "", outcome=ProposalOutcome.COMPLETE)
     return True
 
 
@@ -251,7 +251,7 @@ def proposal_end(
     state: str,
     detail: str,
     *,
-    outcome: str = Outcome.FAIL,
+    outcome: str = ProposalOutcome.FAIL,
 ) -> None:
     moved = Proposal.objects.filter(id=proposal.id, state__in=PROPOSAL_OPEN_STATES).update(
         state=state,
@@ -294,7 +294,7 @@ def proposal_end(
         proposer.tell(
             trial_number=proposal.trial_number,
             outcome=outcome,
-            value=proposal.validation_score if outcome == Outcome.COMPLETE else None,
+            value=proposal.validation_score if outcome == ProposalOutcome.COMPLETE else None,
         )
 
 

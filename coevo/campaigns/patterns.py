@@ -30,13 +30,19 @@ from coevo.campaigns.models import (
     Proposal,
     ProposalState,
 )
-from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState, TraceStep
+from coevo.evaluations.models import (
+    Evaluation,
+    Rollout,
+    RolloutState,
+    TraceStep,
+)
 from coevo.evaluations.traces import trace_step_payload
+from workers.outcomes import RolloutOutcome
 
 logger = logging.getLogger(__name__)
 
-FAILED_OUTCOMES = (Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR)
-SCORED_OUTCOMES = (Outcome.PASSED, *FAILED_OUTCOMES)
+FAILED_OUTCOMES = (RolloutOutcome.TASK_FAILURE, RolloutOutcome.HARNESS_ERROR)
+SCORED_OUTCOMES = (RolloutOutcome.PASSED, *FAILED_OUTCOMES)
 MAX_TASK_KEYS = 200
 MAX_EVIDENCE = 8
 EXCERPT_CHARS = 400
@@ -89,7 +95,7 @@ def failure_signature(
 def _pattern_name(outcome: str, error_kind: str, message: str, observation: str) -> str:
     label = (
         f"harness error ({error_kind or 'other'})"
-        if outcome == Outcome.HARNESS_ERROR
+        if outcome == RolloutOutcome.HARNESS_ERROR
         else "task failure"
     )
     name = f"{label}: {message_normalize(message, limit=80) or 'no message'}"
@@ -228,7 +234,7 @@ def _task_results(rollouts: list[Rollout]) -> dict[str, bool]:
     passed: dict[str, list[bool]] = defaultdict(list)
     for rollout in rollouts:
         if rollout.outcome in SCORED_OUTCOMES:
-            passed[rollout.task.key].append(rollout.outcome == Outcome.PASSED)
+            passed[rollout.task.key].append(rollout.outcome == RolloutOutcome.PASSED)
     return {task: 2 * sum(results) > len(results) for task, results in passed.items()}
 
 
@@ -331,7 +337,7 @@ def _excerpt(rollout: Rollout, observation: str, action: str) -> str:
     parts = []
     if action:
         parts.append(f"last action {action[:80]!r} → {observation.strip()[:160]!r}")
-    if rollout.answer is not None and rollout.outcome == Outcome.TASK_FAILURE:
+    if rollout.answer is not None and rollout.outcome == RolloutOutcome.TASK_FAILURE:
         answer = rollout.answer if isinstance(rollout.answer, str) else json.dumps(rollout.answer)
         parts.append(f"answer {answer[:120]!r}")
     parts.append(rollout.detail.strip()[:240])

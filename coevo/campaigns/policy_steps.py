@@ -18,7 +18,7 @@ import logging
 from django.db.models import Q
 from django.utils import timezone
 
-from coevo.campaigns.alternation import Phase, Step, phase_of
+from coevo.campaigns.alternation import EndedProposal, Phase, phase_of
 from coevo.campaigns.evaluating import proposal_end, search_start
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.campaigns.proposers.base import stage
@@ -42,7 +42,8 @@ def next_phase(campaign: Campaign) -> Phase:
         .values_list("kind", "improved")
     )
     steps = [
-        Step(policy=kind == ProposerKind.POLICY, improved=improved) for kind, improved in ended
+        EndedProposal(policy=kind == ProposerKind.POLICY, improved=improved)
+        for kind, improved in ended
     ]
     return phase_of(alternation=campaign.alternation, steps=steps)
 

@@ -49,7 +49,7 @@ from coevo.campaigns.models import (
     Proposal,
     ProposalState,
 )
-from coevo.campaigns.proposers import Outcome
+from coevo.campaigns.proposers import ProposalOutcome
 from coevo.campaigns.stop_rules import campaign_finish
 from coevo.errors import BudgetExceeded, CoevoError, InvalidState
 from coevo.evaluations.lifecycle import evaluation_cancel
@@ -227,7 +227,9 @@ def _eliminate(
     if not moved:
         return
     proposal.refresh_from_db()
-    proposal_end(campaign, proposal, ProposalState.EVALUATED, detail, outcome=Outcome.PRUNED)
+    proposal_end(
+        campaign, proposal, ProposalState.EVALUATED, detail, outcome=ProposalOutcome.PRUNED
+    )
     logger.info("campaign %s: proposal %d %s", campaign.id, proposal.sequence, detail)
 
 

@@ -45,7 +45,7 @@ from coevo.campaigns.models import (
     ProposalState,
     ProposerKind,
 )
-from coevo.campaigns.proposers import Draft, Outcome, proposer_for
+from coevo.campaigns.proposers import Draft, ProposalOutcome, proposer_for
 from coevo.campaigns.proposers.base import stage
 from coevo.campaigns.proposers.merge import NO_PAIR_REASON
 from coevo.campaigns.racing import round_follow
@@ -374,7 +374,7 @@ def _use_draft(
         Campaign.objects.filter(id=campaign.id).update(state_detail="")
     proposal = _record(campaign, sequence, draft, batch=batch)
     if proposal.state == ProposalState.INVALID:
-        proposer.tell(trial_number=draft.trial_number, outcome=Outcome.FAIL, value=None)
+        proposer.tell(trial_number=draft.trial_number, outcome=ProposalOutcome.FAIL, value=None)
         count_no_improvement(campaign)
         return True
     if batch is not None:

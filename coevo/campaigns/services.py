@@ -22,7 +22,7 @@ from coevo.campaigns.models import (
     ProposalState,
     ProposerKind,
 )
-from coevo.campaigns.proposers import Outcome, proposer_for_proposal, strategy_validate
+from coevo.campaigns.proposers import ProposalOutcome, proposer_for_proposal, strategy_validate
 from coevo.campaigns.proposers.base import stage
 from coevo.campaigns.transitions import campaign_move
 from coevo.enqueue import task_enqueue
@@ -260,7 +260,9 @@ def _fail_open_proposals(campaign: Campaign, detail: str) -> None:
         )
         proposer = proposer_for_proposal(campaign=campaign, kind=proposal.kind)
         if proposer is not None:
-            proposer.tell(trial_number=proposal.trial_number, outcome=Outcome.FAIL, value=None)
+            proposer.tell(
+                trial_number=proposal.trial_number, outcome=ProposalOutcome.FAIL, value=None
+            )
 
 
 def campaign_submit_candidate(

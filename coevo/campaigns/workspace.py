@@ -22,13 +22,17 @@ from typing import Any
 
 from coevo.campaigns.edits import EditRejected, path_check
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
-from coevo.evaluations.models import Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    Rollout,
+    RolloutState,
+)
 from coevo.evaluations.selectors import evaluation_task_scores, rollout_trace
 from coevo.evaluations.traces import Cursor
 from coevo.suites.models import Split
 from harness_store.manifest import MANIFEST_NAME, Manifest
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_files, candidate_read_file
+from workers.outcomes import RolloutOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +134,7 @@ def _manifest_summary(manifest: Manifest) -> str:
 
 
 @dataclass
-class Workspace:
+class ProposerPrompt:
     """The rendered prompt and the record of what it contains (``Proposal.shown``)."""
 
     text: str
@@ -145,7 +149,7 @@ def workspace_build(
     manifest: Manifest,
     budget_chars: int = DEFAULT_BUDGET_CHARS,
     answer_format: str = "text",
-) -> Workspace:
+) -> ProposerPrompt:
     """The workspace for a proposal derived from ``parent`` (whose manifest is ``manifest``),
     asking for the answer in ``answer_format`` (text: HYPOTHESIS line and SEARCH/REPLACE
     blocks; json: coevo.campaigns.answers' object).
@@ -262,7 +266,7 @@ def workspace_build(
             "proposals": dropped,
         },
     }
-    return Workspace(text=text, shown=shown, files=files)
+    return ProposerPrompt(text=text, shown=shown, files=files)
 
 
 # --- sections ------------------------------------------------------------------------------
@@ -378,7 +382,7 @@ def _failed_search_rollouts(
                 evaluation__split=campaign.search_split,
                 task__split=campaign.search_split,
                 state=RolloutState.DONE,
-                outcome__in=[Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR],
+                outcome__in=[RolloutOutcome.TASK_FAILURE, RolloutOutcome.HARNESS_ERROR],
             )
             .exclude(task__split__in=[Split.HELDOUT, campaign.validation_split])
             .select_related("task", "evaluation__candidate")

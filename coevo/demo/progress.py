@@ -3,7 +3,7 @@ step waits on whenever that changes and at least every ``HEARTBEAT_S`` seconds, 
 line with the step's duration.
 
 The polling loops (an evaluation, a campaign, a promotion's held-out games) pass what they see
-to ``Step.update``; a step that blocks in one call (migrations, the policy server's start-up)
+to ``ProgressStep.update``; a step that blocks in one call (migrations, the policy server's start-up)
 has only its label and ``waiting_on``, and the heartbeat thread says it is still waiting. The
 thread reads no database: it prints the last status it was given.
 """
@@ -31,7 +31,7 @@ def elapsed_text(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-class Step:
+class ProgressStep:
     """One long step's progress lines; ``update`` from its polling loop, if it has one."""
 
     def __init__(
@@ -79,10 +79,10 @@ def progress_step(
     waiting_on: str = "",
     every_s: float = HEARTBEAT_S,
     out: Callable[[str], None] = _print,
-) -> Iterator[Step]:
+) -> Iterator[ProgressStep]:
     """Run a long step with a start line, heartbeats from a thread, and an end line saying
     how long it took (or that it stopped, and after how long)."""
-    step = Step(label, waiting_on=waiting_on, every_s=every_s, out=out)
+    step = ProgressStep(label, waiting_on=waiting_on, every_s=every_s, out=out)
     out(f"coevo: {label} …")
     stop = threading.Event()
 

@@ -19,8 +19,12 @@ import hashlib
 import json
 from typing import Any
 
-from coevo.evaluations.models import Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    Rollout,
+    RolloutState,
+)
 from coevo.suites.models import Split
+from workers.outcomes import RolloutOutcome
 
 # Bump when a change to the runner or the verifiers makes old results incomparable.
 # 2: the key names the project, the split and the suite's split seed (issue 15).
@@ -79,7 +83,7 @@ def cache_lookup(*, project_id: Any, split: str, keys: list[str]) -> dict[str, R
             cache_key__in=keys,
             state=RolloutState.DONE,
             reused_from__isnull=True,
-            outcome__in=[Outcome.PASSED, Outcome.TASK_FAILURE],
+            outcome__in=[RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE],
             evaluation__project_id=project_id,
             evaluation__split=split,
         )

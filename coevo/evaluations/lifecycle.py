@@ -24,7 +24,6 @@ from coevo.evaluations.models import (
     Evaluation,
     EvaluationStage,
     EvaluationState,
-    Outcome,
     PauseKind,
     Rollout,
     RolloutState,
@@ -35,6 +34,7 @@ from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.selectors import evaluation_task_scores
 from coevo.evaluations.signals import evaluation_finished, evaluation_progressed
 from coevo.evaluations.stats.sequential import sequential_paired_decision
+from workers.outcomes import RolloutOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +78,12 @@ def evaluation_advance(*, evaluation_id: Any) -> None:
         counts = _outcome_counts(stage_rollouts)
         stage.result = counts
         stage.finished_at = timezone.now()
-        if stage.kind == StageKind.SMOKE and counts.get(Outcome.HARNESS_ERROR):
+        if stage.kind == StageKind.SMOKE and counts.get(RolloutOutcome.HARNESS_ERROR):
             _stop(
                 evaluation,
                 stage,
                 reason=(
-                    f"smoke stage: {counts[Outcome.HARNESS_ERROR]} harness error(s) on "
+                    f"smoke stage: {counts[RolloutOutcome.HARNESS_ERROR]} harness error(s) on "
                     f"{stage.tasks} task(s); the rest of the split was not run"
                 ),
                 state=StageState.FAILED,
@@ -204,7 +204,7 @@ def evaluation_resume(*, evaluation: Evaluation) -> int:
         rerun = Rollout.objects.filter(evaluation=evaluation).filter(
             state=RolloutState.CANCELLED
         ) | Rollout.objects.filter(
-            evaluation=evaluation, state=RolloutState.DONE, outcome=Outcome.INFRA_ERROR
+            evaluation=evaluation, state=RolloutState.DONE, outcome=RolloutOutcome.INFRA_ERROR
         )
         rerun_ids = list(rerun.values_list("id", flat=True))
         budget = Budget.objects.filter(evaluation=evaluation).first()
@@ -308,7 +308,7 @@ def _finish_if_done(evaluation: Evaluation) -> bool:
     if Rollout.objects.filter(evaluation=evaluation, state__in=_OPEN_ROLLOUT).exists():
         return False
     infra = Rollout.objects.filter(
-        evaluation=evaluation, state=RolloutState.DONE, outcome=Outcome.INFRA_ERROR
+        evaluation=evaluation, state=RolloutState.DONE, outcome=RolloutOutcome.INFRA_ERROR
     ).count()
     state, detail = EvaluationState.FINISHED, ""
     if infra:

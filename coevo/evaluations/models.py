@@ -8,7 +8,7 @@ from coevo.policies.models import PolicyVersion
 from coevo.projects.models import Project
 from coevo.suites.models import Split, Suite, Task
 from harness_store.models import Candidate
-from workers.outcomes import Outcome as RolloutOutcome
+from workers.outcomes import RolloutOutcome
 
 # US dollars, exact: per-million prices with six places over a million tokens need twelve
 # (coevo/policies/prices.py); 12 digits before the point is far beyond any budget.
@@ -176,13 +176,14 @@ class RolloutState(models.TextChoices):
 ROLLOUT_FINAL_STATES = (RolloutState.DONE, RolloutState.CANCELLED)
 
 
-class Outcome(models.TextChoices):
-    """How a rollout ended: the runtime's outcomes (workers/outcomes.py), which it records."""
-
-    PASSED = RolloutOutcome.PASSED.value
-    TASK_FAILURE = RolloutOutcome.TASK_FAILURE.value, "task failure"
-    HARNESS_ERROR = RolloutOutcome.HARNESS_ERROR.value, "harness error"
-    INFRA_ERROR = RolloutOutcome.INFRA_ERROR.value, "infra error"
+# How a rollout ended: the runtime's outcomes (workers/outcomes.py, ``RolloutOutcome``), which
+# it records; the labels are the pages'.
+ROLLOUT_OUTCOME_CHOICES = [
+    (RolloutOutcome.PASSED.value, "Passed"),
+    (RolloutOutcome.TASK_FAILURE.value, "task failure"),
+    (RolloutOutcome.HARNESS_ERROR.value, "harness error"),
+    (RolloutOutcome.INFRA_ERROR.value, "infra error"),
+]
 
 
 class Rollout(TimeStampedModel):
@@ -201,7 +202,7 @@ class Rollout(TimeStampedModel):
     state = models.CharField(
         max_length=16, choices=RolloutState.choices, default=RolloutState.PENDING
     )
-    outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
+    outcome = models.CharField(max_length=16, choices=ROLLOUT_OUTCOME_CHOICES, blank=True)
     error_kind = models.CharField(max_length=32, blank=True)
     score = models.FloatField(null=True, blank=True)
     detail = models.TextField(blank=True)

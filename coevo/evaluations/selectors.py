@@ -15,7 +15,6 @@ from coevo.evaluations.models import (
     Evaluation,
     EvaluationStage,
     EvaluationState,
-    Outcome,
     Rollout,
     RolloutState,
     TraceStep,
@@ -35,6 +34,7 @@ from coevo.projects.audience import Audience
 from coevo.projects.models import Project
 from coevo.suites.models import Split
 from harness_store.models import Candidate
+from workers.outcomes import RolloutOutcome
 
 
 @dataclass(frozen=True)
@@ -170,10 +170,10 @@ def _rollout_counts(prefix: str = "") -> dict[str, Count]:
         "done": count(**done),
         "running": count(state=RolloutState.RUNNING),
         "pending": count(state=RolloutState.PENDING),
-        "passed": count(**done, outcome=Outcome.PASSED),
-        "task_failures": count(**done, outcome=Outcome.TASK_FAILURE),
-        "harness_errors": count(**done, outcome=Outcome.HARNESS_ERROR),
-        "infra_errors": count(**done, outcome=Outcome.INFRA_ERROR),
+        "passed": count(**done, outcome=RolloutOutcome.PASSED),
+        "task_failures": count(**done, outcome=RolloutOutcome.TASK_FAILURE),
+        "harness_errors": count(**done, outcome=RolloutOutcome.HARNESS_ERROR),
+        "infra_errors": count(**done, outcome=RolloutOutcome.INFRA_ERROR),
         "cancelled": count(state=RolloutState.CANCELLED),
         "reused": Count(
             f"{prefix}id" if prefix else "id",
@@ -319,7 +319,7 @@ def _as_int(text: str | None) -> int | None:
         return None
 
 
-_SCORED = (Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR)
+_SCORED = (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE, RolloutOutcome.HARNESS_ERROR)
 
 
 def evaluation_task_scores(*, evaluation_id: Any) -> dict[str, list[float]]:
@@ -341,7 +341,7 @@ def evaluations_task_scores(*, evaluation_ids: list[Any]) -> dict[Any, dict[str,
     )
     for evaluation_id, key, score, outcome in rows:
         if score is None:
-            score = 1.0 if outcome == Outcome.PASSED else 0.0
+            score = 1.0 if outcome == RolloutOutcome.PASSED else 0.0
         scores.setdefault(evaluation_id, {}).setdefault(key, []).append(float(score))
     return scores
 
@@ -395,7 +395,7 @@ def evaluation_errors(*, evaluation: Evaluation) -> list[ErrorCount]:
     errors = Rollout.objects.filter(
         evaluation=evaluation,
         state=RolloutState.DONE,
-        outcome__in=[Outcome.HARNESS_ERROR, Outcome.INFRA_ERROR],
+        outcome__in=[RolloutOutcome.HARNESS_ERROR, RolloutOutcome.INFRA_ERROR],
     )
     # Window functions: one pass over the error rollouts. (An example subquery next to a GROUP
     # BY is grouped by, and ran once per error rollout: 900 ms on a 5,000-rollout evaluation.)

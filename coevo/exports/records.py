@@ -35,7 +35,10 @@ from typing import Any
 
 from django.db.models import Max, QuerySet
 
-from coevo.evaluations.models import Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.traces import trace_step_payload
 from coevo.exports.conversation import (
     Reply,
@@ -46,8 +49,13 @@ from coevo.exports.conversation import (
 )
 from coevo.exports.models import ExportFormat
 from coevo.suites.models import Split
+from workers.outcomes import RolloutOutcome
 
-EXPORTABLE_OUTCOMES = (Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR)
+EXPORTABLE_OUTCOMES = (
+    RolloutOutcome.PASSED,
+    RolloutOutcome.TASK_FAILURE,
+    RolloutOutcome.HARNESS_ERROR,
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ def rollouts_selected(selection: Selection) -> QuerySet[Rollout]:
     # older cache key let through (coevo.evaluations.cache).
     rollouts = rollouts.exclude(reused_from__evaluation__split=Split.HELDOUT)
     if selection.successful_only:
-        rollouts = rollouts.filter(outcome=Outcome.PASSED)
+        rollouts = rollouts.filter(outcome=RolloutOutcome.PASSED)
     if selection.min_score is not None:
         rollouts = rollouts.filter(score__gte=selection.min_score)
     return rollouts.select_related(
@@ -179,7 +187,7 @@ def export_lines(*, selection: Selection, fmt: str, counts: Counts) -> Iterator[
         if not calls:
             continue
         counts.rollouts += 1
-        successful = rollout.outcome == Outcome.PASSED
+        successful = rollout.outcome == RolloutOutcome.PASSED
         first_learned = 0 if selection.last_turns is None else len(calls) - selection.last_turns
         for turn, call in enumerate(calls):
             weight = int(successful and turn >= first_learned)

@@ -25,7 +25,7 @@ GATE_OPEN_STATES = (GateState.PENDING, GateState.RUNNING)
 GATE_FINAL_STATES = (GateState.FINISHED, GateState.FAILED)
 
 
-class Verdict(models.TextChoices):
+class GateVerdict(models.TextChoices):
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"
@@ -52,7 +52,7 @@ class Gate(TimeStampedModel):
     baseline_evaluation = models.ForeignKey(Evaluation, on_delete=models.RESTRICT, related_name="+")
     state = models.CharField(max_length=16, choices=GateState.choices, default=GateState.PENDING)
     state_detail = models.TextField(blank=True)
-    verdict = models.CharField(max_length=16, choices=Verdict.choices, blank=True)
+    verdict = models.CharField(max_length=16, choices=GateVerdict.choices, blank=True)
     # [{"rule", "outcome": pass|fail|inconclusive|error, "message"}], one per declared rule.
     reasons = models.JSONField(default=list, blank=True)
     # {"candidate": summary, "baseline": summary, "comparison": ..., "errors": ...}

@@ -33,7 +33,7 @@ from coevo.evaluations.models import (
 )
 from coevo.evaluations.selectors import evaluation_task_scores
 from coevo.evaluations.services import evaluation_create
-from coevo.gates.models import GATE_OPEN_STATES, Gate, GateState, Verdict
+from coevo.gates.models import GATE_OPEN_STATES, Gate, GateState, GateVerdict
 from coevo.gates.policy import GatePolicy
 from coevo.gates.verdict import EvaluationFacts, GateDecision, gate_decide
 from coevo.policies.models import PolicyVersion
@@ -246,7 +246,7 @@ def gate_advance(*, gate_id: Any) -> Gate | None:
         # Inputs the statistics are not defined for: the gate cannot decide, and says why.
         logger.exception("gate %s: could not compute its verdict", gate.id)
         decision = GateDecision(
-            verdict=Verdict.ERROR,
+            verdict=GateVerdict.ERROR,
             reasons=[{"rule": "gate", "outcome": "error", "message": str(exc)}],
             statistics={},
         )

@@ -23,15 +23,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coevo.evaluations.models import EvaluationState, Outcome
+from coevo.evaluations.models import (
+    EvaluationState,
+)
 from coevo.evaluations.stats.means import ScoreSummary, mean_score_summary, per_task_means
 from coevo.evaluations.stats.paired import (
     MIN_INTERVAL_TASKS,
     PairedComparison,
     paired_comparison,
 )
-from coevo.gates.models import Verdict
+from coevo.gates.models import GateVerdict
 from coevo.gates.policy import GatePolicy
+from workers.outcomes import RolloutOutcome
 
 PASS, FAIL, INCONCLUSIVE, ERROR = "pass", "fail", "inconclusive", "error"
 _SEVERITY = (ERROR, FAIL, INCONCLUSIVE)
@@ -55,8 +58,8 @@ class EvaluationFacts:
 
     @property
     def errors(self) -> int:
-        return self.outcomes.get(Outcome.HARNESS_ERROR, 0) + self.outcomes.get(
-            Outcome.INFRA_ERROR, 0
+        return self.outcomes.get(RolloutOutcome.HARNESS_ERROR, 0) + self.outcomes.get(
+            RolloutOutcome.INFRA_ERROR, 0
         )
 
 
@@ -99,7 +102,7 @@ def gate_decide(
         reasons = [judges[rule]() for rule in policy.rules]
     outcomes = {reason["outcome"] for reason in reasons}
     verdict = next((o for o in _SEVERITY if o in outcomes), PASS)
-    return GateDecision(verdict=Verdict(verdict).value, reasons=reasons, statistics=statistics)
+    return GateDecision(verdict=GateVerdict(verdict).value, reasons=reasons, statistics=statistics)
 
 
 def _reason(rule: str, outcome: str, message: str) -> dict[str, str]:
@@ -288,7 +291,7 @@ def _comparison_dict(comparison: PairedComparison) -> dict[str, Any]:
 def _errors_dict(side: EvaluationFacts) -> dict[str, Any]:
     return {
         "rollouts": side.rollouts,
-        "harness_error": side.outcomes.get(Outcome.HARNESS_ERROR, 0),
-        "infra_error": side.outcomes.get(Outcome.INFRA_ERROR, 0),
+        "harness_error": side.outcomes.get(RolloutOutcome.HARNESS_ERROR, 0),
+        "infra_error": side.outcomes.get(RolloutOutcome.INFRA_ERROR, 0),
         "rate": side.errors / side.rollouts if side.rollouts else None,
     }

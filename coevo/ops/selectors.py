@@ -18,12 +18,18 @@ from django.utils import timezone
 
 from coevo.celery import app
 from coevo.enqueue import broker_queue_depths
-from coevo.evaluations.models import Budget, Evaluation, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    Budget,
+    Evaluation,
+    Rollout,
+    TraceStep,
+)
 from coevo.ops.health import policy_probe
 from coevo.ops.models import WorkerHeartbeat
 from coevo.policies.concurrency import SlotsStatus
 from coevo.policies.models import PolicyEndpoint
 from coevo.policies.selectors import policy_endpoint_slots
+from workers.outcomes import RolloutOutcome
 
 
 def rollout_counts() -> list[dict[str, Any]]:
@@ -157,7 +163,7 @@ def policy_endpoints_status(*, timeout_s: float | None = None) -> list[EndpointS
         .values("evaluation__policy_version__endpoint_id")
         .annotate(
             n=Count("id"),
-            errors=Count("id", filter=Q(outcome=Outcome.INFRA_ERROR, error_kind="policy")),
+            errors=Count("id", filter=Q(outcome=RolloutOutcome.INFRA_ERROR, error_kind="policy")),
         )
     )
     by_endpoint = {row["evaluation__policy_version__endpoint_id"]: row for row in recent}

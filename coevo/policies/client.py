@@ -80,6 +80,14 @@ class ServerFlavor:
     LLAMA_CPP_PYTHON = "llama-cpp-python"  # llama_cpp.server (the embedded policy)
 
 
+# The endpoint kind whose request table a server of each flavor reads (request_tables.py).
+FLAVOR_KINDS = {
+    ServerFlavor.VLLM: "vllm",
+    ServerFlavor.LLAMA_CPP: "llamacpp",
+    ServerFlavor.LLAMA_CPP_PYTHON: "llamacpp",
+}
+
+
 @dataclass(frozen=True)
 class Health:
     """One health probe's finding: ``up``, else ``reason``, what ``GET /v1/models`` got (a
@@ -206,6 +214,14 @@ class PolicyClient:
         if counted is not None and isinstance(counted.get("count"), int):
             return ServerInfo(ServerFlavor.LLAMA_CPP_PYTHON, context)
         return ServerInfo(context_tokens=context)
+
+    def kind_learn(self, flavor: str | None) -> None:
+        """Speak to an ``openai-compatible`` endpoint (one known only to speak OpenAI's API) as
+        the kind its replies showed it is (``server_info().flavor``) from now on: its request
+        table then passes that server's own parameters (a grammar, a JSON schema on
+        completions, its sampling knobs at their neutral values). A declared kind stays."""
+        if self.kind == "openai-compatible" and flavor in FLAVOR_KINDS:
+            self.kind = FLAVOR_KINDS[flavor]
 
     def token_count(self, text: str, *, flavor: str | None) -> int | None:
         """How many tokens ``text`` is as a prompt, by the server's own tokenizer (None where
@@ -637,6 +653,11 @@ class RoutedPolicyClient:
     # Probes ask the preferred route only, and never fail over: they raise nothing.
     def server_info(self) -> ServerInfo:
         return self.routes[0].client.server_info() if self.routes else ServerInfo()
+
+    def kind_learn(self, flavor: str | None) -> None:
+        """``PolicyClient.kind_learn`` on every route (the probe asked the preferred one)."""
+        for route in self.routes:
+            route.client.kind_learn(flavor)
 
     def token_count(self, text: str, *, flavor: str | None) -> int | None:
         return self.routes[0].client.token_count(text, flavor=flavor) if self.routes else None

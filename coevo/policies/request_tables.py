@@ -85,18 +85,21 @@ TABLES: dict[str, RequestTable] = {
     # vLLM's OpenAI server: OpenAI's parameters, its sampling extensions, and the prompt's and
     # reply's token ids. top_k 0 is "every token" (vLLM 0.8 and later; -1 was older releases'
     # spelling and is still accepted); min_p 0 and repetition_penalty 1 do nothing.
+    # Its completions API takes response_format too (a JSON schema the llm-patch proposer's
+    # answer is held to: coevo/campaigns/answers.py).
     "vllm": RequestTable(
         chat=_OPENAI_CHAT | {"top_k", "min_p", "repetition_penalty", "return_token_ids"},
         completions=_OPENAI_COMPLETIONS
-        | {"top_k", "min_p", "repetition_penalty", "return_token_ids"},
+        | {"top_k", "min_p", "repetition_penalty", "return_token_ids", "response_format"},
         neutral={"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0},
     ),
     # llama-cpp-python's server (and the coevo llama.cpp host, which relays to it): OpenAI's
     # parameters and llama.cpp's own. top_k 0 keeps every token (llama.cpp skips top-k at 0 or
-    # below), min_p 0 keeps every token, repeat_penalty 1 penalises nothing.
+    # below), min_p 0 keeps every token, repeat_penalty 1 penalises nothing. Both APIs take a
+    # GBNF ``grammar`` (the llm-patch proposer's answer: coevo/campaigns/answers.py).
     "llamacpp": RequestTable(
-        chat=_OPENAI_CHAT | {"top_k", "min_p", "repeat_penalty"},
-        completions=_OPENAI_COMPLETIONS | {"top_k", "min_p", "repeat_penalty"},
+        chat=_OPENAI_CHAT | {"top_k", "min_p", "repeat_penalty", "grammar"},
+        completions=_OPENAI_COMPLETIONS | {"top_k", "min_p", "repeat_penalty", "grammar"},
         neutral={"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0},
     ),
     # A server known only to speak OpenAI's API (a provider such as OpenRouter, Together or

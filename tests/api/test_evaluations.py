@@ -2,9 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    Evaluation,
+    EvaluationState,
+    Rollout,
+    RolloutState,
+)
 from coevo.evaluations.services import evaluation_create
 from tests.api.conftest import assert_error
+from workers.outcomes import RolloutOutcome
 
 BASE = "/api/v1/projects/demo/evaluations/"
 
@@ -97,7 +103,7 @@ def test_it_returns_per_task_results(
         seed_candidate,
         humaneval_suite,
         policy_version,
-        finish=[Outcome.PASSED, Outcome.HARNESS_ERROR],
+        finish=[RolloutOutcome.PASSED, RolloutOutcome.HARNESS_ERROR],
     )
     rows = make_client(viewer, ["read"]).get(f"{BASE}{evaluation.id}/tasks/").json()
     assert [r["outcomes"] for r in rows] == [["passed"], ["harness_error"], ["pending"]]
@@ -123,13 +129,13 @@ def test_it_compares_two_evaluations(
     make_client, viewer, seed_candidate, humaneval_suite, policy_version
 ):
     ref = _evaluation(
-        seed_candidate, humaneval_suite, policy_version, finish=[Outcome.TASK_FAILURE] * 3
+        seed_candidate, humaneval_suite, policy_version, finish=[RolloutOutcome.TASK_FAILURE] * 3
     )
     new = _evaluation(
         seed_candidate,
         humaneval_suite,
         policy_version,
-        finish=[Outcome.PASSED, Outcome.PASSED, Outcome.TASK_FAILURE],
+        finish=[RolloutOutcome.PASSED, RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE],
     )
     client = make_client(viewer, ["read"])
     body = client.get(

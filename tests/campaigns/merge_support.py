@@ -7,11 +7,16 @@ from collections.abc import Callable
 from coevo.campaigns.models import PROPOSAL_OPEN_STATES, Campaign, Proposal
 from coevo.campaigns.runner import campaign_advance
 from coevo.campaigns.services import campaign_create
-from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    Evaluation,
+    Rollout,
+    RolloutState,
+)
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.services import rollout_claim, rollout_finish
 from harness_store.derive import candidate_derive
 from harness_store.models import CandidateOrigin
+from workers.outcomes import RolloutOutcome
 
 # (outcome, detail) for a task of a proposal; the score follows the outcome.
 # (outcome, detail) or (outcome, detail, error kind): the kind as the raise site gives it.
@@ -59,9 +64,9 @@ def finish_rollouts(proposal: Proposal, evaluation: Evaluation, verdict: Verdict
             rollout=claimed,
             outcome=outcome,
             error_kind=kind[0] if kind else "",
-            score=1.0 if outcome == Outcome.PASSED else 0.0,
+            score=1.0 if outcome == RolloutOutcome.PASSED else 0.0,
             detail=detail,
-            answer="yes" if outcome == Outcome.PASSED else "no",
+            answer="yes" if outcome == RolloutOutcome.PASSED else "no",
             prompt_tokens=5,
         )
 
@@ -91,7 +96,7 @@ def passing(solved: dict[str, set[str]]) -> Verdict:
         subject = proposal.candidate.subject if proposal.candidate else ""
         tasks = next((keys for name, keys in solved.items() if subject.startswith(name)), set())
         if rollout.task.key in tasks:
-            return Outcome.PASSED, "the answer equals the expected value"
-        return Outcome.TASK_FAILURE, "the answer 'no' is not the expected value"
+            return RolloutOutcome.PASSED, "the answer equals the expected value"
+        return RolloutOutcome.TASK_FAILURE, "the answer 'no' is not the expected value"
 
     return verdict

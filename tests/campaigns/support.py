@@ -14,12 +14,17 @@ from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalSt
 from coevo.campaigns.runner import campaign_advance
 from coevo.campaigns.services import CAMPAIGN_DRAFT_TASK, campaign_create, campaign_start
 from coevo.celery import app
-from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    Evaluation,
+    Rollout,
+    RolloutState,
+)
 from coevo.evaluations.services import rollout_claim, rollout_finish
 from coevo.policies.client import normalize_base_url
 from coevo.policies.models import EndpointKind, PolicyEndpoint
 from harness_store.services import candidate_import_directory
 from tests.support.factories import make_jsonl_suite
+from workers.outcomes import RolloutOutcome
 
 MARKER = "ZZ-SEALED-MARKER-ZZ"
 
@@ -88,7 +93,7 @@ def finish_open_rollouts(evaluation: Evaluation, passed: bool) -> None:
         claimed = rollout_claim(rollout_id=rollout.id, worker="test")
         if claimed is None:
             continue
-        outcome = Outcome.PASSED if passed else Outcome.TASK_FAILURE
+        outcome = RolloutOutcome.PASSED if passed else RolloutOutcome.TASK_FAILURE
         rollout_finish(
             rollout=claimed, outcome=outcome, score=float(passed), detail=outcome, prompt_tokens=5
         )
@@ -202,7 +207,7 @@ def drive_round(
         if claimed is None:
             continue
         passed = raced_passes(_style_of(claimed.evaluation_id), claimed.task.key)
-        outcome = Outcome.PASSED if passed else Outcome.TASK_FAILURE
+        outcome = RolloutOutcome.PASSED if passed else RolloutOutcome.TASK_FAILURE
         rollout_finish(
             rollout=claimed, outcome=outcome, score=float(passed), detail=outcome, prompt_tokens=5
         )

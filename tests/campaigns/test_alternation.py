@@ -9,8 +9,8 @@ import pytest
 from coevo.campaigns.alternation import (
     DEFAULTS,
     EXPORT_DEFAULTS,
+    EndedProposal,
     Phase,
-    Step,
     alternation_validate,
     phase_of,
 )
@@ -20,8 +20,8 @@ from coevo.policies.models import EndpointKind
 from coevo.training.models import Trainer
 from coevo.training.trainers import trainer_register
 
-H, HI = Step(policy=False, improved=False), Step(policy=False, improved=True)
-P, PI = Step(policy=True, improved=False), Step(policy=True, improved=True)
+H, HI = EndedProposal(policy=False, improved=False), EndedProposal(policy=False, improved=True)
+P, PI = EndedProposal(policy=True, improved=False), EndedProposal(policy=True, improved=True)
 
 
 def config(**overrides) -> dict:
@@ -41,7 +41,7 @@ def patience(patience: int = 2, max_policy_steps: int = 3) -> dict:
     return config(switch="patience", patience=patience, max_policy_steps=max_policy_steps)
 
 
-def phase(alternation: dict, *steps: Step) -> Phase:
+def phase(alternation: dict, *steps: EndedProposal) -> Phase:
     return phase_of(alternation=alternation, steps=steps)
 
 
@@ -88,7 +88,7 @@ def test_the_fixed_schedule_goes_back_to_harness_steps_after_policy_steps():
 
 def test_the_fixed_schedule_alternates_one_to_one():
     alternation = fixed(harness_steps=1, policy_steps=1, max_policy_steps=10)
-    history: list[Step] = []
+    history: list[EndedProposal] = []
     names = []
     for _ in range(6):
         current = phase(alternation, *history)

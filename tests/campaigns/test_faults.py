@@ -20,7 +20,6 @@ from coevo.celery import app
 from coevo.evaluations.models import (
     Evaluation,
     EvaluationState,
-    Outcome,
     Rollout,
     RolloutState,
     TraceStep,
@@ -34,6 +33,7 @@ from coevo.policies.models import PolicyEndpoint
 from tests.campaigns.support import marked_suite, styled_seed
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from tests.support.processes import WorkerProcess
+from workers.outcomes import RolloutOutcome
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -138,7 +138,7 @@ def assert_scored_exactly_once(evaluation: Evaluation) -> None:
             assert not TraceStep.objects.filter(rollout=rollout, kind="verdict").exists()
             continue
         assert rollout.state == RolloutState.DONE, (rollout.task.key, rollout.state)
-        assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), (
+        assert rollout.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), (
             rollout.task.key,
             rollout.outcome,
             rollout.detail,

@@ -15,10 +15,12 @@ from coevo.campaigns.patterns import (
     message_normalize,
 )
 from coevo.campaigns.services import campaign_start, campaign_submit_candidate
-from coevo.evaluations.models import Evaluation, Outcome
+from coevo.evaluations.models import (
+    Evaluation,
+)
 from tests.campaigns.merge_support import drive_tasks, human_commit, make_campaign
 from tests.campaigns.support import MARKER
-from workers.outcomes import ErrorKind
+from workers.outcomes import ErrorKind, RolloutOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,7 +71,7 @@ def scripted(by_candidate):
         subject = proposal.candidate.subject
         table = next((t for name, t in by_candidate.items() if subject.startswith(name)), {})
         default = (
-            Outcome.TASK_FAILURE,
+            RolloutOutcome.TASK_FAILURE,
             f"the answer 'no' for {rollout.task.inputs['input']!r} is wrong",
         )
         return table.get(rollout.task.key, default)
@@ -77,9 +79,9 @@ def scripted(by_candidate):
     return verdict
 
 
-PASS = (Outcome.PASSED, "the answer equals the expected value")
+PASS = (RolloutOutcome.PASSED, "the answer equals the expected value")
 CRASH = (
-    Outcome.HARNESS_ERROR,
+    RolloutOutcome.HARNESS_ERROR,
     "the harness raised ValueError: bad value 3 in /h/agent.py",
     ErrorKind.EXCEPTION,
 )

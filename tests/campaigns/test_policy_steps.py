@@ -17,7 +17,12 @@ from django.db import connection
 from coevo.campaigns.models import Campaign, CampaignState, Proposal, ProposalState, ProposerKind
 from coevo.campaigns.runner import campaign_advance
 from coevo.campaigns.services import campaign_create, campaign_start, campaign_stop
-from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState, TraceStep
+from coevo.evaluations.models import (
+    Evaluation,
+    Rollout,
+    RolloutState,
+    TraceStep,
+)
 from coevo.evaluations.services import rollout_claim, rollout_finish
 from coevo.exports.models import ExportState
 from coevo.exports.services import trajectory_export_build
@@ -25,6 +30,7 @@ from coevo.policies.models import PolicyVersion
 from coevo.training.models import Trainer, TrainingRun, TrainingState
 from coevo.training.services import training_run_execute
 from coevo.training.trainers import trainer_register
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,7 +103,7 @@ def finish_with_calls(evaluation: Evaluation, passed: bool) -> None:
                 "completion": "yes" if passed else "no",
             },
         )
-        outcome = Outcome.PASSED if passed else Outcome.TASK_FAILURE
+        outcome = RolloutOutcome.PASSED if passed else RolloutOutcome.TASK_FAILURE
         rollout_finish(
             rollout=claimed,
             outcome=outcome,

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from coevo.campaigns.models import CampaignState, Proposal, ProposalState, ProposerKind
-from coevo.campaigns.proposers.base import Outcome
+from coevo.campaigns.proposers.base import ProposalOutcome
 from coevo.campaigns.proposers.config import ConfigProposer, optuna_storage, study_name
 from coevo.campaigns.runner import campaign_advance
 from coevo.campaigns.services import (
@@ -100,7 +100,7 @@ def test_it_continues_the_optuna_study_after_a_restart(project, seed, suite, pol
     campaign = make(project, seed, suite, policy_version)
     first = ConfigProposer(campaign, {}).propose(history=[])
     ConfigProposer(campaign, {}).tell(
-        trial_number=first.trial_number, outcome=Outcome.COMPLETE, value=0.5
+        trial_number=first.trial_number, outcome=ProposalOutcome.COMPLETE, value=0.5
     )
     # A new object, as after a worker restart, and a trial left RUNNING by a lost transaction.
     orphan = ConfigProposer(campaign, {}).propose(history=[])

@@ -11,12 +11,15 @@ import time
 
 from coevo.campaigns.models import CampaignState, FailurePattern, ProposalState, ProposerKind
 from coevo.campaigns.services import campaign_create, campaign_start
-from coevo.evaluations.models import Outcome, Rollout
+from coevo.evaluations.models import (
+    Rollout,
+)
 from coevo.exports.services import export_path, trajectory_export_build, trajectory_export_create
 from coevo.suites.harbor import suite_import_harbor
 from coevo.suites.models import Split
 from coevo.suites.splits import split_for
 from harness_store.services import candidate_import_directory
+from workers.outcomes import RolloutOutcome
 
 MANIFEST = """
 [harness]
@@ -149,7 +152,7 @@ def test_a_config_campaign_improves_a_harness_on_a_workspace_suite(
         evaluation__candidate=good[0].candidate,
         evaluation__split=Split.SEARCH,
         evaluation__suite=suite,
-        outcome=Outcome.PASSED,
+        outcome=RolloutOutcome.PASSED,
     ).count()
     assert passed and len(rows) == passed
     assert all("Write word" in json.dumps(row["messages"]) for row in rows)

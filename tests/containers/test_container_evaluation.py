@@ -19,7 +19,7 @@ os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
 from playwright.sync_api import expect  # noqa: E402
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep  # noqa: E402
+from coevo.evaluations.models import EvaluationState, Rollout, TraceStep  # noqa: E402
 from coevo.suites.harbor import suite_import_harbor  # noqa: E402
 from coevo.suites.models import Split, Task  # noqa: E402
 from tests.conftest import PASSWORD, REPO_ROOT  # noqa: E402
@@ -31,6 +31,7 @@ from tests.evaluations.test_program_worker import (  # noqa: E402
     import_example,
 )
 from tests.web.test_workspace_trace import url  # noqa: E402
+from workers.outcomes import RolloutOutcome  # noqa: E402
 
 SCREENSHOT = REPO_ROOT / "var" / "test-artifacts" / "screenshots" / "container-rollout.png"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -107,7 +108,7 @@ def test_a_container_task_is_imported_checked_evaluated_and_shown(
     )
     assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
     rollout = Rollout.objects.get(evaluation=evaluation)
-    assert rollout.outcome == Outcome.PASSED, rollout.detail
+    assert rollout.outcome == RolloutOutcome.PASSED, rollout.detail
     kinds = list(TraceStep.objects.filter(rollout=rollout).values_list("kind", flat=True))
     assert "environment" in kinds and "workspace_diff" in kinds
 
@@ -176,7 +177,7 @@ def test_the_shipped_container_tasks_import_checked_and_are_solved_through_a_wor
     assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
     rollouts = Rollout.objects.filter(evaluation=evaluation).select_related("task")
     outcomes = {r.task.key: (r.outcome, r.detail) for r in rollouts}
-    assert outcomes == {key: (Outcome.PASSED, outcomes[key][1]) for key in keys}, outcomes
+    assert outcomes == {key: (RolloutOutcome.PASSED, outcomes[key][1]) for key in keys}, outcomes
     for rollout in rollouts:
         kinds = set(TraceStep.objects.filter(rollout=rollout).values_list("kind", flat=True))
         assert {"environment", "helper_call", "workspace_diff", "verdict"} <= kinds

@@ -13,7 +13,7 @@ from tests.examples import test_workspace_agents as agents
 from tests.examples.test_workspace_agents import AGENT, commands, model_calls, steps
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.environments import workspace as ws_env
-from workers.outcomes import Outcome
+from workers.outcomes import RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
 # The agent's declared dependencies, built once from the wheel directory (no index is asked).
@@ -58,7 +58,7 @@ def test_the_workspace_agent_works_in_the_tasks_container(agent_env, base_image,
         result = rollout(server.url, harness_env=agent_env, task=task)
     # test.sh needs the fix in /app and the file the command made in /opt, outside /app (only
     # the container's snapshot carries it).
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     calls = model_calls(result)
     assert [c["tool_calls"][0]["name"] if c["tool_calls"] else None for c in calls] == [
         "run_command",

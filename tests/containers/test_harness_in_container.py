@@ -24,7 +24,7 @@ from workers.containers.host_runtime import MOUNT, host_runtime
 from workers.containers.process import ContainerProcess
 from workers.containers.session import TaskContainer
 from workers.environments.workspace import Workspace
-from workers.outcomes import Outcome
+from workers.outcomes import RolloutOutcome
 
 # The fix that test.sh accepts: calc.py's add repaired in /app, and a mark in the container's
 # /opt (read-only to a sandbox on the worker, and not the file test.sh looks for there).
@@ -141,7 +141,10 @@ def test_a_program_harness_works_in_the_tasks_container(tmp_path, base_image, im
     policy = ScriptedPolicy(rules=[("Fix add", FIX)], default="true")
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(program(tmp_path / "inside"), server.url, task=inputs(), verifier=VERIFIER)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), (
+        result.detail,
+        result.steps,
+    )
     (answer,) = steps(result, "answer")
     assert answer["answer"] == {"made": "built", "code": 0, "stderr": ""}
     (environment,) = steps(result, "environment")
@@ -169,7 +172,10 @@ def test_a_run_harness_works_in_the_tasks_container(tmp_path, base_image, image_
     )
     with ScriptedOpenAIServer(ScriptedPolicy(default="unused")) as server:
         result = rollout(harness, server.url, task=inputs(), verifier=VERIFIER)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), (
+        result.detail,
+        result.steps,
+    )
     assert steps(result, "answer") == [{"answer": "built"}]
 
 
@@ -190,7 +196,10 @@ def test_codex_fixes_a_task_in_its_container_with_its_own_shell(
         result = rollout(
             CODEX, server.url, harness_env=codex_env.path, task=inputs(), verifier=VERIFIER
         )
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), (
+        result.detail,
+        result.steps,
+    )
     first, second = model_calls(result)
     assert first["spoken"] == "responses" and EXITED in second["messages"][-1]["content"]
     (environment,) = steps(result, "environment")

@@ -9,7 +9,10 @@ import socket
 
 import pytest
 
-from coevo.evaluations.models import Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.services import evaluation_create
 from coevo.evaluations.services.rollouts import rollout_execute
 from coevo.suites.harbor import suite_import_harbor
@@ -17,7 +20,7 @@ from coevo.suites.models import ImageBuildOutcome, ImageBuildSource, Split, Task
 from tests.containers.conftest import TASK_BASE
 from tests.suites.test_image_builds import key_in, page_text
 from tests.support.harbor import SOLVE_42, write_harbor_task
-from workers.outcomes import ErrorKind
+from workers.outcomes import ErrorKind, RolloutOutcome
 
 
 def built_dockerfile(nonce: str) -> str:
@@ -100,7 +103,7 @@ def test_a_rollout_records_the_build_it_ran(
 
     done = rollout_execute(rollout_id=rollout.id, worker="test")
 
-    assert done is not None and done.outcome != Outcome.INFRA_ERROR, done.detail
+    assert done is not None and done.outcome != RolloutOutcome.INFRA_ERROR, done.detail
     (build,) = TaskImageBuild.objects.filter(task=rollout.task)
     assert (build.outcome, build.source) == (ImageBuildOutcome.BUILT, ImageBuildSource.ROLLOUT)
     assert build.machine == socket.gethostname() and build.seconds > 0
@@ -137,7 +140,7 @@ def test_a_rollout_whose_image_fails_records_the_failed_step(
 
     done = rollout_execute(rollout_id=rollout.id, worker="test")
 
-    assert (done.outcome, done.error_kind) == (Outcome.INFRA_ERROR, ErrorKind.SANDBOX)
+    assert (done.outcome, done.error_kind) == (RolloutOutcome.INFRA_ERROR, ErrorKind.SANDBOX)
     assert done.detail.startswith("the task's container: the task's image did not build")
     (build,) = TaskImageBuild.objects.filter(task=rollout.task)
     assert build.outcome == ImageBuildOutcome.FAILED and build.image == ""

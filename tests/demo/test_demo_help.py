@@ -25,6 +25,7 @@ def test_it_prints_the_demos_options_without_installing_anything(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: scripts/demo")
     assert "--once" in result.stdout and "--campaign-proposals" in result.stdout
+    assert "--policy {llamacpp,vllm}" in result.stdout and "vLLM's CPU build" in result.stdout
     assert "first installs what is missing" in result.stdout
     assert "==>" not in result.stdout + result.stderr
     assert not os.path.exists(tmp_path / ".cache")

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from coevo.demo.humaneval import wait_for_evaluation
-from coevo.demo.progress import Step, progress_step
+from coevo.demo.progress import ProgressStep, progress_step
 from coevo.evaluations.models import EvaluationState
 from tests.support.factories import make_evaluation
 
@@ -33,7 +33,7 @@ def test_it_prints_heartbeats_with_the_elapsed_time_while_a_step_blocks():
 def test_a_polling_loop_prints_each_new_status_once_and_repeats_it_when_a_heartbeat_is_due():
     now = [100.0]
     lines: list[str] = []
-    step = Step("campaign", every_s=30, out=lines.append, clock=lambda: now[0])
+    step = ProgressStep("campaign", every_s=30, out=lines.append, clock=lambda: now[0])
 
     step.update("proposal 2 of 3: search 5/8 games played")
     now[0] += 10

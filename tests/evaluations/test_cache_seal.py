@@ -10,7 +10,11 @@ from importlib import import_module
 import pytest
 from django.apps import apps
 
-from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    Evaluation,
+    Rollout,
+    RolloutState,
+)
 from coevo.evaluations.services import evaluation_create, rollout_claim, rollout_finish
 from coevo.exports.records import Selection, rollouts_selected
 from coevo.projects.models import Role
@@ -21,6 +25,7 @@ from coevo.suites.services import suite_import_jsonl
 from coevo.suites.splits import split_for
 from harness_store.services import candidate_import_directory
 from tests.conftest import PASSWORD, SEED_HARNESS
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,7 +75,7 @@ def run_all(evaluation: Evaluation) -> None:
         assert claimed is not None
         assert rollout_finish(
             rollout=claimed,
-            outcome=Outcome.PASSED,
+            outcome=RolloutOutcome.PASSED,
             score=1.0,
             detail=f"held-out secret of {rollout.task.key}",
             answer="1",
@@ -210,8 +215,8 @@ def test_the_migration_withdraws_results_an_older_key_carried_across_the_seal(
 
     leaked.refresh_from_db()
     assert leaked.reused_from_id is None
-    assert (leaked.outcome, leaked.score, leaked.answer) == (Outcome.INFRA_ERROR, None, None)
+    assert (leaked.outcome, leaked.score, leaked.answer) == (RolloutOutcome.INFRA_ERROR, None, None)
     assert str(source.id) not in leaked.detail and "withdrawn" in leaked.detail
     kept.refresh_from_db()
-    assert kept.outcome == Outcome.PASSED
+    assert kept.outcome == RolloutOutcome.PASSED
     assert honest.rollouts.filter(reused_from__isnull=False).count() == honest.rollouts.count()

@@ -21,7 +21,6 @@ from coevo.enqueue import queue_depth
 from coevo.evaluations.dbwait import DatabaseUnavailable, database_retry
 from coevo.evaluations.models import (
     EvaluationState,
-    Outcome,
     Rollout,
     RolloutState,
     TraceStep,
@@ -32,6 +31,7 @@ from coevo.suites.models import Split
 from tests.conftest import wait_until_final
 from tests.support.outages import connection_terminated, database_down
 from tests.support.postgres import PostgresCluster, postgres_bin_dir
+from workers.outcomes import RolloutOutcome
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -173,7 +173,7 @@ def test_a_database_outage_loses_no_finished_rollout_and_no_queued_message(
         f"the result was lost and computed again ({released.detail})"
     )
     assert released.worker.startswith("first@") and released.model_calls == 1
-    assert released.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), released.detail
+    assert released.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), released.detail
     kinds = list(
         TraceStep.objects.filter(rollout=released).order_by("attempt", "index")
         .values_list("attempt", "kind")
@@ -188,7 +188,7 @@ def test_a_database_outage_loses_no_finished_rollout_and_no_queued_message(
     assert len(rollouts) == TASKS
     for each in rollouts:
         assert each.state == RolloutState.DONE and each.attempts == 1, (each.state, each.detail)
-        assert each.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), each.detail
+        assert each.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), each.detail
         assert calls_for(scripted_policy, each) == 1
     assert len(scripted_policy.requests) == TASKS
     # The two messages still queued at the outage: the worker that came up took one and held

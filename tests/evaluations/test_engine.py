@@ -19,7 +19,6 @@ from coevo.evaluations.models import (
     Evaluation,
     EvaluationState,
     LedgerEntry,
-    Outcome,
     PauseKind,
     Rollout,
     RolloutState,
@@ -37,6 +36,7 @@ from coevo.evaluations.services import (
 )
 from coevo.evaluations.services.heartbeats import RolloutHeartbeats
 from coevo.suites.models import Split
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,12 +54,16 @@ def create(candidate, suite, policy, **kwargs) -> Evaluation:
 def run(rollout: Rollout, outcome: str, *, tokens: int = 10, latency_ms: int = 1500) -> None:
     claimed = rollout_claim(rollout_id=rollout.id, worker="test")
     assert claimed is not None, f"rollout {rollout.id} could not be claimed"
-    score = None if outcome == Outcome.INFRA_ERROR else float(outcome == Outcome.PASSED)
+    score = (
+        None if outcome == RolloutOutcome.INFRA_ERROR else float(outcome == RolloutOutcome.PASSED)
+    )
     assert rollout_finish(
         rollout=claimed,
         outcome=outcome,
         score=score,
-        detail="the harness raised RuntimeError" if outcome == Outcome.HARNESS_ERROR else outcome,
+        detail="the harness raised RuntimeError"
+        if outcome == RolloutOutcome.HARNESS_ERROR
+        else outcome,
         prompt_tokens=tokens,
         latency_ms=latency_ms,
     )
@@ -89,7 +93,7 @@ def test_it_runs_a_staged_plan_one_stage_at_a_time(seed_candidate, humaneval_sui
     assert set(sent.values_list("stage", flat=True)) == {0}
 
     for rollout in stage_rollouts(evaluation, 0):
-        run(rollout, Outcome.PASSED)
+        run(rollout, RolloutOutcome.PASSED)
     evaluation.refresh_from_db()
     assert evaluation.stage == 1
     assert evaluation.stages.get(index=0).state == StageState.PASSED
@@ -98,7 +102,7 @@ def test_it_runs_a_staged_plan_one_stage_at_a_time(seed_candidate, humaneval_sui
 
     for index in (1, 2):
         for rollout in stage_rollouts(evaluation, index):
-            run(rollout, Outcome.TASK_FAILURE)
+            run(rollout, RolloutOutcome.TASK_FAILURE)
     evaluation.refresh_from_db()
     assert evaluation.state == EvaluationState.FINISHED
     assert evaluation.stop_reason == ""
@@ -123,7 +127,7 @@ def test_a_rollout_ending_before_the_rest_of_its_stage_takes_no_lock(
 
     def finish(rollout: Rollout) -> list[str]:
         with CaptureQueriesContext(connection) as captured:
-            rollout_finish(rollout=rollout, outcome=Outcome.PASSED, score=1.0, detail="ok")
+            rollout_finish(rollout=rollout, outcome=RolloutOutcome.PASSED, score=1.0, detail="ok")
         return [q["sql"] for q in captured.captured_queries]
 
     assert not any("FOR UPDATE" in sql for sql in finish(first))
@@ -148,8 +152,8 @@ def test_it_stops_after_a_harness_error_in_the_smoke_stage(
         plan=EvaluationPlan(smoke_tasks=2),
     )
     first, second = stage_rollouts(evaluation, 0)
-    run(first, Outcome.HARNESS_ERROR)
-    run(second, Outcome.PASSED)
+    run(first, RolloutOutcome.HARNESS_ERROR)
+    run(second, RolloutOutcome.PASSED)
 
     evaluation.refresh_from_db()
     assert evaluation.state == EvaluationState.FINISHED
@@ -169,7 +173,7 @@ def test_it_stops_early_once_clearly_worse_than_the_reference(
 ):
     reference = create(seed_candidate, humaneval_suite, policy_version, task_limit=40, seed=1)
     for rollout in Rollout.objects.filter(evaluation=reference):
-        run(rollout, Outcome.PASSED)
+        run(rollout, RolloutOutcome.PASSED)
     reference.refresh_from_db()
     assert reference.state == EvaluationState.FINISHED
     tasks = reference.rollouts.count()
@@ -193,7 +197,7 @@ def test_it_stops_early_once_clearly_worse_than_the_reference(
             .order_by("stage", "id")
             .first()
         )
-        run(rollout, Outcome.TASK_FAILURE)
+        run(rollout, RolloutOutcome.TASK_FAILURE)
         ran += 1
     assert candidate.state == EvaluationState.FINISHED
     assert "clearly worse than the reference" in candidate.stop_reason
@@ -210,7 +214,7 @@ def test_it_does_not_stop_early_when_the_candidates_are_alike(
     seed_candidate, humaneval_suite, policy_version
 ):
     reference = create(seed_candidate, humaneval_suite, policy_version, task_limit=30, seed=1)
-    outcomes = [Outcome.PASSED, Outcome.TASK_FAILURE] * 15
+    outcomes = [RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE] * 15
     for rollout, outcome in zip(
         Rollout.objects.filter(evaluation=reference).order_by("task__position"),
         outcomes,
@@ -227,7 +231,10 @@ def test_it_does_not_stop_early_when_the_candidates_are_alike(
         plan=EvaluationPlan(early_stop=True),
     )
     # Half the tasks swap, alternately broken and fixed: as many fixed as broken.
-    swapped = {Outcome.PASSED: Outcome.TASK_FAILURE, Outcome.TASK_FAILURE: Outcome.PASSED}
+    swapped = {
+        RolloutOutcome.PASSED: RolloutOutcome.TASK_FAILURE,
+        RolloutOutcome.TASK_FAILURE: RolloutOutcome.PASSED,
+    }
     for i, (rollout, outcome) in enumerate(
         zip(
             Rollout.objects.filter(evaluation=candidate).order_by("task__position"),
@@ -245,7 +252,12 @@ def test_it_reuses_identical_rollouts_from_the_cache(
     seed_candidate, humaneval_suite, policy_version
 ):
     first = create(seed_candidate, humaneval_suite, policy_version, task_limit=4)
-    outcomes = [Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.HARNESS_ERROR, Outcome.PASSED]
+    outcomes = [
+        RolloutOutcome.PASSED,
+        RolloutOutcome.TASK_FAILURE,
+        RolloutOutcome.HARNESS_ERROR,
+        RolloutOutcome.PASSED,
+    ]
     for rollout, outcome in zip(first.rollouts.order_by("task__position"), outcomes, strict=True):
         run(rollout, outcome)
 
@@ -254,7 +266,11 @@ def test_it_reuses_identical_rollouts_from_the_cache(
     reused = [r for r in rollouts if r.reused_from_id]
     # Scored results are reused; the harness error runs again.
     assert len(reused) == 3
-    assert [r.outcome for r in reused] == [Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.PASSED]
+    assert [r.outcome for r in reused] == [
+        RolloutOutcome.PASSED,
+        RolloutOutcome.TASK_FAILURE,
+        RolloutOutcome.PASSED,
+    ]
     assert rollouts[2].state == RolloutState.PENDING and rollouts[2].reused_from_id is None
     assert Budget.objects.get(evaluation=again).reserved_rollouts == 1
 
@@ -275,7 +291,7 @@ def test_it_finishes_an_evaluation_served_entirely_from_the_cache(
 ):
     first = create(seed_candidate, humaneval_suite, policy_version, task_limit=3)
     for rollout in first.rollouts.all():
-        run(rollout, Outcome.PASSED)
+        run(rollout, RolloutOutcome.PASSED)
     again = create(seed_candidate, humaneval_suite, policy_version, task_limit=3)
     again.refresh_from_db()
     assert again.state == EvaluationState.FINISHED
@@ -321,7 +337,7 @@ def test_it_reserves_the_worst_case_and_settles_the_actual_spend(
     assert budget.reserved_rollouts == 3
     assert budget.reserved_tokens == 3 * budget.unit_tokens > 0
     first, second, third = evaluation.rollouts.all()
-    run(first, Outcome.PASSED, tokens=120, latency_ms=2100)
+    run(first, RolloutOutcome.PASSED, tokens=120, latency_ms=2100)
     budget.refresh_from_db()
     assert (budget.reserved_rollouts, budget.spent_rollouts) == (2, 1)
     assert budget.spent_tokens == 120
@@ -368,7 +384,9 @@ def test_it_cancels_pending_and_running_rollouts(seed_candidate, humaneval_suite
     # The worker running one finds out at its next heartbeat, and its result is not recorded.
     assert heartbeats.beat() == 0
     assert cancelled.is_set()
-    assert not rollout_finish(rollout=running, outcome=Outcome.PASSED, score=1.0, detail="late")
+    assert not rollout_finish(
+        rollout=running, outcome=RolloutOutcome.PASSED, score=1.0, detail="late"
+    )
     with pytest.raises(InvalidState):
         evaluation_cancel(evaluation=evaluation)
 
@@ -376,10 +394,10 @@ def test_it_cancels_pending_and_running_rollouts(seed_candidate, humaneval_suite
 def test_it_resumes_only_what_did_not_finish(seed_candidate, humaneval_suite, policy_version):
     evaluation = create(seed_candidate, humaneval_suite, policy_version, task_limit=4)
     a, b, c, d = evaluation.rollouts.order_by("task__position")
-    run(a, Outcome.PASSED)
-    run(b, Outcome.TASK_FAILURE)
-    run(c, Outcome.INFRA_ERROR)
-    run(d, Outcome.INFRA_ERROR)
+    run(a, RolloutOutcome.PASSED)
+    run(b, RolloutOutcome.TASK_FAILURE)
+    run(c, RolloutOutcome.INFRA_ERROR)
+    run(d, RolloutOutcome.INFRA_ERROR)
     evaluation.refresh_from_db()
     assert evaluation.state == EvaluationState.FAILED
     assert "2 rollout(s) could not run" in evaluation.state_detail
@@ -389,8 +407,8 @@ def test_it_resumes_only_what_did_not_finish(seed_candidate, humaneval_suite, po
     assert evaluation.state == EvaluationState.RUNNING
     c.refresh_from_db()
     assert c.state == RolloutState.PENDING and c.counted_attempts == 0 and c.attempts == 1
-    run(c, Outcome.PASSED)
-    run(d, Outcome.PASSED)
+    run(c, RolloutOutcome.PASSED)
+    run(d, RolloutOutcome.PASSED)
     evaluation.refresh_from_db()
     assert evaluation.state == EvaluationState.FINISHED
     a.refresh_from_db()
@@ -453,8 +471,18 @@ def test_it_refuses_bad_plans(seed_candidate, humaneval_suite, policy_version):
 def test_it_compares_two_evaluations_task_by_task(seed_candidate, humaneval_suite, policy_version):
     reference = create(seed_candidate, humaneval_suite, policy_version, task_limit=4, seed=1)
     candidate = create(seed_candidate, humaneval_suite, policy_version, task_limit=4, seed=2)
-    ref = [Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.PASSED, Outcome.TASK_FAILURE]
-    cand = [Outcome.PASSED, Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.PASSED]
+    ref = [
+        RolloutOutcome.PASSED,
+        RolloutOutcome.TASK_FAILURE,
+        RolloutOutcome.PASSED,
+        RolloutOutcome.TASK_FAILURE,
+    ]
+    cand = [
+        RolloutOutcome.PASSED,
+        RolloutOutcome.PASSED,
+        RolloutOutcome.TASK_FAILURE,
+        RolloutOutcome.PASSED,
+    ]
     for evaluation, outcomes in ((reference, ref), (candidate, cand)):
         for rollout, outcome in zip(
             evaluation.rollouts.order_by("task__position"), outcomes, strict=True

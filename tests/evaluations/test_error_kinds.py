@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.evaluations.models import Outcome, Rollout
+from coevo.evaluations.models import (
+    Rollout,
+)
 from coevo.evaluations.selectors import ErrorCount, evaluation_errors
 from coevo.evaluations.services import (
     evaluation_create,
@@ -16,6 +18,7 @@ from coevo.evaluations.services import (
 from coevo.evaluations.services import rollouts as rollouts_service
 from coevo.suites.models import Split
 from harness_store.services import candidate_import_directory
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,11 +53,11 @@ def test_it_stores_a_harness_exception_whose_message_names_a_limit_as_an_excepti
 
     done = rollout_execute(rollout_id=rollout.id, worker="test")
 
-    assert done.outcome == Outcome.HARNESS_ERROR
+    assert done.outcome == RolloutOutcome.HARNESS_ERROR
     assert done.detail == f"the harness raised RuntimeError: {KEYWORDS}"
     assert done.error_kind == "exception"
     assert evaluation_errors(evaluation=done.evaluation) == [
-        ErrorCount(Outcome.HARNESS_ERROR, "exception", 1, done.detail)
+        ErrorCount(RolloutOutcome.HARNESS_ERROR, "exception", 1, done.detail)
     ]
 
 
@@ -71,7 +74,7 @@ def test_it_stores_a_failure_of_the_worker_itself_as_a_worker_error(
 
     done = rollout_execute(rollout_id=rollout.id, worker="test")
 
-    assert done.outcome == Outcome.INFRA_ERROR
+    assert done.outcome == RolloutOutcome.INFRA_ERROR
     assert done.detail == f"worker error: OSError: {KEYWORDS}"
     assert done.error_kind == "worker"
 
@@ -79,10 +82,10 @@ def test_it_stores_a_failure_of_the_worker_itself_as_a_worker_error(
 @pytest.mark.parametrize(
     ("outcome", "given", "stored"),
     [
-        (Outcome.HARNESS_ERROR, "limit", "limit"),
-        (Outcome.INFRA_ERROR, "sandbox", "sandbox"),
-        (Outcome.HARNESS_ERROR, "", "other"),  # an error nobody classified
-        (Outcome.TASK_FAILURE, "", ""),
+        (RolloutOutcome.HARNESS_ERROR, "limit", "limit"),
+        (RolloutOutcome.INFRA_ERROR, "sandbox", "sandbox"),
+        (RolloutOutcome.HARNESS_ERROR, "", "other"),  # an error nobody classified
+        (RolloutOutcome.TASK_FAILURE, "", ""),
     ],
 )
 def test_it_stores_the_kind_the_caller_gives_whatever_the_detail_says(
@@ -105,7 +108,7 @@ def test_it_refuses_a_kind_outside_the_enumeration(seed_candidate, humaneval_sui
     with pytest.raises(ValueError, match="limits"):
         rollout_finish(
             rollout=claimed,
-            outcome=Outcome.HARNESS_ERROR,
+            outcome=RolloutOutcome.HARNESS_ERROR,
             score=0.0,
             detail="",
             error_kind="limits",

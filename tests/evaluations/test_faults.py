@@ -15,7 +15,12 @@ import pytest
 from django.db import connection
 
 from coevo.celery import app
-from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    Evaluation,
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.services import (
     evaluation_create,
     evaluations_resume_paused,
@@ -27,6 +32,7 @@ from coevo.suites.models import Split
 from tests.evaluations.test_worker import CORRECT_BODIES
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from tests.support.processes import RedisProcess, WorkerProcess
+from workers.outcomes import RolloutOutcome
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -109,7 +115,7 @@ def assert_scored_exactly_once(evaluation: Evaluation) -> None:
     assert len(rollouts) == TASKS
     for rollout in rollouts:
         assert rollout.state == "done"
-        assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), (
+        assert rollout.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), (
             rollout.task.key,
             rollout.outcome,
             rollout.detail,
@@ -117,7 +123,7 @@ def assert_scored_exactly_once(evaluation: Evaluation) -> None:
         # One verdict, from the attempt that counts.
         verdicts = TraceStep.objects.filter(rollout=rollout, kind="verdict")
         assert list(verdicts.values_list("attempt", flat=True)) == [rollout.attempts]
-    passed = {r.task.key for r in rollouts if r.outcome == Outcome.PASSED}
+    passed = {r.task.key for r in rollouts if r.outcome == RolloutOutcome.PASSED}
     # The tasks with scripted correct bodies pass; the others fail on their merits.
     assert passed == {"HumanEval/3", "HumanEval/7"}
 
@@ -213,7 +219,7 @@ def test_a_worker_killed_mid_rollout_leaves_the_attempts_trace(
     )
     rollout.refresh_from_db()
     assert rollout.state == "done" and rollout.attempts == 2, rollout.detail
-    assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), rollout.detail
+    assert rollout.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), rollout.detail
     assert len(scripted.requests) == 2
     steps = TraceStep.objects.filter(rollout=rollout).order_by("attempt", "index")
     assert list(steps.values_list("attempt", "index", "kind")) == [
@@ -246,7 +252,9 @@ def test_a_policy_outage_pauses_the_evaluation_and_fails_no_task(
     )
     evaluation.refresh_from_db()
     assert "policy outages" in evaluation.state_detail
-    assert not Rollout.objects.filter(evaluation=evaluation, outcome=Outcome.INFRA_ERROR).exists()
+    assert not Rollout.objects.filter(
+        evaluation=evaluation, outcome=RolloutOutcome.INFRA_ERROR
+    ).exists()
 
     slow_policy.start()
     wait_for(

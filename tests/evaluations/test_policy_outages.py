@@ -14,7 +14,6 @@ from coevo.evaluations.models import (
     EVALUATION_FINAL_STATES,
     Evaluation,
     EvaluationState,
-    Outcome,
     PauseKind,
     Rollout,
     RolloutState,
@@ -27,7 +26,7 @@ from coevo.policies.services import policy_endpoints_check
 from tests.conftest import wait_until_final
 from tests.evaluations.test_worker import CORRECT_BODIES
 from tests.support.factories import evaluate_search as evaluate
-from workers.outcomes import ErrorKind
+from workers.outcomes import ErrorKind, RolloutOutcome
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -95,13 +94,15 @@ def test_a_policy_restart_just_before_an_evaluation_is_an_outage_not_a_failure(
     assert len(rollouts) == TASKS
     for rollout in rollouts:
         assert rollout.state == RolloutState.DONE
-        assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), rollout.detail
+        assert rollout.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), (
+            rollout.detail
+        )
         assert rollout.attempts - rollout.forgiven_attempts == 1, rollout.detail
         verdicts = TraceStep.objects.filter(rollout=rollout, kind="verdict")
         assert list(verdicts.values_list("attempt", flat=True)) == [rollout.attempts]
     hit.refresh_from_db()
     assert (hit.attempts, hit.forgiven_attempts) == (2, 1)
-    assert {r.task.key for r in rollouts if r.outcome == Outcome.PASSED} == {
+    assert {r.task.key for r in rollouts if r.outcome == RolloutOutcome.PASSED} == {
         "HumanEval/3",
         "HumanEval/7",
     }
@@ -129,7 +130,7 @@ def test_a_rollout_that_gets_no_policy_slot_uses_up_its_attempts_and_pauses_noth
     assert evaluation.state == EvaluationState.FAILED, evaluation.state_detail
     assert evaluation.policy_outages == 0 and evaluation.pause_kind == ""
     rollout = Rollout.objects.get(evaluation=evaluation)
-    assert (rollout.outcome, rollout.error_kind) == (Outcome.INFRA_ERROR, ErrorKind.POLICY)
+    assert (rollout.outcome, rollout.error_kind) == (RolloutOutcome.INFRA_ERROR, ErrorKind.POLICY)
     assert (rollout.attempts, rollout.forgiven_attempts) == (2, 0)
     assert "no concurrency slot" in rollout.detail and "1/1 held" in rollout.detail
     assert PolicyEndpoint.objects.get(id=endpoint_id).healthy

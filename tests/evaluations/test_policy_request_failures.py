@@ -9,7 +9,11 @@ import json
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.services import evaluation_create
 from coevo.policies.models import PolicyEndpoint
 from coevo.suites.jsonl import scorer_spec_build
@@ -17,7 +21,7 @@ from coevo.suites.models import Split
 from coevo.suites.services import suite_import_jsonl
 from harness_store.services import candidate_import_directory
 from tests.conftest import wait_until_final
-from workers.outcomes import ErrorKind
+from workers.outcomes import ErrorKind, RolloutOutcome
 
 AGENT = """
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
@@ -79,8 +83,8 @@ def test_a_request_the_server_fails_on_ends_its_rollout_alone_and_the_endpoint_s
     assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
     rollouts = {r.task.key: r for r in Rollout.objects.filter(evaluation=evaluation)}
     ordinary, failing = rollouts["ordinary"], rollouts["needs-a-tool"]
-    assert ordinary.outcome == Outcome.PASSED, ordinary.detail
-    assert (failing.outcome, failing.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.POLICY)
+    assert ordinary.outcome == RolloutOutcome.PASSED, ordinary.detail
+    assert (failing.outcome, failing.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.POLICY)
     assert "HTTP 500" in failing.detail, failing.detail
     assert failing.score == 0.0 and failing.attempts == 1  # the harness's fault: not retried
     (error,) = TraceStep.objects.filter(rollout=failing, kind="error")

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.services import evaluation_create
 from coevo.suites.harbor import WORKSPACE_DATA_DIR, suite_import_harbor
 from coevo.suites.jsonl import scorer_spec_build
@@ -20,6 +24,7 @@ from coevo.suites.services import suite_import_jsonl
 from harness_store.services import candidate_import_directory
 from tests.conftest import wait_until_final
 from tests.examples.test_tool_agents import scripted_model
+from workers.outcomes import RolloutOutcome
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WHEELHOUSE = Path(os.environ.get("COEVO_TEST_WHEELHOUSE") or Path.cwd() / "var" / "wheelhouse")
@@ -108,8 +113,8 @@ def check(evaluation) -> None:
     }
     assert set(rollouts) == {"t01", "t02", "t03"}
     outcomes = {key: r.outcome for key, r in rollouts.items()}
-    assert outcomes["t01"] == Outcome.PASSED, rollouts["t01"].detail
-    assert outcomes["t03"] == Outcome.TASK_FAILURE, rollouts["t03"].detail  # no tool called
+    assert outcomes["t01"] == RolloutOutcome.PASSED, rollouts["t01"].detail
+    assert outcomes["t03"] == RolloutOutcome.TASK_FAILURE, rollouts["t03"].detail  # no tool called
     calls = [
         s.payload
         for s in TraceStep.objects.filter(rollout=rollouts["t01"], kind="model_call").order_by(
@@ -172,4 +177,4 @@ def test_a_programs_python_imports_its_declared_dependencies_not_the_workers(
     )
     evaluation = evaluate(candidate, suite, policy_version)
     rollout = Rollout.objects.get(evaluation=evaluation)
-    assert rollout.outcome == Outcome.PASSED, (rollout.answer, rollout.detail)
+    assert rollout.outcome == RolloutOutcome.PASSED, (rollout.answer, rollout.detail)

@@ -17,7 +17,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from coevo.celery import app
-from coevo.evaluations.models import Evaluation, Outcome, Rollout, RolloutState, TraceStep
+from coevo.evaluations.models import (
+    Evaluation,
+    Rollout,
+    RolloutState,
+    TraceStep,
+)
 from coevo.evaluations.services import (
     rollout_claim,
     rollout_end_stuck,
@@ -31,6 +36,7 @@ from coevo.evaluations.tasks import rollouts_watchdog
 from harness_store.services import candidate_import_directory
 from tests.conftest import wait_until_final
 from tests.support.factories import evaluate_search as evaluate
+from workers.outcomes import RolloutOutcome
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -159,7 +165,7 @@ def test_a_killed_workers_rollout_runs_again_within_30_seconds(
     wait_until_final(evaluation)
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.DONE and rollout.attempts == 2
-    assert rollout.outcome == Outcome.TASK_FAILURE and rollout.worker.startswith("second@")
+    assert rollout.outcome == RolloutOutcome.TASK_FAILURE and rollout.worker.startswith("second@")
 
 
 def test_a_message_the_broker_lost_is_sent_again_within_seconds(
@@ -212,7 +218,7 @@ def test_a_retry_waiting_out_its_backoff_is_not_taken_for_a_lost_message(
     wait_until_final(evaluation)
 
     rollout.refresh_from_db()
-    assert rollout.attempts == 2 and rollout.outcome == Outcome.TASK_FAILURE
+    assert rollout.attempts == 2 and rollout.outcome == RolloutOutcome.TASK_FAILURE
     assert rollout.started_at - failed_at >= timedelta(seconds=7)  # the backoff held
 
 

@@ -14,7 +14,6 @@ from coevo.evaluations import retention
 from coevo.evaluations.models import (
     Evaluation,
     EvaluationState,
-    Outcome,
     Rollout,
     RolloutState,
     TraceStep,
@@ -23,6 +22,7 @@ from coevo.evaluations.retention import protect_candidates, protect_evaluations,
 from coevo.evaluations.traces import COMPRESS_OVER_BYTES, TraceWriter
 from coevo.suites.models import Split
 from tests.evaluations.test_traces import FakeStep
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -58,7 +58,7 @@ def make_evaluation(seed_candidate, humaneval_suite, policy_version):
                 task=task,
                 seed=1,
                 state=RolloutState.DONE,
-                outcome=Outcome.PASSED,
+                outcome=RolloutOutcome.PASSED,
                 score=1.0,
                 prompt_tokens=100,
                 completion_tokens=20,

@@ -21,7 +21,6 @@ from coevo.evaluations import trace_partitions
 from coevo.evaluations.models import (
     Evaluation,
     EvaluationState,
-    Outcome,
     Rollout,
     RolloutState,
     TraceStep,
@@ -32,6 +31,7 @@ from coevo.evaluations.traces import TraceWriter, trace_page
 from coevo.suites.models import Split
 from tests.evaluations.test_retention import registry  # noqa: F401 (a fixture)
 from tests.evaluations.test_traces import FakeStep
+from workers.outcomes import RolloutOutcome
 
 pytestmark = [
     pytest.mark.django_db,
@@ -71,7 +71,7 @@ def make_evaluation(seed_candidate, humaneval_suite, policy_version):
                 task=task,
                 seed=1,
                 state=RolloutState.DONE,
-                outcome=Outcome.PASSED,
+                outcome=RolloutOutcome.PASSED,
                 score=1.0,
                 attempts=1,
             )

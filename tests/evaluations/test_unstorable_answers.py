@@ -11,7 +11,11 @@ import textwrap
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.evaluations.services import (
     RolloutRetry,
@@ -27,6 +31,7 @@ from tests.evaluations.test_error_kinds import pending_rollout
 from tests.evaluations.test_storable import nested
 from tests.support.factories import evaluate_search as evaluate
 from tests.support.factories import jsonl_rows, make_agent_candidate, make_jsonl_suite
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,9 +82,9 @@ def answer_step(rollout: Rollout):
 @pytest.mark.parametrize(
     ("agent", "outcome", "answer"),
     [
-        ("nul", Outcome.PASSED, "4\ufffd"),
-        ("surrogate", Outcome.PASSED, "4\ufffd"),
-        ("nan", Outcome.TASK_FAILURE, "NaN"),
+        ("nul", RolloutOutcome.PASSED, "4\ufffd"),
+        ("surrogate", RolloutOutcome.PASSED, "4\ufffd"),
+        ("nan", RolloutOutcome.TASK_FAILURE, "NaN"),
     ],
 )
 def test_it_scores_an_answer_postgresql_refuses_and_stores_it_replaced(
@@ -122,7 +127,7 @@ def test_it_stores_the_message_of_a_harness_that_raised_with_a_nul(
     rollout.refresh_from_db()
     assert (rollout.state, rollout.outcome, rollout.error_kind) == (
         "done",
-        Outcome.HARNESS_ERROR,
+        RolloutOutcome.HARNESS_ERROR,
         "exception",
     )
     assert rollout.detail == "the harness raised RuntimeError: bad\ufffdnews"
@@ -140,13 +145,15 @@ def test_it_finishes_an_evaluation_whose_harness_answers_with_a_nul_on_a_real_wo
     outcomes = dict(
         Rollout.objects.filter(evaluation=evaluation).values_list("task__key", "outcome")
     )
-    assert outcomes == {"four": Outcome.PASSED, "six": Outcome.TASK_FAILURE}
+    assert outcomes == {"four": RolloutOutcome.PASSED, "six": RolloutOutcome.TASK_FAILURE}
     progress = evaluation_progress(evaluation=evaluation)
     # The failed task counts: 1 of 2, not 1 of the 1 that could be stored.
     assert progress.infra_errors == 0 and progress.score.mean == 0.5
 
 
-@pytest.mark.parametrize(("outcome", "score"), [(Outcome.PASSED, 1.0), (Outcome.TASK_FAILURE, 0.0)])
+@pytest.mark.parametrize(
+    ("outcome", "score"), [(RolloutOutcome.PASSED, 1.0), (RolloutOutcome.TASK_FAILURE, 0.0)]
+)
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 50_000])
 def test_it_ends_a_rollout_whose_answer_cannot_be_stored_as_a_harness_error(
     empty_queue, seed_candidate, humaneval_suite, policy_version, outcome, score, depth
@@ -179,7 +186,7 @@ def test_it_keeps_an_unscored_outcome_when_the_answer_cannot_be_stored(
 
     rollout_finish(
         rollout=rollout,
-        outcome=Outcome.INFRA_ERROR,
+        outcome=RolloutOutcome.INFRA_ERROR,
         score=None,
         detail="sandbox \x00 gone",
         error_kind="sandbox",

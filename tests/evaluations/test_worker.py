@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import time
 
-from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    Evaluation,
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.evaluations.services import evaluation_create
 from coevo.evaluations.tasks import rollout_run
 from coevo.suites.models import Split, Task
 from tests.conftest import wait_until_final
+from workers.outcomes import RolloutOutcome
 
 CORRECT_BODIES = {
     # Known-correct completions for two of the first four search-split problems.
@@ -53,7 +59,7 @@ def test_it_runs_an_evaluation_end_to_end_on_a_real_worker(
         t.key for t in tasks if any(sig in t.inputs["prompt"] for sig in CORRECT_BODIES)
     }
     assert expected_passes == {"HumanEval/3", "HumanEval/7"}
-    assert {r.task.key for r in rollouts if r.outcome == Outcome.PASSED} == expected_passes
+    assert {r.task.key for r in rollouts if r.outcome == RolloutOutcome.PASSED} == expected_passes
     for rollout in rollouts:
         assert rollout.state == "done" and rollout.attempts == 1
         assert rollout.celery_task_id
@@ -94,7 +100,7 @@ def test_it_retries_an_infra_error_and_never_scores_it(
     wait_until_final(evaluation)
 
     rollout = Rollout.objects.get(evaluation=evaluation)
-    assert rollout.outcome == Outcome.INFRA_ERROR
+    assert rollout.outcome == RolloutOutcome.INFRA_ERROR
     assert rollout.error_kind == "policy"
     assert rollout.attempts == 2
     assert rollout.score is None
@@ -125,7 +131,7 @@ def test_it_keeps_going_after_a_crashing_harness(
     wait_until_final(evaluation)
 
     outcomes = list(Rollout.objects.filter(evaluation=evaluation).values_list("outcome", "detail"))
-    assert outcomes == [(Outcome.HARNESS_ERROR, "the harness raised RuntimeError: nope")] * 3
+    assert outcomes == [(RolloutOutcome.HARNESS_ERROR, "the harness raised RuntimeError: nope")] * 3
     progress = evaluation_progress(evaluation=evaluation)
     assert progress.harness_errors == 3 and progress.score.mean == 0.0
 
@@ -151,7 +157,7 @@ def test_it_requeues_a_rollout_whose_worker_died_and_finishes_it(
 
     rollout.refresh_from_db()
     assert rollout.state == "done" and rollout.attempts == 2
-    assert rollout.outcome == Outcome.TASK_FAILURE
+    assert rollout.outcome == RolloutOutcome.TASK_FAILURE
     assert rollout.worker != "dead@elsewhere"
 
 
@@ -173,7 +179,7 @@ def test_it_gives_up_a_stale_rollout_with_no_attempts_left(
     assert rollout_requeue_stale(stale_after_s=600) == (0, 1)
 
     rollout = Rollout.objects.get(evaluation=evaluation)
-    assert rollout.outcome == Outcome.INFRA_ERROR
+    assert rollout.outcome == RolloutOutcome.INFRA_ERROR
     assert "stopped heartbeating" in rollout.detail
     assert rollout.error_kind == "worker_lost"
     evaluation.refresh_from_db()
@@ -192,7 +198,10 @@ def test_it_ignores_the_late_result_of_an_attempt_the_watchdog_gave_up_on(
     # Attempt 2 (after a requeue) is now the one running.
     Rollout.objects.filter(id=stale.id).update(state="running", attempts=2)
 
-    assert rollout_finish(rollout=stale, outcome=Outcome.PASSED, score=1.0, detail="late") is False
+    assert (
+        rollout_finish(rollout=stale, outcome=RolloutOutcome.PASSED, score=1.0, detail="late")
+        is False
+    )
 
     stale.refresh_from_db()
     assert stale.state == "running" and stale.outcome == ""

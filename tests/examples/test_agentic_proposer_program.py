@@ -19,7 +19,7 @@ from workers.environments import proposing
 from workers.environments.workspace import Workspace
 from workers.environments.workspace_files import tree_changes
 from workers.harness_env import harness_env_prepare
-from workers.outcomes import Outcome
+from workers.outcomes import RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -168,7 +168,7 @@ def test_it_reads_the_record_edits_a_component_checks_it_and_finishes(history, p
     )
     # record_chars = 0: the record reaches the model only through read_file on /history.
     result, changes = propose(policy, history, proposer_env, record_chars=0)
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert changes == {"agent.py": NEW_AGENT.encode()}
     assert result.answer == HYPOTHESIS
     calls = model_calls(result)
@@ -222,7 +222,7 @@ def test_edits_outside_the_components_are_refused_to_the_model(history, proposer
         default="I am not sure.",
     )
     result, changes = propose(policy, history, proposer_env)
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     calls = model_calls(result)
     assert tool_names(calls) == [
         "write_file",
@@ -270,7 +270,7 @@ def test_oneshot_applies_the_blocks_that_match_once_inside_the_components(
         answer = f" {HYPOTHESIS}\n{ONESHOT_BLOCKS}"
     policy = ScriptedPolicy(rules=[("CAMPAIGN RECORD", answer)], default="no idea")
     result, changes = propose(policy, history, proposer_env, mode="oneshot", api=api)
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert changes == {"agent.py": NEW_AGENT.encode()}
     assert result.answer == HYPOTHESIS
     (call,) = model_calls(result)
@@ -291,7 +291,7 @@ def test_it_browses_the_history_and_stops_at_max_turns_without_a_proposal(histor
         default="The earlier candidate had the same prompt.",
     )
     result, changes = propose(policy, history, proposer_env, max_turns=3)
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert changes == {} and result.answer is None
     calls = model_calls(result)
     assert tool_names(calls) == ["list_dir", "grep", None]

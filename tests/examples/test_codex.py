@@ -33,7 +33,7 @@ from workers.harness_env import (  # noqa: E402
     harness_env_prepare,
     harness_env_vars,
 )
-from workers.outcomes import ErrorKind, Outcome  # noqa: E402
+from workers.outcomes import ErrorKind, RolloutOutcome  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "codex"
@@ -109,7 +109,10 @@ def test_codex_fixes_the_workspace_task_with_a_shell_command(codex_env):
     )
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), (
+        result.detail,
+        result.steps,
+    )
     first, second = model_calls(result)
     assert first["spoken"] == second["spoken"] == "responses"
     assert (second["session"], second["parent"], second["relation"]) == (0, 0, "continues")
@@ -156,7 +159,10 @@ def test_codex_applies_its_own_patch_format_through_the_command_tool(codex_env):
     )
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), (result.detail, result.steps)
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), (
+        result.detail,
+        result.steps,
+    )
     assert steps(result, "answer") == [{"answer": "Patched greet.py."}]
     (output,) = steps(result, "program_output")
     assert '"type":"file_change"' in output["stdout"]
@@ -169,7 +175,7 @@ def test_a_codex_that_never_stops_runs_into_max_model_calls(codex_env):
     policy = ScriptedPolicy(tool_rules=[("Fix the typo", ls), (EXITED, ls)])
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
-    assert result.outcome == Outcome.HARNESS_ERROR, result.detail
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR, result.detail
     assert result.error_kind == ErrorKind.LIMIT
     assert result.detail == "limit exceeded: max_model_calls = 40"
     assert len(model_calls(result)) == 40
@@ -181,7 +187,7 @@ def test_a_call_the_policy_server_refuses_ends_codex_and_the_workspace_is_judged
     policy = ScriptedPolicy(default="Done.", context_tokens=50)
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     (output,) = steps(result, "program_output")
     assert output["exit_code"] == 0 and '"type":"turn.failed"' in output["stdout"]
     assert "context_length_exceeded" in output["stdout"]
@@ -195,7 +201,7 @@ def test_a_reply_cut_at_the_token_limit_ends_codex_and_the_workspace_is_judged(c
     policy = ScriptedPolicy(default="Do", finish_reason="length")
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(EXAMPLE, server.url, harness_env=codex_env.path)
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     (output,) = steps(result, "program_output")
     assert output["exit_code"] == 0
     assert "Incomplete response returned" in output["stdout"]
@@ -220,7 +226,7 @@ def test_codex_solves_the_shipped_task_on_a_real_worker_and_its_page_shows_the_t
     scripted_policy.tool_rules[:] = [("Fix the typo", [("exec_command", SED)])]
     scripted_policy.default = "Nothing to do."
     rollout = shipped_task_solve(project, "codex", policy_version, tmp_path)
-    assert (rollout.outcome, rollout.score) == (Outcome.PASSED, 1.0), rollout.detail
+    assert (rollout.outcome, rollout.score) == (RolloutOutcome.PASSED, 1.0), rollout.detail
     calls = trace_payloads(rollout, "model_call")
     assert [[c["name"] for c in call["tool_calls"]] for call in calls] == [["exec_command"], []]
     assert trace_payloads(rollout, "answer") == [{"answer": "Fixed the typo in greet.py."}]

@@ -17,7 +17,7 @@ from tests.evaluations.test_program_worker import WHEELHOUSE, shipped_task_solve
 from tests.examples.test_workspace_agents import commands, model_calls, rollout, steps
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.harness_env import harness_env_prepare
-from workers.outcomes import ErrorKind, Outcome
+from workers.outcomes import ErrorKind, RolloutOutcome
 
 HARNESS = Path(__file__).resolve().parents[2] / "examples" / "mini-swe-agent"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -92,7 +92,7 @@ def test_the_agent_fixes_the_file_with_tool_calls_and_submits(agent_env):
         default="I am lost.",
     )
     result = run(policy, agent_env)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     assert commands(result) == [EDIT, TEST, SUBMIT]
     calls = model_calls(result)
     assert [c["tool_calls"][0]["arguments"] for c in calls] == [
@@ -122,7 +122,7 @@ def test_the_agent_fixes_the_file_with_fenced_commands_on_the_text_protocol(agen
         default="I am lost.",
     )
     result = run(policy, agent_env, protocol="text")
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     assert commands(result) == [EDIT, TEST, SUBMIT]
     calls = model_calls(result)
     assert all("tools" not in c for c in calls)
@@ -141,7 +141,7 @@ def test_a_command_past_its_timeout_is_reported_to_the_agent_as_mini_swe_agent_d
         default="I am lost.",
     )
     result = run(policy, agent_env, protocol="text", command_timeout_s=5)
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     (sleep, _) = [s for s in steps(result, "helper_call") if s["name"] == "exec"]
     assert sleep["params"] == {"command": "sleep 30", "timeout_s": 5}
     assert sleep["result"]["timed_out"]
@@ -165,7 +165,7 @@ def test_its_own_local_environment_runs_the_commands_untraced(agent_env):
         default="I am lost.",
     )
     result = run(policy, agent_env, protocol="text", environment="local")
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     assert commands(result) == [] and len(model_calls(result)) == 3
 
 
@@ -174,7 +174,7 @@ def test_replies_without_a_command_end_the_agent_not_the_run(agent_env):
     mini-swe-agent stops after max_format_errors replies in a row; the task failed."""
     policy = ScriptedPolicy(default="I would rather talk about it.")
     result = run(policy, agent_env, max_format_errors=2)
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     assert commands(result) == []
     _, second = model_calls(result)
     assert "No tool calls found" in second["messages"][-1]["content"]
@@ -186,7 +186,7 @@ def test_a_call_the_policy_server_refuses_ends_the_agent_and_the_workspace_is_ju
     stops on it (as its batch runner records an exception), and the program exits 0."""
     policy = ScriptedPolicy(default=text_reply("ls"), context_tokens=50)
     result = run(policy, agent_env, protocol="text")
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     assert summary(result)["exit_status"] == "ContextWindowExceededError"
     assert commands(result) == []
 
@@ -194,7 +194,7 @@ def test_a_call_the_policy_server_refuses_ends_the_agent_and_the_workspace_is_ju
 def test_an_agent_that_never_submits_runs_into_max_model_calls(agent_env):
     policy = ScriptedPolicy(default=text_reply("ls"))
     result = run(policy, agent_env, protocol="text", step_limit=0)
-    assert result.outcome == Outcome.HARNESS_ERROR, result.detail
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR, result.detail
     assert result.error_kind == ErrorKind.LIMIT
     assert result.detail == "limit exceeded: max_model_calls = 50"
     assert len(model_calls(result)) == 50
@@ -204,7 +204,7 @@ def test_an_agent_that_never_submits_runs_into_max_model_calls(agent_env):
 def test_its_own_step_limit_ends_the_agent_first(agent_env):
     policy = ScriptedPolicy(default=text_reply("ls"))
     result = run(policy, agent_env, protocol="text", step_limit=3)
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     assert commands(result) == ["ls"] * 3
     assert summary(result)["exit_status"] == "LimitsExceeded"
 
@@ -221,7 +221,7 @@ def test_the_agent_solves_the_shipped_task_on_a_real_worker(
     ]
     scripted_policy.default = "I am lost."
     rollout = shipped_task_solve(project, "mini-swe-agent", policy_version, tmp_path)
-    assert (rollout.outcome, rollout.score) == (Outcome.PASSED, 1.0), rollout.detail
+    assert (rollout.outcome, rollout.score) == (RolloutOutcome.PASSED, 1.0), rollout.detail
     executed = [
         s["params"]["command"]
         for s in trace_payloads(rollout, "helper_call")

@@ -15,7 +15,7 @@ from coevo.policies.client import PolicyClient
 from harness_store.manifest import load_manifest
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.environments import jsonl
-from workers.outcomes import Outcome
+from workers.outcomes import RolloutOutcome
 from workers.rollout import RolloutInputs, execute_rollout
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -85,7 +85,7 @@ def test_the_examples_are_program_harnesses_on_the_shipped_suite():
 def test_the_agent_calls_a_tool_and_answers_with_its_result(harness):
     with ScriptedOpenAIServer(scripted_model()) as server:
         result = rollout(harness, server.url, SUITE[0])
-    assert (result.outcome, result.answer) == (Outcome.PASSED, 395), result.detail
+    assert (result.outcome, result.answer) == (RolloutOutcome.PASSED, 395), result.detail
     calls = sorted(
         (s.payload for s in result.steps if s.kind == "model_call"), key=lambda c: c["call"]
     )
@@ -104,11 +104,11 @@ def test_the_agent_calls_a_tool_and_answers_with_its_result(harness):
 def test_the_openai_agent_converts_units_with_its_second_tool():
     with ScriptedOpenAIServer(scripted_model()) as server:
         result = rollout(EXAMPLES / "openai-agent", server.url, SUITE[1])
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
 
 
 @pytest.mark.parametrize("harness", harnesses())
 def test_an_agent_whose_model_never_calls_a_tool_fails_the_task_not_the_run(harness):
     with ScriptedOpenAIServer(scripted_model()) as server:
         result = rollout(harness, server.url, SUITE[2])  # the model answers "I do not know"
-    assert (result.outcome, result.answer) == (Outcome.TASK_FAILURE, None), result.detail
+    assert (result.outcome, result.answer) == (RolloutOutcome.TASK_FAILURE, None), result.detail

@@ -17,7 +17,7 @@ from tests.evaluations.test_program_worker import WHEELHOUSE
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.environments import workspace as ws_env
 from workers.harness_env import harness_env_prepare
-from workers.outcomes import Outcome
+from workers.outcomes import RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -159,7 +159,7 @@ BAD = {
 def test_the_example_writes_the_models_file_and_runs_the_visible_tests(name, request):
     policy = ScriptedPolicy(rules=[("Fix the typo", RIGHT[name])], default="no idea")
     result = run_example(name, policy, request, show_tests=True)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     assert commands(result) == [TEST_COMMAND]
     (run,) = [s for s in steps(result, "helper_call") if s["name"] == "exec"]
     assert run["result"]["exit_code"] == 0 and "1 passed" in run["result"]["stdout"]
@@ -176,7 +176,7 @@ def test_a_failing_rewrite_is_retried_with_the_test_failure_in_the_prompt(name, 
         rules=[("1 failed", RIGHT[name]), ("Fix the typo", BAD[name])], default="no idea"
     )
     result = run_example(name, policy, request)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     assert commands(result) == [TEST_COMMAND, TEST_COMMAND]
     first, second = model_calls(result)
     assert "failed" not in prompt_of(first) and VISIBLE not in prompt_of(first)  # show_tests
@@ -195,7 +195,7 @@ def test_a_reply_that_is_not_python_is_not_written_and_is_retried():
     )
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(BASIC, server.url)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     # The broken version never reached the workspace, so the tests ran once.
     assert commands(result) == [TEST_COMMAND]
     first, second = model_calls(result)
@@ -208,7 +208,7 @@ def test_a_version_that_already_failed_is_not_tested_again():
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(BASIC, server.url, knobs={"max_attempts": 3})
     # Every attempt failing is the task's failure, not the harness's.
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     assert commands(result) == [TEST_COMMAND]
     _, second, third = model_calls(result)
     assert "1 failed" in prompt_of(second)
@@ -224,7 +224,7 @@ def test_only_the_head_of_a_long_file_is_shown_and_rewritten_the_rest_is_kept():
     )
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(BASIC, server.url, knobs={"max_file_chars": 500}, task=task)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     assert head in prompt_of(model_calls(result)[0]) and "helper_59" not in head
     (row,) = steps(result, "workspace_diff")[0]["files"]
     changed = [line for line in row["diff"].splitlines() if line[:1] in "+-"]
@@ -243,7 +243,7 @@ def test_the_agent_with_tools_reads_writes_and_runs_the_tests(agent_env):
     )
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(AGENT, server.url, knobs={"mode": "tools"}, harness_env=agent_env)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     calls = model_calls(result)
     assert [c["tool_calls"][0]["name"] if c["tool_calls"] else None for c in calls] == [
         "read_file",
@@ -269,7 +269,7 @@ def test_the_agent_with_tools_cannot_leave_the_workspace(agent_env):
     )
     with ScriptedOpenAIServer(policy) as server:
         result = rollout(AGENT, server.url, knobs={"mode": "tools"}, harness_env=agent_env)
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
     calls = model_calls(result)
     assert "is outside /app" in calls[1]["messages"][-1]["content"]
     assert calls[2]["messages"][-1]["content"] == "error: no such text file"

@@ -6,13 +6,13 @@ import re
 
 import pytest
 
-from coevo.evaluations.models import Outcome
 from coevo.gates.models import Gate
 from coevo.gates.services import gate_advance
 from tests.conftest import PASSWORD
 from tests.gates.conftest import validation_keys
 from tests.support.factories import finish_evaluation
 from tests.web.test_pages import plain
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -66,7 +66,7 @@ def two_task_gate(make_gate, suite):
     exact McNemar p = 0.5 and a bootstrap interval of [+100, +100] pts (issue 38)."""
     keys = validation_keys(suite)
     gate = make_gate(max_regression=0.1)
-    lost = {key: Outcome.INFRA_ERROR for key in keys[2:]}
+    lost = {key: RolloutOutcome.INFRA_ERROR for key in keys[2:]}
     finish_evaluation(gate.baseline_evaluation, outcomes=lost)
     finish_evaluation(gate.candidate_evaluation, passed=keys[:2], outcomes=lost)
     return gate_advance(gate_id=gate.id)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome
+from coevo.evaluations.models import (
+    EvaluationState,
+)
 from coevo.evaluations.stats.paired import MIN_INTERVAL_TASKS
 from coevo.gates.models import Gate, GateState
 from coevo.gates.policy import GatePolicy
@@ -12,6 +14,7 @@ from coevo.gates.services import gate_advance, gate_advance_ready
 from coevo.gates.verdict import EvaluationFacts, gate_decide
 from tests.gates.conftest import validation_keys
 from tests.support.factories import finish_evaluation
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -140,7 +143,7 @@ def test_it_does_not_fail_a_critical_task_that_already_failed(make_gate, humanev
 
 def test_it_fails_a_candidate_with_too_many_errors(make_gate, humaneval_suite):
     keys = validation_keys(humaneval_suite)
-    errors = {key: Outcome.HARNESS_ERROR for key in keys[:4]}
+    errors = {key: RolloutOutcome.HARNESS_ERROR for key in keys[:4]}
     gate = make_gate(max_error_rate=0.1)
     finish_evaluation(gate.baseline_evaluation, passed=keys)
     finish_evaluation(gate.candidate_evaluation, passed=keys, outcomes=errors)
@@ -158,7 +161,7 @@ def test_it_passes_an_error_rate_within_the_maximum(make_gate, humaneval_suite):
     gate = make_gate(max_error_rate=0.1)
     finish_evaluation(gate.baseline_evaluation, passed=keys)
     finish_evaluation(
-        gate.candidate_evaluation, passed=keys, outcomes={keys[0]: Outcome.HARNESS_ERROR}
+        gate.candidate_evaluation, passed=keys, outcomes={keys[0]: RolloutOutcome.HARNESS_ERROR}
     )
 
     assert decide(gate).verdict == "pass"
@@ -172,7 +175,7 @@ def test_it_errs_when_an_evaluation_did_not_finish(make_gate, humaneval_suite, s
     finish_evaluation(
         gate.candidate_evaluation,
         passed=keys,
-        outcomes={keys[0]: Outcome.INFRA_ERROR},
+        outcomes={keys[0]: RolloutOutcome.INFRA_ERROR},
         state=state,
         detail="1 rollout(s) could not run",
     )

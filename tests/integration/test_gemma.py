@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.evaluations.services import evaluation_create
 from coevo.policies.embedded import (
@@ -13,6 +17,7 @@ from coevo.policies.embedded import (
 )
 from coevo.suites.models import Split
 from tests.conftest import wait_until_final
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.llm
 
@@ -39,7 +44,9 @@ def test_it_evaluates_the_seed_harness_with_gemma_on_humaneval(
     assert len(rollouts) == 3
     for rollout in rollouts:
         # The model may well be wrong, but the pipeline must not be: no errors of any kind.
-        assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), rollout.detail
+        assert rollout.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), (
+            rollout.detail
+        )
         call = TraceStep.objects.get(rollout=rollout, kind="model_call")
         assert call.payload["model"] == DEFAULT_MODEL_ALIAS
         assert call.payload["sampling"]["max_tokens"] == 96
@@ -47,6 +54,6 @@ def test_it_evaluates_the_seed_harness_with_gemma_on_humaneval(
         assert call.latency_ms > 0
         assert call.payload["completion"].strip()
         verdict = TraceStep.objects.get(rollout=rollout, kind="verdict")
-        assert verdict.payload["passed"] == (rollout.outcome == Outcome.PASSED)
+        assert verdict.payload["passed"] == (rollout.outcome == RolloutOutcome.PASSED)
     progress = evaluation_progress(evaluation=evaluation)
     assert progress.done == 3 and progress.score.n == 3

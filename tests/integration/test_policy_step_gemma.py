@@ -16,11 +16,14 @@ import pytest
 from coevo.campaigns.models import CampaignState, ProposalState, ProposerKind
 from coevo.campaigns.services import campaign_advance_enqueue, campaign_create, campaign_start
 from coevo.demo.campaign import CAMPAIGN_KNOBS, demo_textworld_suite, naive_seed_import
-from coevo.evaluations.models import Outcome, Rollout
+from coevo.evaluations.models import (
+    Rollout,
+)
 from coevo.policies.embedded import DEFAULT_MODEL_ALIAS
 from coevo.policies.services import policy_version_get_default
 from coevo.training.builtin import trainer_register_cpu_lora
 from coevo.training.models import TrainingState
+from workers.outcomes import RolloutOutcome
 
 pytestmark = [pytest.mark.llm, pytest.mark.timeout(1500)]
 
@@ -107,7 +110,7 @@ def test_a_policy_step_trains_converts_registers_and_serves_a_lora_adapter_of_ge
     evaluation = step.search_evaluation
     assert evaluation.policy_version_id == version.id
     outcomes = set(Rollout.objects.filter(evaluation=evaluation).values_list("outcome", flat=True))
-    assert outcomes and outcomes <= {Outcome.PASSED, Outcome.TASK_FAILURE}, outcomes
+    assert outcomes and outcomes <= {RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE}, outcomes
     models = httpx.get(f"{llama_server}/models", timeout=10).json()["data"]
     assert version.served_name in {m["id"] for m in models}
     print(

@@ -8,12 +8,17 @@ import textwrap
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.services import evaluation_create
 from coevo.policies.embedded import DEFAULT_MODEL_ALIAS
 from coevo.suites.models import Split
 from harness_store.services import candidate_import_directory
 from tests.conftest import wait_until_final
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.llm
 
@@ -58,7 +63,9 @@ def test_a_program_harness_is_evaluated_with_gemma_through_the_boundary(
     assert evaluation.state == EvaluationState.FINISHED
     for rollout in Rollout.objects.filter(evaluation=evaluation):
         # The model may be wrong; the pipeline may not: no errors of any kind.
-        assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), rollout.detail
+        assert rollout.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), (
+            rollout.detail
+        )
         (call,) = TraceStep.objects.filter(rollout=rollout, kind="model_call")
         assert call.payload["via"] == "boundary" and call.payload["api"] == "completions"
         assert call.payload["model"] == DEFAULT_MODEL_ALIAS  # not the name the SDK asked for

@@ -7,13 +7,18 @@ import time
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.selectors import evaluation_progress
 from coevo.evaluations.services import evaluation_create
 from coevo.policies.embedded import DEFAULT_MODEL_ALIAS
 from coevo.suites.models import Split
 from coevo.suites.textworld import suite_import_textworld
 from tests.conftest import REPO_ROOT, wait_until_final
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.llm
 
@@ -58,7 +63,9 @@ def test_it_plays_textworld_games_with_gemma_through_the_seed_harness(
     assert len(rollouts) == GAMES
     for rollout in rollouts:
         # The model may well lose, but the pipeline must not fail: no errors of any kind.
-        assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), rollout.detail
+        assert rollout.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), (
+            rollout.detail
+        )
         kinds = list(
             TraceStep.objects.filter(rollout=rollout)
             .order_by("index")

@@ -9,13 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.services import evaluation_create
 from coevo.policies.embedded import DEFAULT_MODEL_ALIAS
 from coevo.suites.harbor import suite_import_workspace_basic
 from coevo.suites.models import Split
 from harness_store.services import candidate_import_directory
 from tests.conftest import wait_until_final
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.llm
 
@@ -49,7 +54,9 @@ def test_the_shipped_workspace_suite_is_evaluated_with_gemma_on_a_real_worker(
     rollouts = list(Rollout.objects.filter(evaluation=evaluation))
     assert len(rollouts) == 2
     for rollout in rollouts:
-        assert rollout.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), rollout.detail
+        assert rollout.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), (
+            rollout.detail
+        )
         kinds = list(TraceStep.objects.filter(rollout=rollout).values_list("kind", flat=True))
         assert "model_call" in kinds and "workspace_diff" in kinds and "verdict" in kinds
         verdict = TraceStep.objects.get(rollout=rollout, kind="verdict").payload

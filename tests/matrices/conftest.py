@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import pytest
 
 from coevo.evaluations.ledger import budget_create
-from coevo.evaluations.models import Outcome
 from coevo.matrices.models import CompatibilityMatrix, MatrixCell
 from coevo.policies.models import PolicyVersion
 from coevo.suites.models import Split, Task
 from tests.support.factories import make_evaluation, make_rollout
+from workers.outcomes import RolloutOutcome
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def written_matrix(
                 make_rollout(
                     evaluation,
                     task,
-                    outcome=Outcome.PASSED if passed else Outcome.TASK_FAILURE,
+                    outcome=RolloutOutcome.PASSED if passed else RolloutOutcome.TASK_FAILURE,
                     score=float(passed),
                 )
             MatrixCell.objects.create(

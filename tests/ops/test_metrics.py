@@ -52,7 +52,7 @@ def worker_value(name: str, **labels: str) -> float:
 def test_it_reports_a_real_evaluation_on_metrics_and_in_the_worker_registry(
     client, celery_worker_thread, seed_candidate, humaneval_suite, policy_version, scripted_policy
 ):
-    from coevo.evaluations.models import Outcome, Rollout
+    from coevo.evaluations.models import Rollout, RolloutOutcome
     from coevo.evaluations.services import evaluation_create
     from coevo.suites.models import Split
 
@@ -84,8 +84,8 @@ def test_it_reports_a_real_evaluation_on_metrics_and_in_the_worker_registry(
     )
     wait_until_final(evaluation)
     outcomes = list(Rollout.objects.filter(evaluation=evaluation).values_list("outcome", flat=True))
-    passed = outcomes.count(Outcome.PASSED)
-    assert passed == 1 and outcomes.count(Outcome.TASK_FAILURE) == 3
+    passed = outcomes.count(RolloutOutcome.PASSED)
+    assert passed == 1 and outcomes.count(RolloutOutcome.TASK_FAILURE) == 3
 
     # The worker's own registry (the in-thread worker shares this process's).
     assert worker_value("coevo_policy_requests_total", **labels) == before["requests"] + 4

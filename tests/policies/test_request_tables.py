@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.policies.client import PolicyClient, Sampling
+from coevo.policies.client import PolicyClient, Sampling, ServerFlavor
+from coevo.policies.request_tables import request_for_kind
 from tests.conftest import SEED_HARNESS
 from tests.support.harnesses import humaneval_rollout
 
@@ -122,3 +123,31 @@ def test_a_rollouts_model_call_step_records_the_sampling_that_applied(scripted_p
     assert sent.items() <= call.payload["sampling"].items()
     other = {"repeat_penalty", "repetition_penalty"} - set(sent)
     assert not other & set(request)
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "api", "kept"),
+    [
+        ("llamacpp", "grammar", "chat", True),
+        ("llamacpp", "grammar", "completions", True),
+        ("vllm", "response_format", "completions", True),
+        ("openai-compatible", "grammar", "chat", False),
+        ("openai", "response_format", "completions", False),
+    ],
+)
+def test_a_servers_own_answer_constraint_goes_only_to_its_kind(kind, key, api, kept):
+    """The llm-patch proposer's answer is held by a GBNF grammar (llama.cpp) or a JSON schema
+    (vLLM, also on completions): a kind that does not take it never gets it."""
+    sent, dropped = request_for_kind(kind, api, {"model": "m", key: {"x": 1}})
+    assert (key in sent, key in dropped) == (kept, not kept)
+
+
+def test_an_openai_compatible_endpoint_is_spoken_to_as_what_it_showed_it_is():
+    client = PolicyClient("http://127.0.0.1:9/v1", model="m")
+    client.kind_learn(ServerFlavor.LLAMA_CPP_PYTHON)
+    assert client.kind == "llamacpp"
+    client.kind_learn(ServerFlavor.VLLM)  # learned once: a kind it has is kept
+    assert client.kind == "llamacpp"
+    declared = PolicyClient("http://127.0.0.1:9/v1", model="m", kind="openai")
+    declared.kind_learn(ServerFlavor.VLLM)
+    assert declared.kind == "openai"

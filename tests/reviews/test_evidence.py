@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.evaluations.models import Outcome, Rollout
+from coevo.evaluations.models import (
+    Rollout,
+)
 from coevo.evaluations.services import evaluation_create
 from coevo.reviews.models import PromotionState
 from coevo.reviews.promotions.create import promotion_request_create
@@ -14,6 +16,7 @@ from coevo.reviews.promotions.refresh import promotion_evidence_refresh
 from coevo.reviews.services import channel_get_or_create
 from harness_store.services import candidate_import_directory
 from tests.support.factories import AGENT_MANIFEST, ASKS_THE_MODEL, finish_evaluation
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -49,7 +52,7 @@ def evidence(researcher, policy_version, arith_suite, guesser, asker, production
     finish_evaluation(
         request.candidate_evaluation,
         passed=["h-mul"],
-        outcomes={"h-sub": Outcome.HARNESS_ERROR},
+        outcomes={"h-sub": RolloutOutcome.HARNESS_ERROR},
     )
     finish_evaluation(request.holder_evaluation)
     _cost(request.candidate_evaluation, prompt=30, completion=10, latency_ms=200)

@@ -15,7 +15,9 @@ from coevo.audit.models import AuditEvent
 from coevo.campaigns.models import Proposal, ProposalState, ProposerKind
 from coevo.campaigns.services import campaign_create
 from coevo.errors import InvalidInput
-from coevo.evaluations.models import Evaluation, Outcome
+from coevo.evaluations.models import (
+    Evaluation,
+)
 from coevo.evaluations.services import evaluation_create
 from coevo.reviews.models import BaselineKind, PromotionRequest, PromotionState
 from coevo.reviews.promotions.create import promotion_request_create
@@ -29,6 +31,7 @@ from tests.conftest import wait_until_final
 from tests.reviews.conftest import HELDOUT_KEYS, TASKS, wait_for_state
 from tests.reviews.test_promotion_pages import html, login
 from tests.support.factories import finish_evaluation, jsonl_rows, make_jsonl_suite
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -116,7 +119,9 @@ def first(
     assert baseline.policy_version == policy_version
     assert request.heldout_looks_project == 2  # the candidate's and the seed's
     finish_evaluation(
-        request.candidate_evaluation, passed=["h-mul"], outcomes={"h-sub": Outcome.HARNESS_ERROR}
+        request.candidate_evaluation,
+        passed=["h-mul"],
+        outcomes={"h-sub": RolloutOutcome.HARNESS_ERROR},
     )
     request = promotion_evidence_refresh(request=request)
     assert request.state == PromotionState.EVALUATING  # still waiting on the seed's run
@@ -177,7 +182,7 @@ def test_it_lists_every_held_out_task_with_both_sides(first, asker, guesser):
     assert list(rows) == HELDOUT_KEYS  # in suite order
     assert rows["h-mul"]["flip"] == "fixed" and rows["h-mul"]["changed"]
     assert rows["h-add"]["flip"] == "both_fail" and not rows["h-add"]["changed"]
-    assert rows["h-sub"]["candidate"]["outcome"] == Outcome.HARNESS_ERROR
+    assert rows["h-sub"]["candidate"]["outcome"] == RolloutOutcome.HARNESS_ERROR
     assert rows["h-mul"]["candidate"]["score"] == 1.0
     assert rows["h-mul"]["reference"]["score"] == 0.0
     for row in rows.values():

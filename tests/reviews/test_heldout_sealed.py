@@ -36,7 +36,6 @@ from coevo.audit.models import Webhook, WebhookDelivery
 from coevo.campaigns.services import campaign_create
 from coevo.evaluations.models import (
     Evaluation,
-    Outcome,
     Rollout,
     TraceStep,
 )
@@ -56,6 +55,7 @@ from tests.support.factories import (
     make_member,
     make_rollout,
 )
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -99,7 +99,7 @@ def _evaluation(candidate, suite, policy_version, split: str) -> Evaluation:
         rollout = make_rollout(
             evaluation,
             task,
-            outcome=Outcome.TASK_FAILURE,
+            outcome=RolloutOutcome.TASK_FAILURE,
             score=0.0,
             detail=f"wrong: {MARKER}" if heldout else "wrong",
         )

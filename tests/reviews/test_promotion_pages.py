@@ -15,7 +15,10 @@ from django.test import Client
 from django.urls import reverse
 
 from coevo.audit.models import AuditEvent
-from coevo.evaluations.models import Outcome, Rollout, TraceStep
+from coevo.evaluations.models import (
+    Rollout,
+    TraceStep,
+)
 from coevo.evaluations.services import evaluation_create
 from coevo.reviews.models import Approval, ChannelMove, PromotionRequest, PromotionState
 from coevo.reviews.promotions.create import promotion_request_create
@@ -24,6 +27,7 @@ from coevo.reviews.selectors import channel_holder
 from coevo.reviews.services import channel_move
 from tests.conftest import PASSWORD
 from tests.support.factories import GUESSES, finish_evaluation, make_agent_candidate
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -55,7 +59,7 @@ def make_ready(*, requester, channel, candidate, suite, policy_version) -> Promo
     finish_evaluation(
         request.candidate_evaluation,
         passed=["h-mul"],
-        outcomes={"h-sub": Outcome.HARNESS_ERROR},
+        outcomes={"h-sub": RolloutOutcome.HARNESS_ERROR},
     )
     if request.holder_evaluation_id:
         holder_search = evaluation_create(

@@ -13,7 +13,7 @@ from coevo.policies.client import PolicyClient
 from coevo.suites.jsonl import scorer_spec_build
 from tests.support.factories import make_jsonl_suite
 from workers.environments import environment_for
-from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
+from workers.rollout import RolloutInputs, RolloutOutcome, TaskEnvironment, execute_rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -90,7 +90,7 @@ def test_it_scores_a_custom_task_with_its_python_verifier(verified_suite, harnes
 
     result = roll(verified_suite, "mul", harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.score == 1.0
     shown = next(s.payload for s in result.steps if s.kind == "log")
     assert json.loads(shown["message"].removeprefix("task=")) == {
@@ -106,6 +106,6 @@ def test_it_ends_a_crashing_verifier_as_a_task_failure_with_the_reason(
 
     result = roll(verified_suite, "boom", harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.TASK_FAILURE
+    assert result.outcome == RolloutOutcome.TASK_FAILURE
     assert result.score == 0.0
     assert "the verifier v.py failed: RuntimeError: verifier exploded" in result.detail

@@ -22,7 +22,6 @@ from coevo.evaluations.models import (
     EVALUATION_FINAL_STATES,
     Evaluation,
     EvaluationState,
-    Outcome,
     Rollout,
     RolloutState,
     TraceStep,
@@ -37,6 +36,7 @@ from coevo.suites.models import Split, Suite, Task
 from coevo.suites.services import suite_import_jsonl
 from harness_store.models import Candidate
 from harness_store.services import candidate_import_directory
+from workers.outcomes import RolloutOutcome
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED_HARNESS = REPO_ROOT / "examples" / "humaneval-basic"
@@ -257,9 +257,13 @@ def finish_evaluation(
     for rollout in Rollout.objects.filter(evaluation=evaluation).select_related("task"):
         outcome = outcomes.get(
             rollout.task.key,
-            Outcome.PASSED if rollout.task.key in passed else Outcome.TASK_FAILURE,
+            RolloutOutcome.PASSED if rollout.task.key in passed else RolloutOutcome.TASK_FAILURE,
         )
-        score = None if outcome == Outcome.INFRA_ERROR else float(outcome == Outcome.PASSED)
+        score = (
+            None
+            if outcome == RolloutOutcome.INFRA_ERROR
+            else float(outcome == RolloutOutcome.PASSED)
+        )
         Rollout.objects.filter(id=rollout.id).update(
             state=RolloutState.DONE, outcome=outcome, score=score, finished_at=timezone.now()
         )
@@ -294,10 +298,10 @@ def make_candidates(
 
 # Finished rollouts' outcomes in turn: a pass, a task failure, and both kinds of error.
 OUTCOME_CYCLE = (
-    (Outcome.PASSED, 1.0, ""),
-    (Outcome.TASK_FAILURE, 0.0, ""),
-    (Outcome.HARNESS_ERROR, 0.0, "import"),
-    (Outcome.INFRA_ERROR, None, "policy"),
+    (RolloutOutcome.PASSED, 1.0, ""),
+    (RolloutOutcome.TASK_FAILURE, 0.0, ""),
+    (RolloutOutcome.HARNESS_ERROR, 0.0, "import"),
+    (RolloutOutcome.INFRA_ERROR, None, "policy"),
 )
 
 

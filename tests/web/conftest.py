@@ -12,7 +12,6 @@ from django.utils import timezone
 from coevo.evaluations.models import (
     Evaluation,
     EvaluationState,
-    Outcome,
     Rollout,
     RolloutState,
 )
@@ -23,6 +22,7 @@ from tests.conftest import SEED_HARNESS
 # Browser tests (marked `browser`) take `page` from here.
 from tests.support.browser import browser, page  # noqa: F401
 from tests.support.factories import Step, add_steps, make_evaluation, make_rollout
+from workers.outcomes import RolloutOutcome
 
 CHILD_MARKER = "# child-change-marker"
 COMPLETION = "    return sorted(set(numbers))  # distinctive-completion-marker\n"
@@ -78,7 +78,7 @@ def finish_rollout(rollout: Rollout) -> None:
     )
     Rollout.objects.filter(id=rollout.id).update(
         state=RolloutState.DONE,
-        outcome=Outcome.PASSED,
+        outcome=RolloutOutcome.PASSED,
         score=1.0,
         detail="passed",
         prompt_tokens=120,
@@ -105,7 +105,7 @@ def make_mixed_evaluation(
     passed = make_rollout(
         evaluation,
         tasks[0],
-        outcome=Outcome.PASSED,
+        outcome=RolloutOutcome.PASSED,
         score=1.0,
         detail="passed",
         steps=[
@@ -119,7 +119,7 @@ def make_mixed_evaluation(
     failed = make_rollout(
         evaluation,
         tasks[1],
-        outcome=Outcome.TASK_FAILURE,
+        outcome=RolloutOutcome.TASK_FAILURE,
         score=0.0,
         detail="failed: AssertionError",
         steps=[
@@ -141,7 +141,7 @@ def make_mixed_evaluation(
     invalid = make_rollout(
         evaluation,
         tasks[2],
-        outcome=Outcome.HARNESS_ERROR,
+        outcome=RolloutOutcome.HARNESS_ERROR,
         score=0.0,
         detail=INVALID_HARNESS,
         steps=[("error", {"outcome": "harness_error", "message": INVALID_HARNESS}, {})],
@@ -149,7 +149,7 @@ def make_mixed_evaluation(
     crashed = make_rollout(
         evaluation,
         tasks[3],
-        outcome=Outcome.HARNESS_ERROR,
+        outcome=RolloutOutcome.HARNESS_ERROR,
         score=0.0,
         detail=CRASH,
         steps=[

@@ -8,10 +8,13 @@ import re
 import pytest
 from django.urls import reverse
 
-from coevo.evaluations.models import Evaluation, Outcome
+from coevo.evaluations.models import (
+    Evaluation,
+)
 from coevo.suites.models import Split, Task
 from tests.support.factories import make_evaluation, make_rollout
 from tests.web.test_pages import plain
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,7 +29,7 @@ def two_task_pair(*, candidate, suite, policy_version) -> tuple[Evaluation, Eval
             candidate=candidate, suite=suite, policy_version=policy_version
         )
         for task, score in zip(tasks, scores, strict=True):
-            outcome = Outcome.PASSED if score == 1.0 else Outcome.TASK_FAILURE
+            outcome = RolloutOutcome.PASSED if score == 1.0 else RolloutOutcome.TASK_FAILURE
             make_rollout(evaluation, task, outcome=outcome, score=score)
         pair.append(evaluation)
     return pair[0], pair[1]

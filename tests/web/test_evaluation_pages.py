@@ -9,7 +9,11 @@ import pytest
 from django.urls import reverse
 
 from coevo.evaluations.lifecycle import evaluation_advance
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    RolloutState,
+)
 from coevo.evaluations.plans import EvaluationPlan
 from coevo.evaluations.services import evaluation_create, rollout_claim, rollout_finish
 from coevo.evaluations.services.evaluations import HELDOUT_PURPOSE
@@ -18,6 +22,7 @@ from coevo.projects.services import membership_set
 from coevo.suites.models import Split, Task
 from tests.support.factories import make_evaluation
 from tests.web.test_pages import plain, text
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,7 +32,7 @@ def run(rollout: Rollout, outcome: str) -> None:
     rollout_finish(
         rollout=claimed,
         outcome=outcome,
-        score=float(outcome == Outcome.PASSED),
+        score=float(outcome == RolloutOutcome.PASSED),
         detail=outcome,
         prompt_tokens=50,
         latency_ms=1200,
@@ -51,7 +56,7 @@ def test_it_shows_stages_spend_and_pass_at_k(
         plan=EvaluationPlan(smoke_tasks=1),
     )
     for i, rollout in enumerate(staged.rollouts.order_by("stage", "task__position", "epoch")):
-        run(rollout, Outcome.PASSED if i % 2 == 0 else Outcome.TASK_FAILURE)
+        run(rollout, RolloutOutcome.PASSED if i % 2 == 0 else RolloutOutcome.TASK_FAILURE)
     staged.refresh_from_db()
     assert staged.state == EvaluationState.FINISHED
     client.force_login(owner)
@@ -105,13 +110,13 @@ def test_it_compares_two_evaluations_with_links_to_both_traces(
     candidate = evaluation(seed_candidate, humaneval_suite, policy_version, task_limit=3, seed=2)
     for rollout, outcome in zip(
         reference.rollouts.order_by("task__position"),
-        [Outcome.PASSED, Outcome.TASK_FAILURE, Outcome.TASK_FAILURE],
+        [RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE, RolloutOutcome.TASK_FAILURE],
         strict=True,
     ):
         run(rollout, outcome)
     for rollout, outcome in zip(
         candidate.rollouts.order_by("task__position"),
-        [Outcome.TASK_FAILURE, Outcome.PASSED, Outcome.PASSED],
+        [RolloutOutcome.TASK_FAILURE, RolloutOutcome.PASSED, RolloutOutcome.PASSED],
         strict=True,
     ):
         run(rollout, outcome)
@@ -198,7 +203,7 @@ def test_it_never_shows_a_held_out_tasks_inputs_or_trace(
     TraceStep.objects.create(
         rollout=rollout, attempt=1, index=0, kind="model_call", payload={"prompt": marker}
     )
-    rollout_finish(rollout=claimed, outcome=Outcome.PASSED, score=1.0, detail="ok")
+    rollout_finish(rollout=claimed, outcome=RolloutOutcome.PASSED, score=1.0, detail="ok")
     evaluation_advance(evaluation_id=sealed.id)
     client.force_login(owner)
     response = client.get(reverse("web:rollout", args=[project.slug, rollout.id]))
@@ -239,7 +244,12 @@ def test_the_candidate_page_shows_its_search_vs_validation_gap(
     )
     for rollout, outcome in zip(
         list(search.rollouts.order_by("id")) + list(validation.rollouts.order_by("id")),
-        (Outcome.PASSED, Outcome.PASSED, Outcome.PASSED, Outcome.TASK_FAILURE),
+        (
+            RolloutOutcome.PASSED,
+            RolloutOutcome.PASSED,
+            RolloutOutcome.PASSED,
+            RolloutOutcome.TASK_FAILURE,
+        ),
         strict=True,
     ):
         run(rollout, outcome)

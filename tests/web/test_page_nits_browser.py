@@ -18,7 +18,7 @@ os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 from playwright.sync_api import Page, expect  # noqa: E402
 
 from coevo.demo.users import demo_project  # noqa: E402
-from coevo.evaluations.models import EvaluationState, Outcome  # noqa: E402
+from coevo.evaluations.models import EvaluationState  # noqa: E402
 from coevo.reviews.models import PromotionRequest, PromotionState  # noqa: E402
 from coevo.reviews.services import channel_get_or_create, channel_move  # noqa: E402
 from coevo.suites.humaneval import humaneval_problems  # noqa: E402
@@ -28,6 +28,7 @@ from tests.support.browser import log_in  # noqa: E402
 from tests.support.factories import make_evaluation, make_rollout  # noqa: E402
 from tests.web.conftest import start_step  # noqa: E402
 from workers.environments import humaneval  # noqa: E402
+from workers.outcomes import RolloutOutcome  # noqa: E402
 
 pytestmark = [pytest.mark.browser]
 
@@ -122,7 +123,7 @@ def test_a_passing_humaneval_rollout_says_what_its_verifier_output_means(
         ("answer", {"answer": problem.canonical_solution}, {}),
         ("verdict", dataclasses.asdict(verdict), {}),
     ]
-    rollout = make_rollout(evaluation, task, outcome=Outcome.PASSED, score=1.0, steps=steps)
+    rollout = make_rollout(evaluation, task, outcome=RolloutOutcome.PASSED, score=1.0, steps=steps)
     log_in(page, live_server.url, "owner", PASSWORD)
     page.goto(f"{live_server.url}/p/{project.slug}/r/{rollout.id}/")
 
@@ -146,7 +147,7 @@ def test_the_trace_search_box_shows_its_whole_placeholder(
         candidate=seed_candidate, suite=humaneval_suite, policy_version=policy_version
     )
     rollout = make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, score=1.0, steps=[start_step(task)]
+        evaluation, task, outcome=RolloutOutcome.PASSED, score=1.0, steps=[start_step(task)]
     )
     log_in(page, live_server.url, "owner", PASSWORD)
     page.goto(f"{live_server.url}/p/{project.slug}/r/{rollout.id}/")

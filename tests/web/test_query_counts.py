@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from coevo.evaluations.models import Outcome
 from coevo.matrices.models import MatrixCell
 from coevo.suites.models import Split, Task
 from tests.campaigns.support import set_best, started_campaign
@@ -25,6 +24,7 @@ from tests.support.factories import (
     make_user,
 )
 from tests.support.queries import assert_same_queries, queries_of
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -279,7 +279,7 @@ def test_it_reads_a_trace_page_in_as_many_queries_with_many_steps(
     )
     task = search_tasks(humaneval_suite, 1)[0]
     small = make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, score=1.0, steps=trace_steps(task, 6)
+        evaluation, task, outcome=RolloutOutcome.PASSED, score=1.0, steps=trace_steps(task, 6)
     )
     client.force_login(owner)
     reader = read(client, reverse("web:rollout", args=[project.slug, small.id]))

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.evaluations.models import EvaluationState, Outcome
+from coevo.evaluations.models import (
+    EvaluationState,
+)
 from coevo.suites.models import Split, Task
 from tests.support.factories import make_evaluation, make_rollout
 from tests.web.test_pages import text
 from tests.web.test_trace_program import TOOLS, boundary_call, plain_text, start, step_html, url
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +41,9 @@ def test_it_shows_on_the_step_that_the_tools_were_not_passed_to_the_model(
         ),
         boundary_call(1, ask, session=1, tools=TOOLS, content="5"),
     ]
-    rollout = make_rollout(evaluation, task, outcome=Outcome.TASK_FAILURE, score=0.0, steps=steps)
+    rollout = make_rollout(
+        evaluation, task, outcome=RolloutOutcome.TASK_FAILURE, score=0.0, steps=steps
+    )
     client.force_login(owner)
 
     page = text(client.get(url(project, rollout)))

@@ -16,7 +16,7 @@ os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
 from playwright.sync_api import expect  # noqa: E402
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout  # noqa: E402
+from coevo.evaluations.models import EvaluationState, Rollout  # noqa: E402
 from coevo.policies.models import EndpointKind  # noqa: E402
 from coevo.policies.services import policy_version_get_default  # noqa: E402
 from tests.conftest import PASSWORD  # noqa: E402
@@ -30,6 +30,7 @@ from tests.policies.test_llamacpp_features import GEMMA_LIKE, gguf  # noqa: E402
 from tests.support.browser import log_in  # noqa: E402
 from tests.support.llamacpp_host import running_host  # noqa: E402
 from tests.web.test_trace_program import url  # noqa: E402
+from workers.outcomes import RolloutOutcome  # noqa: E402
 
 # Under CI (which installs Node.js) it always runs.
 pytestmark = [
@@ -68,7 +69,7 @@ def test_a_rollout_whose_tools_the_policy_server_dropped_says_so_on_its_page(
     assert evaluation.state == EvaluationState.FINISHED, evaluation.state_detail
     rollout = Rollout.objects.get(evaluation=evaluation)
     # The model answered in words; the agent took that as its answer.
-    assert rollout.outcome == Outcome.TASK_FAILURE, rollout.detail
+    assert rollout.outcome == RolloutOutcome.TASK_FAILURE, rollout.detail
     (call,) = trace_payloads(rollout, "model_call")
     assert [tool["function"]["name"] for tool in call["tools"]] == ["calculate"]
     (degraded,) = call["degraded"]

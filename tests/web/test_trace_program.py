@@ -14,7 +14,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, RolloutState, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    RolloutState,
+    TraceStep,
+)
 from coevo.evaluations.selectors import CallRow, rollout_call_tree
 from coevo.evaluations.traces import COMPRESS_OVER_BYTES, TraceWriter
 from coevo.suites.models import Split, Task
@@ -22,6 +27,7 @@ from coevo.web import trace_calls, trace_tree
 from coevo.web.trace_tree import call_tree
 from tests.support.factories import Step, make_evaluation, make_rollout
 from tests.web.test_pages import text
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -182,7 +188,7 @@ def task(humaneval_suite) -> Task:
 @pytest.fixture
 def program(evaluation, task) -> Rollout:
     return make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, score=1.0, steps=program_steps(task)
+        evaluation, task, outcome=RolloutOutcome.PASSED, score=1.0, steps=program_steps(task)
     )
 
 
@@ -333,7 +339,7 @@ def test_it_links_a_parent_on_another_page_to_the_page_that_shows_it(
     client, owner, project, evaluation, task
 ):
     rollout = make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, steps=long_program_steps(task, 150)
+        evaluation, task, outcome=RolloutOutcome.PASSED, steps=long_program_steps(task, 150)
     )
     client.force_login(owner)
     page = text(client.get(url(project, rollout, **{"from": "1.100"})))
@@ -364,7 +370,7 @@ def test_it_lists_only_the_first_calls_of_a_long_tree(
 ):
     monkeypatch.setattr(trace_tree, "OVERVIEW_MAX_CALLS", 5)
     rollout = make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, steps=long_program_steps(task, 12)
+        evaluation, task, outcome=RolloutOutcome.PASSED, steps=long_program_steps(task, 12)
     )
     client.force_login(owner)
     overview = overview_html(text(client.get(url(project, rollout))))
@@ -376,7 +382,7 @@ def test_it_reads_only_the_calls_a_page_needs_on_a_long_trace(
     client, owner, project, evaluation, task
 ):
     rollout = make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, steps=long_program_steps(task, 700)
+        evaluation, task, outcome=RolloutOutcome.PASSED, steps=long_program_steps(task, 700)
     )
     client.force_login(owner)
     first = text(client.get(url(project, rollout)))
@@ -417,7 +423,7 @@ def test_it_shows_every_choice_and_counts_their_logprobs(client, owner, project,
         {"index": 2, "message": {"role": "assistant", "content": "CHOICE-TWO"}, "finish_reason": "length"},
     ]  # fmt: skip
     steps = [start(task), boundary_call(0, [ASK], session=0, choices=choices, tools=TOOLS)]
-    rollout = make_rollout(evaluation, task, outcome=Outcome.PASSED, steps=steps)
+    rollout = make_rollout(evaluation, task, outcome=RolloutOutcome.PASSED, steps=steps)
     client.force_login(owner)
     call = step_html(text(client.get(url(project, rollout))), "1-1")
     assert "<h4>3 choices</h4>" in call and "3 choices</span>" in call
@@ -487,11 +493,11 @@ def test_the_overview_costs_one_query_however_long_the_trace(
     client, owner, project, evaluation, task
 ):
     short = make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, steps=long_program_steps(task, 3)
+        evaluation, task, outcome=RolloutOutcome.PASSED, steps=long_program_steps(task, 3)
     )
     other = Task.objects.filter(suite=task.suite, split=Split.SEARCH).exclude(id=task.id).first()
     long = make_rollout(
-        evaluation, other, outcome=Outcome.PASSED, steps=long_program_steps(other, 400)
+        evaluation, other, outcome=RolloutOutcome.PASSED, steps=long_program_steps(other, 400)
     )
     client.force_login(owner)
     counts = []
@@ -521,7 +527,9 @@ def test_it_keeps_a_held_out_program_trace_sealed(
         split=Split.HELDOUT,
         state=EvaluationState.PENDING,
     )
-    rollout = make_rollout(evaluation, task, outcome=Outcome.PASSED, steps=program_steps(task))
+    rollout = make_rollout(
+        evaluation, task, outcome=RolloutOutcome.PASSED, steps=program_steps(task)
+    )
     client.force_login(owner)
     for response in (
         client.get(url(project, rollout)),

@@ -13,11 +13,12 @@ os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
 from playwright.sync_api import expect  # noqa: E402
 
-from coevo.evaluations.models import EvaluationState, Outcome  # noqa: E402
+from coevo.evaluations.models import EvaluationState  # noqa: E402
 from coevo.suites.models import Split, Task  # noqa: E402
 from tests.conftest import PASSWORD  # noqa: E402
 from tests.support.factories import make_evaluation, make_rollout  # noqa: E402
 from tests.web.test_trace_program import program_steps, url  # noqa: E402
+from workers.outcomes import RolloutOutcome  # noqa: E402
 
 pytestmark = [pytest.mark.browser]
 
@@ -39,7 +40,9 @@ def test_it_follows_the_overview_to_a_call_and_back_to_its_parent(
         state=EvaluationState.PENDING,
     )
     task = Task.objects.filter(suite=humaneval_suite, split=Split.SEARCH).first()
-    program = make_rollout(evaluation, task, outcome=Outcome.PASSED, steps=program_steps(task))
+    program = make_rollout(
+        evaluation, task, outcome=RolloutOutcome.PASSED, steps=program_steps(task)
+    )
     page.goto(f"{live_server.url}/login/")
     page.fill("#id_username", "owner")
     page.fill("#id_password", PASSWORD)

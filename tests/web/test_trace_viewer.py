@@ -10,11 +10,15 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+)
 from coevo.suites.models import Split, Task
 from tests.support.factories import add_steps, make_evaluation, make_rollout
 from tests.web.conftest import model_call_step, start_step
 from tests.web.test_pages import plain, text
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -49,7 +53,7 @@ def game(project, seed_candidate, humaneval_suite, policy_version) -> Rollout:
     )
     task = Task.objects.filter(suite=humaneval_suite, split=Split.SEARCH).first()
     return make_rollout(
-        evaluation, task, outcome=Outcome.TASK_FAILURE, score=0.0, steps=game_steps(150)
+        evaluation, task, outcome=RolloutOutcome.TASK_FAILURE, score=0.0, steps=game_steps(150)
     )
 
 
@@ -168,7 +172,7 @@ def test_it_keeps_a_held_out_trace_sealed_on_every_view(
     rollout = make_rollout(
         evaluation,
         task,
-        outcome=Outcome.PASSED,
+        outcome=RolloutOutcome.PASSED,
         score=1.0,
         steps=[start_step(task), model_call_step(task, marker), ("log", {"message": marker}, {})],
     )
@@ -218,7 +222,9 @@ def test_it_shows_a_killed_attempts_steps_as_an_earlier_attempt_that_did_not_fin
     task = Task.objects.filter(suite=humaneval_suite, split=Split.SEARCH).first()
     # Attempt 1's worker was killed after its model call; attempt 2 ran to the end.
     killed = [start_step(task), model_call_step(task, "    return first_try\n")]
-    rollout = make_rollout(evaluation, task, outcome=Outcome.TASK_FAILURE, score=0.0, steps=killed)
+    rollout = make_rollout(
+        evaluation, task, outcome=RolloutOutcome.TASK_FAILURE, score=0.0, steps=killed
+    )
     Rollout.objects.filter(id=rollout.id).update(attempts=2)
     second = killed[:1] + [
         model_call_step(task, "    return second_try\n"),

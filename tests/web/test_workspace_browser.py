@@ -14,11 +14,12 @@ os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
 from playwright.sync_api import expect  # noqa: E402
 
-from coevo.evaluations.models import EvaluationState, Outcome  # noqa: E402
+from coevo.evaluations.models import EvaluationState  # noqa: E402
 from coevo.suites.models import Split, Task  # noqa: E402
 from tests.conftest import PASSWORD, REPO_ROOT  # noqa: E402
 from tests.support.factories import make_evaluation, make_rollout  # noqa: E402
 from tests.web.test_workspace_trace import url, workspace_steps  # noqa: E402
+from workers.outcomes import RolloutOutcome  # noqa: E402
 
 SCREENSHOT = REPO_ROOT / "var" / "test-artifacts" / "screenshots" / "workspace-rollout.png"
 
@@ -43,7 +44,7 @@ def test_it_shows_the_workspace_diff_and_test_output_above_the_trace(
     )
     task = Task.objects.filter(suite=humaneval_suite, split=Split.SEARCH).first()
     rollout = make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, score=1.0, steps=workspace_steps(task)
+        evaluation, task, outcome=RolloutOutcome.PASSED, score=1.0, steps=workspace_steps(task)
     )
     page.goto(f"{live_server.url}/login/")
     page.fill("#id_username", "owner")

@@ -13,11 +13,17 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from coevo.evaluations.models import EvaluationState, Outcome, Rollout, RolloutState, TraceStep
+from coevo.evaluations.models import (
+    EvaluationState,
+    Rollout,
+    RolloutState,
+    TraceStep,
+)
 from coevo.evaluations.traces import COMPRESS_OVER_BYTES, TraceWriter
 from coevo.suites.models import Split, Task
 from tests.support.factories import Step, make_evaluation, make_rollout
 from tests.web.test_pages import text
+from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -103,7 +109,7 @@ def task(humaneval_suite) -> Task:
 @pytest.fixture
 def workspace(evaluation, task) -> Rollout:
     return make_rollout(
-        evaluation, task, outcome=Outcome.PASSED, score=1.0, steps=workspace_steps(task)
+        evaluation, task, outcome=RolloutOutcome.PASSED, score=1.0, steps=workspace_steps(task)
     )
 
 
@@ -156,7 +162,7 @@ def test_it_collapses_an_output_longer_than_twenty_lines(client, owner, project,
 
 def test_it_keeps_other_helpers_as_they_were(client, owner, project, evaluation, task):
     lookup = ("helper_call", {"name": "lookup", "params": {"q": "x"}, "result": {"hit": 1}}, {})
-    rollout = make_rollout(evaluation, task, outcome=Outcome.PASSED, steps=[lookup])
+    rollout = make_rollout(evaluation, task, outcome=RolloutOutcome.PASSED, steps=[lookup])
     client.force_login(owner)
     step = step_html(text(client.get(url(project, rollout))), "1-0")
     assert 'ctx.helper("lookup")' in step and "exit-code" not in step
@@ -190,7 +196,7 @@ def test_it_escapes_file_names_and_diff_lines(client, owner, project, evaluation
         diff_step({"path": "<b>.py", "status": "added", "diff": diff}),
         diff_step({"path": "<i>.bin", "status": "added", "note": "binary <em>"}),
     ]
-    rollout = make_rollout(evaluation, task, outcome=Outcome.TASK_FAILURE, steps=steps)
+    rollout = make_rollout(evaluation, task, outcome=RolloutOutcome.TASK_FAILURE, steps=steps)
     client.force_login(owner)
     raw = client.get(url(project, rollout)).content.decode()
     assert "&lt;b&gt;.py" in raw and "<b>.py" not in raw
@@ -243,7 +249,7 @@ def test_it_renders_a_large_diff_as_far_as_its_payload_keeps_it(
 
 def test_it_shows_a_workspace_over_its_limits_as_an_error(client, owner, project, evaluation, task):
     steps = [("workspace_diff", {"error": "the workspace holds more than 2000 files"}, {})]
-    rollout = make_rollout(evaluation, task, outcome=Outcome.HARNESS_ERROR, steps=steps)
+    rollout = make_rollout(evaluation, task, outcome=RolloutOutcome.HARNESS_ERROR, steps=steps)
     client.force_login(owner)
     page = text(client.get(url(project, rollout)))
     assert "No diff of the workspace: the workspace holds more than 2000 files" in words(
@@ -254,7 +260,9 @@ def test_it_shows_a_workspace_over_its_limits_as_an_error(client, owner, project
 
 
 def test_it_shows_the_last_attempts_workspace(client, owner, project, evaluation, task):
-    rollout = make_rollout(evaluation, task, outcome=Outcome.PASSED, steps=workspace_steps(task))
+    rollout = make_rollout(
+        evaluation, task, outcome=RolloutOutcome.PASSED, steps=workspace_steps(task)
+    )
     second = diff_step({"path": "SECOND-ATTEMPT.py", "status": "added", "diff": "+x\n"})
     TraceStep.objects.create(rollout=rollout, attempt=2, index=0, kind=second[0], payload=second[1])
     client.force_login(owner)
@@ -296,7 +304,9 @@ def test_it_keeps_a_held_out_workspace_rollout_sealed(
         policy_version=policy_version,
         split=Split.HELDOUT,
     )
-    rollout = make_rollout(evaluation, task, outcome=Outcome.PASSED, steps=workspace_steps(task))
+    rollout = make_rollout(
+        evaluation, task, outcome=RolloutOutcome.PASSED, steps=workspace_steps(task)
+    )
     client.force_login(researcher)
     for response in (
         client.get(url(project, rollout)),

@@ -18,7 +18,7 @@ from tests.workers.test_program_harness import program, rollout, steps
 from workers import anthropic_messages, openai_requests
 from workers.boundary import BoundaryRefusal, ModelBoundary
 from workers.openai_requests import BadRequest, error_body
-from workers.outcomes import ErrorKind, Outcome
+from workers.outcomes import ErrorKind, RolloutOutcome
 from workers.program import _CallTree
 
 ADD_TOOL = {
@@ -687,7 +687,7 @@ def test_a_message_past_max_model_calls_ends_the_rollout_as_a_limit(tmp_path):
     with ScriptedOpenAIServer(ScriptedPolicy(rules=[("sky", "yes")])) as server:
         result = rollout(harness, server.url)
 
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.LIMIT)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.LIMIT)
     assert "max_model_calls = 1" in result.detail
     assert result.model_calls == 1 and len(server.policy.requests) == 1
 

@@ -11,7 +11,7 @@ from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from tests.workers.test_program_harness import program, rollout, steps
 from tests.workers.test_tool_calls import model_calls, run, tool_agent
 from workers.openai_requests import MAX_DEGRADED, MAX_DEGRADED_CHARS, degraded_of
-from workers.rollout import Outcome
+from workers.rollout import RolloutOutcome
 
 DEGRADED = [
     {
@@ -50,7 +50,7 @@ def test_it_records_a_program_call_the_server_degraded(tmp_path, degrading_serve
 
     result = rollout(harness, degrading_server.url, expected=["yes", DEGRADED])
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     (call,) = steps(result, "model_call")
     assert call["degraded"] == DEGRADED
     assert call["tools"][0]["function"]["name"] == "look"
@@ -63,7 +63,7 @@ def test_a_program_call_the_server_honoured_has_no_degraded_entry(tmp_path):
     with ScriptedOpenAIServer(policy) as running:
         result = rollout(harness, running.url, expected=["yes", None])
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     (call,) = steps(result, "model_call")
     assert "degraded" not in call
 
@@ -73,7 +73,7 @@ def test_it_records_a_ctx_harness_call_the_server_degraded(tmp_path, degrading_s
 
     result = run(tool_agent(tmp_path), degrading_server.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     (call,) = model_calls(result)
     assert call["degraded"] == DEGRADED
 

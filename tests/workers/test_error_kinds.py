@@ -11,7 +11,7 @@ import pytest
 from coevo.errors import PolicyRequestRejected, PolicyUnavailable, SandboxUnavailable
 from workers import channel as channel_module
 from workers.environments.base import Verdict
-from workers.outcomes import ErrorKind, Outcome
+from workers.outcomes import ErrorKind, RolloutOutcome
 from workers.policy import Completion, Sampling
 from workers.rollout import RolloutInputs, RolloutResult, execute_rollout
 
@@ -130,7 +130,7 @@ def test_it_gives_each_harness_fault_the_kind_of_its_raise_site(
 ):
     result = rollout(tmp_path, source, manifest=manifest)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail.startswith(detail), result.detail
     assert result.error_kind == kind
 
@@ -150,14 +150,17 @@ def test_it_classifies_a_harness_exception_by_its_kind_not_by_the_words_in_its_m
 def test_it_gives_a_scored_rollout_no_kind(tmp_path):
     result = rollout(tmp_path, ASK)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.error_kind == ErrorKind.NONE == ""
 
 
 # Messages that name no kind: the kind comes from the exception's type alone.
 POLICY_FAILURES = {
-    "unavailable": (PolicyUnavailable("no answer from 127.0.0.1:9"), Outcome.INFRA_ERROR),
-    "rejected": (PolicyRequestRejected("HTTP 400: too long", status=400), Outcome.HARNESS_ERROR),
+    "unavailable": (PolicyUnavailable("no answer from 127.0.0.1:9"), RolloutOutcome.INFRA_ERROR),
+    "rejected": (
+        PolicyRequestRejected("HTTP 400: too long", status=400),
+        RolloutOutcome.HARNESS_ERROR,
+    ),
 }
 
 
@@ -179,5 +182,5 @@ def test_it_gives_a_sandbox_that_cannot_start_the_sandbox_kind(tmp_path, monkeyp
 
     result = rollout(tmp_path, ASK)
 
-    assert (result.outcome, result.detail) == (Outcome.INFRA_ERROR, "bwrap is missing")
+    assert (result.outcome, result.detail) == (RolloutOutcome.INFRA_ERROR, "bwrap is missing")
     assert result.error_kind == ErrorKind.SANDBOX

@@ -29,7 +29,7 @@ from tests.conftest import SEED_HARNESS
 from tests.support.harnesses import CORRECT, PROBLEM
 from tests.support.harnesses import humaneval_rollout as rollout
 from workers import sandbox, warm
-from workers.rollout import Outcome
+from workers.rollout import RolloutOutcome
 
 MANIFEST = """
 [harness]
@@ -140,7 +140,7 @@ def worker_stays_healthy(scripted_policy):
     assert sandbox_children() == []
     assert warm.pool().in_flight() == 0
     result = honest_rollout(scripted_policy.url)
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert open_pipes() <= pipes_before
 
 
@@ -219,7 +219,7 @@ def run(task, ctx):
     assert report["environ"]["HOME"] == "/tmp"
     # Its own PID namespace: the sandbox's init and the harness, never the worker.
     assert len(report["pids"]) <= 3
-    assert result.outcome == Outcome.PASSED  # contained, and the task itself still works
+    assert result.outcome == RolloutOutcome.PASSED  # contained, and the task itself still works
 
 
 @pytest.mark.django_db(transaction=True)
@@ -305,7 +305,7 @@ def run(task, ctx):
     assert report["hits"] == []
     assert report["opened"] > 0  # the scan did read files (its own code, for one)
     assert set(report["probes"].values()) == {"FileNotFoundError"}
-    assert done.outcome != Outcome.HARNESS_ERROR, done.detail
+    assert done.outcome != RolloutOutcome.HARNESS_ERROR, done.detail
 
 
 # --- the verifier's data ---------------------------------------------------------------------
@@ -347,7 +347,7 @@ def test_it_hides_the_humaneval_solutions_shipped_in_the_workers_packages(
     result = rollout(harness, scripted_policy.url)
 
     assert "found the hidden tests" not in logs(result)
-    assert result.outcome == Outcome.TASK_FAILURE
+    assert result.outcome == RolloutOutcome.TASK_FAILURE
     assert seen(result) == {"import": "ModuleNotFoundError", "dataset": "FileNotFoundError"}
 
 
@@ -376,7 +376,7 @@ def run(task, ctx):
     with ThreadPoolExecutor(2) as pool:
         honest = pool.submit(rollout, SEED_HARNESS, scripted_policy.url, test=slow_test)
         spied = pool.submit(rollout, spy, scripted_policy.url).result()
-        assert honest.result().outcome == Outcome.PASSED
+        assert honest.result().outcome == RolloutOutcome.PASSED
 
     assert seen(spied) == {"hits": []}
 
@@ -439,7 +439,7 @@ def test_it_gives_the_harness_no_network(scripted_policy, tmp_path, listener, ta
         unix_server.close()
 
     assert seen(result) != "connected"
-    assert result.outcome == Outcome.TASK_FAILURE
+    assert result.outcome == RolloutOutcome.TASK_FAILURE
 
 
 # --- processes, memory, CPU ------------------------------------------------------------------
@@ -476,7 +476,7 @@ def test_it_bounds_the_number_of_processes_a_harness_can_start(scripted_policy, 
     # so its own threads coming and going shift the bound a little.
     slack = 0 if os.geteuid() == 0 else 32
     assert report["children"] < sandbox.SandboxLimits().processes + slack
-    assert result.outcome == Outcome.TASK_FAILURE
+    assert result.outcome == RolloutOutcome.TASK_FAILURE
     assert seconds < 20
 
 
@@ -499,10 +499,10 @@ def test_it_ends_a_fork_bomb_at_its_wall_time_and_kills_every_process(scripted_p
 
     result, seconds, honest = alongside_honest(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: wall time of 4s"
     assert seconds < 4 + 10
-    assert honest.outcome == Outcome.PASSED, honest.detail
+    assert honest.outcome == RolloutOutcome.PASSED, honest.detail
     uid = int(logs(result)[0].split()[1])
     assert uid != 0
     if uid != os.getuid():  # a root worker: the sandbox had a uid of its own
@@ -534,7 +534,7 @@ def test_it_kills_the_whole_process_tree_at_the_wall_time(scripted_policy, tmp_p
     result, seconds = timed_rollout(harness, scripted_policy.url)
 
     assert "daemon started" in logs(result)
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: wall time of 3s"
     assert seconds < 3 + 8
     time.sleep(0.5)
@@ -563,10 +563,10 @@ def test_it_ends_a_harness_that_allocates_20_gb_as_a_harness_error(scripted_poli
     assert "20 GB at once: MemoryError" in logs(result)
     held = [m for m in logs(result) if m.startswith("holding")]
     assert len(held) < sandbox.SandboxLimits().memory_bytes // 1024**3
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "the harness raised MemoryError: "
     assert seconds < 10
-    assert honest.outcome == Outcome.PASSED, honest.detail
+    assert honest.outcome == RolloutOutcome.PASSED, honest.detail
 
 
 def test_it_ends_an_infinite_loop_at_its_wall_time(scripted_policy, tmp_path):
@@ -582,7 +582,7 @@ def test_it_ends_an_infinite_loop_at_its_wall_time(scripted_policy, tmp_path):
 
     result, seconds = timed_rollout(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: wall time of 3s"
     assert seconds < 3 + 8
 
@@ -622,13 +622,13 @@ def test_it_ends_a_harness_that_writes_1_gb_of_output(scripted_policy, tmp_path,
 
     result, seconds, honest = alongside_honest(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert reason in result.detail
     assert seconds < 8 + 5
     assert len(result.steps) < 1100
     error = next(s for s in result.steps if s.kind == "error")
     assert len(error.payload.get("stderr", "")) <= 16 * 1024
-    assert honest.outcome == Outcome.PASSED, honest.detail
+    assert honest.outcome == RolloutOutcome.PASSED, honest.detail
 
 
 # --- the file system -------------------------------------------------------------------------
@@ -711,7 +711,7 @@ def test_it_keeps_the_harness_out_of_everything_but_its_private_tmp(scripted_pol
     assert not any("written" in outcome for outcome in report.values()), report
     assert not list(harness_files := harness.glob("pwned*")), harness_files
     assert not Path(site_packages, "pwned.py").exists()
-    assert result.outcome == Outcome.TASK_FAILURE
+    assert result.outcome == RolloutOutcome.TASK_FAILURE
 
 
 # --- the protocol ----------------------------------------------------------------------------
@@ -747,7 +747,7 @@ def test_it_ends_a_harness_that_breaks_the_protocol(scripted_policy, tmp_path, m
 
     result, seconds = timed_rollout(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR, result.detail
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR, result.detail
     assert reason in result.detail
     assert seconds < 10
 
@@ -774,7 +774,7 @@ def test_it_ignores_a_verdict_the_harness_writes_itself(scripted_policy, tmp_pat
 
     result = rollout(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "protocol violation: unknown message type 'verdict'"
     assert result.score == 0.0
     assert "verdict" not in [s.kind for s in result.steps]
@@ -802,7 +802,7 @@ def test_it_scores_only_by_the_workers_verifier(scripted_policy, tmp_path, answe
 
     result = rollout(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.TASK_FAILURE, result.detail
+    assert result.outcome == RolloutOutcome.TASK_FAILURE, result.detail
     assert result.score == 0.0
     verdict = next(s for s in result.steps if s.kind == "verdict")
     assert verdict.payload["passed"] is False

@@ -35,7 +35,7 @@ from workers import boundary as boundary_module
 from workers import program as program_module
 from workers.boundary import ModelBoundary
 from workers.environments.base import Verdict
-from workers.outcomes import Outcome
+from workers.outcomes import RolloutOutcome
 from workers.rollout import RolloutInputs, RolloutResult, execute_rollout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -227,7 +227,7 @@ def honest_rollout(tmp_path: Path, url: str) -> tuple[RolloutResult, str]:
 
 
 def assert_honest(result: RolloutResult, marker: str) -> None:
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     calls = model_calls(result)
     assert len(calls) == 3 and result.model_calls == 3
     assert all(marker in call["messages"][0]["content"] for call in calls)
@@ -470,7 +470,7 @@ def test_it_keeps_a_program_from_another_rollouts_socket_key_and_session(
     # Its one call is a conversation of its own; the victim's trace holds only the victim's.
     (call,) = model_calls(intruder)
     assert (call["parent"], call["relation"]) == (None, "starts")
-    assert victim.outcome == Outcome.PASSED, victim.detail
+    assert victim.outcome == RolloutOutcome.PASSED, victim.detail
     victim_calls = model_calls(victim)
     assert len(victim_calls) == 2
     assert all(c["messages"][0]["content"].startswith(marker) for c in victim_calls)
@@ -548,7 +548,7 @@ def test_it_gives_the_program_no_way_to_the_hosts_services(tmp_path, server, lis
 def test_it_refuses_every_key_but_the_rollouts_own(tmp_path, server, boundaries):
     # A rollout that ended: its key and its socket's place.
     first = run_program(program(tmp_path, HONEST.format(marker="first"), name="first"), server.url)
-    assert first.outcome == Outcome.PASSED, first.detail
+    assert first.outcome == RolloutOutcome.PASSED, first.detail
     (old,) = boundaries
     assert not old.socket_dir.exists()
     requests_before = len(server.policy.requests)
@@ -1106,7 +1106,7 @@ def test_it_kills_a_daemon_left_holding_the_socket_and_the_next_rollout_is_unaff
     seconds = time.monotonic() - started
     at_the_end = calls_after_exit()
 
-    assert result.outcome == Outcome.PASSED, (result.detail, program_output(result))
+    assert result.outcome == RolloutOutcome.PASSED, (result.detail, program_output(result))
     assert seconds < 10, "the rollout waited for its daemon"
     (made,) = boundaries
     assert not made.socket_dir.exists()
@@ -1143,7 +1143,7 @@ def test_a_call_still_in_flight_when_the_rollout_ends_changes_nothing(tmp_path, 
     finally:
         server.policy.latency_s = 0.0
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert (result.model_calls, result.prompt_tokens, len(result.steps), result.outcome) == before
     assert result.model_calls == 0 and model_calls(result) == []
 
@@ -1281,7 +1281,7 @@ def test_an_outage_ends_the_rollout_without_showing_the_program_the_servers_addr
     finally:
         server.policy.fail_next = 0
 
-    assert result.outcome == Outcome.INFRA_ERROR, result.detail
+    assert result.outcome == RolloutOutcome.INFRA_ERROR, result.detail
     assert f":{server.port}" in result.detail  # the worker's own record says which server
     ((status, payload),) = sent
     assert status == 503 and payload["error"]["type"] == "server_error"

@@ -44,7 +44,7 @@ from workers.harness_env import (
     harness_envs_prune,
 )
 from workers.harness_requirements import harness_env_key, harness_requirements, parse_pins
-from workers.outcomes import DependencyBuildFailed, ErrorKind, Outcome
+from workers.outcomes import DependencyBuildFailed, ErrorKind, RolloutOutcome
 from workers.rollout import RolloutInputs, execute_rollout
 
 CLOSED_INDEX = "http://127.0.0.1:9/simple"
@@ -623,10 +623,10 @@ def test_a_rollout_runs_the_harness_with_its_declared_packages(tmp_path):
     directory = harness(tmp_path, PINNED, agent=ANSWER_FROM_THE_PACKAGE)
     with harness_env_prepare(harness_dir=directory) as env:
         result = run_rollout(directory, env)
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     # Without its environment the same harness cannot import the package.
     without = run_rollout(directory, HarnessEnv())
-    assert without.outcome == Outcome.HARNESS_ERROR
+    assert without.outcome == RolloutOutcome.HARNESS_ERROR
     assert "No module named 'tinyalpha'" in without.detail
 
 
@@ -636,7 +636,7 @@ def test_an_unsandboxed_rollout_finds_the_environment_too(tmp_path, settings, mo
     directory = harness(tmp_path, PINNED, agent=ANSWER_FROM_THE_PACKAGE)
     with harness_env_prepare(harness_dir=directory) as env:
         result = run_rollout(directory, env)
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
 
 
 def stored_candidate(project, tmp_path: Path, requirements: str, *, name: str):
@@ -663,7 +663,7 @@ def test_a_build_that_fails_ends_the_rollout_as_a_harness_error_of_kind_dependen
 
     done = rollout_execute(rollout_id=rollout.id, worker="test")
 
-    assert done.outcome == Outcome.HARNESS_ERROR and done.score == 0.0
+    assert done.outcome == RolloutOutcome.HARNESS_ERROR and done.score == 0.0
     assert done.error_kind == ErrorKind.DEPENDENCIES
     assert done.detail.startswith("declared dependencies (requirements.txt) did not build: error:")
     assert "nosuchpackage was not found in the provided package locations" in done.detail
@@ -688,7 +688,7 @@ def test_a_rollout_of_a_stored_candidate_imports_its_declared_packages(
     done = rollout_execute(rollout_id=rollout.id, worker="test")
 
     # HumanEval fails the answer, but the harness ran and answered with the package's value.
-    assert done.outcome == Outcome.TASK_FAILURE, done.detail
+    assert done.outcome == RolloutOutcome.TASK_FAILURE, done.detail
     assert done.answer == "alpha+beta"
     assert len(envs(settings)) == 1
 

@@ -38,7 +38,7 @@ from workers.harness_env import (
     harness_env_vars,
 )
 from workers.harness_requirements import harness_env_key, harness_requirements
-from workers.outcomes import DependencyBuildFailed, Outcome
+from workers.outcomes import DependencyBuildFailed, RolloutOutcome
 from workers.rollout import RolloutInputs, execute_rollout
 
 # Under CI (which installs Node.js and npm) they always run.
@@ -502,8 +502,12 @@ def test_a_node_program_requires_its_declared_package_through_the_runner(tmp_pat
             result = run_program(directory, env, server.url)
         # Without its environment the same program cannot find the package.
         without = run_program(directory, HarnessEnv(), server.url)
-    assert (result.outcome, result.score, result.answer) == (Outcome.PASSED, 1.0, "left+right:yes")
+    assert (result.outcome, result.score, result.answer) == (
+        RolloutOutcome.PASSED,
+        1.0,
+        "left+right:yes",
+    )
     assert built_s < 60
-    assert without.outcome == Outcome.HARNESS_ERROR
+    assert without.outcome == RolloutOutcome.HARNESS_ERROR
     (error,) = [step.payload for step in without.steps if step.kind == "error"]
     assert "Cannot find module 'coevo-tiny-left'" in error["stderr"]

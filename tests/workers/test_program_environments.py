@@ -13,7 +13,7 @@ from tests.support.harnesses import PROBLEM
 from tests.workers.test_textworld_env import game_for
 from workers.environments import humaneval
 from workers.environments import textworld as tw_env
-from workers.outcomes import ErrorKind, Outcome
+from workers.outcomes import ErrorKind, RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
 # Plays the moves it is given in $COEVO_KNOB_MOVES (JSON), then stops: no answer file needed.
@@ -71,7 +71,7 @@ def test_a_program_wins_a_textworld_game_through_the_boundary(tmp_path, scripted
     game = game_for("cooking-easy")
     result = play(harness(tmp_path, PLAYER, moves=game.walkthrough), game, scripted_policy.url)
 
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     played = [s.payload["action"] for s in result.steps if s.kind == "env_step"]
     assert played == game.walkthrough
     assert [s.kind for s in result.steps].count("env_reset") == 1
@@ -85,7 +85,7 @@ def test_the_manifests_step_limit_holds_at_the_boundary(tmp_path, scripted_polic
     script = PLAYER.replace('    if step["done"]:\n        break\n', "")
     result = play(harness(tmp_path, script, moves=moves, max_steps=3), game, scripted_policy.url)
 
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.LIMIT)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.LIMIT)
     assert "max_steps = 3" in result.detail
     assert [s.payload["index"] for s in result.steps if s.kind == "env_step"] == [1, 2, 3]
 
@@ -128,6 +128,6 @@ def test_a_program_calls_a_suite_helper(tmp_path, scripted_policy):
     )
     with PolicyClient(scripted_policy.url, model="scripted", retries=0) as client:
         result = execute_rollout(inputs, policy=client, environment=environment)
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     (helper,) = [s.payload for s in result.steps if s.kind == "helper_call"]
     assert helper["name"] == "check" and helper["result"]["passed"]

@@ -14,7 +14,7 @@ import pytest
 from coevo.policies.client import PolicyClient
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.environments.base import Verdict
-from workers.outcomes import ErrorKind, Outcome
+from workers.outcomes import ErrorKind, RolloutOutcome
 from workers.rollout import RolloutInputs, execute_rollout
 
 # A program with no dependency but the standard library: one chat call, the reply as answer.
@@ -89,7 +89,7 @@ def test_a_python_program_answers_through_the_boundary_and_is_scored(tmp_path, s
     harness = program(tmp_path, {"main.py": ASK}, command='["python3", "main.py"]')
     result = rollout(harness, server.url, knobs={"style": "terse"})
 
-    assert (result.outcome, result.score, result.answer) == (Outcome.PASSED, 1.0, "yes")
+    assert (result.outcome, result.score, result.answer) == (RolloutOutcome.PASSED, 1.0, "yes")
     (call,) = steps(result, "model_call")
     assert call["via"] == "boundary" and call["api"] == "chat" and "spoken" not in call
     assert call["messages"] == [{"role": "user", "content": "terse is the sky blue?"}]
@@ -120,14 +120,14 @@ def test_a_node_program_answers_through_the_boundary(tmp_path, server):
     """
     harness = program(tmp_path, {"agent.js": agent}, command='["node", "agent.js"]')
     result = rollout(harness, server.url)
-    assert (result.outcome, result.answer) == (Outcome.PASSED, "yes"), result.detail
+    assert (result.outcome, result.answer) == (RolloutOutcome.PASSED, "yes"), result.detail
 
 
 def test_a_shell_program_reads_its_knobs_from_the_environment(tmp_path, server):
     script = 'printf \'"%s"\' "$COEVO_KNOB_STYLE" > "$COEVO_ANSWER_FILE"\n'
     harness = program(tmp_path, {"run.sh": script}, command='["bash", "run.sh"]')
     result = rollout(harness, server.url, expected="terse", knobs={"style": "terse"})
-    assert (result.outcome, result.answer) == (Outcome.PASSED, "terse"), result.detail
+    assert (result.outcome, result.answer) == (RolloutOutcome.PASSED, "terse"), result.detail
 
 
 def test_a_call_past_max_model_calls_gets_an_openai_error_and_ends_the_rollout(tmp_path, server):
@@ -147,7 +147,7 @@ def test_a_call_past_max_model_calls_gets_an_openai_error_and_ends_the_rollout(t
     )
     result = rollout(harness, server.url)
 
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.LIMIT)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.LIMIT)
     assert "max_model_calls = 2" in result.detail
     assert result.model_calls == 2 and len(server.policy.requests) == 2
 
@@ -173,7 +173,7 @@ def test_a_request_the_policy_server_fails_on_gets_an_error_the_program_recovers
 
     result = rollout(harness, server.url)
 
-    assert (result.outcome, result.answer) == (Outcome.PASSED, "yes"), result.detail
+    assert (result.outcome, result.answer) == (RolloutOutcome.PASSED, "yes"), result.detail
     told = json.loads(steps(result, "program_output")[0]["stdout"])
     assert told["status"] == 400 and told["error"]["code"] == "policy_request_failed"
     assert "HTTP 500" in told["error"]["message"]
@@ -193,7 +193,7 @@ def test_a_boundary_call_records_the_sampling_the_endpoints_kind_applied(tmp_pat
 
     result = rollout(harness, server.url, kind="vllm")
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     (request,) = server.policy.requests
     (call,) = steps(result, "model_call")
     assert (request["top_k"], request["min_p"], request["repetition_penalty"]) == (0, 0.0, 1.0)
@@ -220,14 +220,14 @@ def test_a_program_that_leaves_no_valid_answer_is_a_harness_error(
 ):
     harness = program(tmp_path, {"main.py": script}, command='["python3", "main.py"]')
     result = rollout(harness, server.url)
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, kind)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, kind)
     assert message in result.detail
 
 
 def test_a_command_that_cannot_start_is_a_harness_error(tmp_path, server):
     harness = program(tmp_path, {}, command='["no-such-program"]')
     result = rollout(harness, server.url)
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.EXITED)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.EXITED)
     assert "could not start" in result.detail
 
 
@@ -355,7 +355,7 @@ def test_a_call_without_max_tokens_gets_what_the_policys_context_leaves(tmp_path
     with ScriptedOpenAIServer(policy) as running:
         result = rollout(harness, running.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     (call,) = steps(result, "model_call")
     assert 500 < call["sampling"]["max_tokens"] < 600
 
@@ -370,6 +370,6 @@ def test_a_call_without_max_tokens_gets_its_share_of_the_token_budget(tmp_path, 
 
     result = rollout(harness, server.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     (call,) = steps(result, "model_call")
     assert call["sampling"]["max_tokens"] == 250

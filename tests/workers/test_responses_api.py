@@ -22,7 +22,7 @@ from workers import anthropic_messages, openai_responses
 from workers.boundary import BoundaryRefusal, ModelBoundary
 from workers.openai_requests import MAX_TOOLS, BadRequest, error_body
 from workers.openai_responses import ResponseStore, UnknownResponse
-from workers.outcomes import ErrorKind, Outcome
+from workers.outcomes import ErrorKind, RolloutOutcome
 
 ADD_TOOL = {
     "type": "function",
@@ -711,7 +711,7 @@ def test_a_response_past_max_model_calls_ends_the_rollout_as_a_limit(tmp_path):
     with ScriptedOpenAIServer(ScriptedPolicy(rules=[("sky", "yes")])) as server:
         result = rollout(harness, server.url)
 
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.LIMIT)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.LIMIT)
     assert "max_model_calls = 1" in result.detail
     assert result.model_calls == 1 and len(server.policy.requests) == 1
 
@@ -731,7 +731,7 @@ def test_a_response_past_max_tokens_ends_the_rollout_as_a_limit(tmp_path):
     with ScriptedOpenAIServer(ScriptedPolicy(rules=[("sky", "yes")])) as server:
         result = rollout(harness, server.url, expected="")
 
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.LIMIT)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.LIMIT)
     assert "max_tokens = 30" in result.detail
 
 
@@ -769,6 +769,6 @@ def test_a_program_past_its_wall_time_while_calling_responses_ends_as_a_limit(tm
     with ScriptedOpenAIServer(ScriptedPolicy(rules=[("sky", "yes")])) as server:
         result = rollout(harness, server.url)
 
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.LIMIT)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.LIMIT)
     assert "wall time of 10s" in result.detail
     assert result.model_calls >= 1

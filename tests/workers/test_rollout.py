@@ -16,7 +16,7 @@ from tests.conftest import SEED_HARNESS
 from tests.support.harnesses import CORRECT, PROBLEM
 from tests.support.harnesses import humaneval_rollout as run
 from workers.environments import humaneval
-from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
+from workers.rollout import RolloutInputs, RolloutOutcome, TaskEnvironment, execute_rollout
 
 MANIFEST = """
 [harness]
@@ -47,7 +47,7 @@ def test_it_passes_the_seed_harness_when_the_model_writes_a_correct_body(scripte
 
     result = run(SEED_HARNESS, scripted_policy.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.score == 1.0
     assert result.model_calls == 1
     assert result.prompt_tokens > 0 and result.completion_tokens > 0
@@ -62,7 +62,7 @@ def test_it_scores_a_wrong_body_as_a_task_failure(scripted_policy):
 
     result = run(SEED_HARNESS, scripted_policy.url)
 
-    assert result.outcome == Outcome.TASK_FAILURE
+    assert result.outcome == RolloutOutcome.TASK_FAILURE
     assert result.score == 0.0
     assert "hidden tests failed" in result.detail
 
@@ -90,7 +90,7 @@ def test_it_keeps_the_sample_that_passes_the_prompts_own_examples(scripted_polic
 
     result = run(harness, scripted_policy.url, knobs={"samples": 3})
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.answer == CORRECT
 
 
@@ -115,7 +115,7 @@ def test_it_picks_samples_with_the_workers_check_helper_when_the_knob_asks(
     with PolicyClient(scripted_policy.url, model="scripted") as client:
         result = execute_rollout(inputs, policy=client, environment=environment)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.answer == CORRECT
     checks = [s for s in result.steps if s.kind == "helper_call"]
     assert [c.payload["result"]["passed"] for c in checks] == [False, True, False]
@@ -128,7 +128,7 @@ def test_it_ends_a_harness_without_a_manifest_as_a_harness_error(scripted_policy
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "harness.toml is missing" in result.detail
     assert result.score == 0.0
     assert scripted_policy.requests == []
@@ -140,7 +140,7 @@ def test_it_ends_a_harness_with_invalid_toml_as_a_harness_error(scripted_policy,
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "not valid TOML" in result.detail
 
 
@@ -152,7 +152,7 @@ def test_it_ends_an_entrypoint_module_that_does_not_exist_as_a_harness_error(
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "there is no agent.py" in result.detail
 
 
@@ -163,7 +163,7 @@ def test_it_ends_an_entrypoint_function_that_does_not_exist_as_a_harness_error(
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "could not load entrypoint 'agent:run'" in result.detail
     assert "AttributeError" in result.detail
 
@@ -182,7 +182,7 @@ def test_it_ends_a_crashing_harness_as_a_harness_error_with_its_traceback(
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "the harness raised ValueError: boom"
     exception = next(s for s in result.steps if s.kind == "harness_exception")
     assert 'raise ValueError("boom")' in exception.payload["traceback"]
@@ -203,7 +203,7 @@ def test_it_ends_a_harness_that_prints_garbage_on_stdout_as_a_protocol_violation
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "protocol violation" in result.detail
     assert "hello from the harness" in result.detail
     assert "ctx.log()" in result.detail
@@ -222,7 +222,7 @@ def test_it_ends_a_harness_that_loops_forever_at_its_wall_time(scripted_policy, 
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: wall time of 2s"
 
 
@@ -239,7 +239,7 @@ def test_it_ends_a_harness_that_exits_without_answering(scripted_policy, tmp_pat
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "exited with code 3 before answering" in result.detail
 
 
@@ -257,7 +257,7 @@ def test_it_stops_a_harness_at_its_model_call_limit(scripted_policy, tmp_path):
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: max_model_calls = 3"
     assert len(scripted_policy.requests) == 3
     assert result.model_calls == 3
@@ -266,7 +266,7 @@ def test_it_stops_a_harness_at_its_model_call_limit(scripted_policy, tmp_path):
 def test_it_reports_an_unreachable_policy_server_as_an_infra_error(tmp_path):
     result = run(SEED_HARNESS, "http://127.0.0.1:9/v1")
 
-    assert result.outcome == Outcome.INFRA_ERROR
+    assert result.outcome == RolloutOutcome.INFRA_ERROR
     assert result.score is None
     assert "did not answer" in result.detail
 
@@ -326,7 +326,7 @@ def test_it_refuses_to_run_harness_code_without_bwrap(monkeypatch, settings, scr
 
     result = run(SEED_HARNESS, scripted_policy.url)
 
-    assert result.outcome == Outcome.INFRA_ERROR
+    assert result.outcome == RolloutOutcome.INFRA_ERROR
     assert "bubblewrap (bwrap) is not installed" in result.detail
     assert "COEVO_ALLOW_UNSANDBOXED=1" in result.detail
     assert scripted_policy.requests == []
@@ -341,7 +341,7 @@ def test_it_runs_unsandboxed_only_when_the_operator_allows_it(
 
     result = run(SEED_HARNESS, scripted_policy.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
 
 
 def test_it_ends_a_harness_that_never_reads_its_replies_at_its_wall_time(scripted_policy, tmp_path):
@@ -366,5 +366,5 @@ def test_it_ends_a_harness_that_never_reads_its_replies_at_its_wall_time(scripte
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: wall time of 3s"

@@ -17,7 +17,7 @@ from coevo.policies.client import PolicyClient
 from coevo.suites.humaneval import humaneval_problems
 from workers.environments import humaneval
 from workers.environments.base import Environment, StepResult, Verdict
-from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
+from workers.rollout import RolloutInputs, RolloutOutcome, TaskEnvironment, execute_rollout
 
 PROBLEM = humaneval_problems()[0][2]  # HumanEval/2: truncate_number
 CORRECT = "    return number % 1.0\n"
@@ -214,7 +214,7 @@ def test_it_refuses_the_policy_api_the_manifest_does_not_declare(
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert expected in result.detail
     assert scripted_policy.requests == []
 
@@ -243,7 +243,7 @@ def test_it_ends_a_malformed_model_call_naming_the_call_and_field(
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail.startswith(f"ctx.llm.{'chat' if api == 'chat' else 'complete'}: ")
     assert expected in result.detail
     assert scripted_policy.requests == []
@@ -267,7 +267,7 @@ def test_it_ends_a_call_whose_params_are_not_an_object_as_a_protocol_violation(
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "protocol violation: the params of llm.complete must be an object"
 
 
@@ -289,7 +289,7 @@ def test_it_stops_a_harness_at_its_token_limit(scripted_policy, tmp_path):
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == (
         "limit exceeded: max_tokens = 30 (33 prompt and completion tokens used)"
     )
@@ -306,7 +306,7 @@ def test_it_stops_samples_at_the_model_call_limit_mid_request(scripted_policy, t
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: max_model_calls = 2"
     assert len(scripted_policy.requests) == 2
 
@@ -329,7 +329,7 @@ def test_it_ends_a_harness_that_keeps_talking_at_its_wall_time(scripted_policy, 
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: wall time of 2s"
 
 
@@ -360,7 +360,7 @@ def test_it_plays_a_multi_step_episode_to_a_win(scripted_policy, tmp_path):
 
     result = run(harness, scripted_policy.url, environment)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.score == 1.0
     assert [s.kind for s in result.steps] == [
         "start", "env_reset", "log", "env_step", "env_step", "env_step", "answer", "verdict",
@@ -398,7 +398,7 @@ def test_it_scores_an_episode_the_harness_left_early_by_its_verdict(scripted_pol
 
     result = run(harness, scripted_policy.url, counter_environment())
 
-    assert result.outcome == Outcome.TASK_FAILURE
+    assert result.outcome == RolloutOutcome.TASK_FAILURE
     assert result.score == pytest.approx(1 / 3)
     assert result.detail == "reached 1"
     assert result.answer == "giving up"
@@ -409,7 +409,7 @@ def test_it_ends_the_episode_at_max_steps_and_scores_it(scripted_policy, tmp_pat
 
     result = run(harness, scripted_policy.url, counter_environment())
 
-    assert result.outcome == Outcome.TASK_FAILURE
+    assert result.outcome == RolloutOutcome.TASK_FAILURE
     assert result.score == pytest.approx(2 / 3)
     last = steps_of(result, "env_step")[-1].payload
     assert last["done"] is True and last["truncated"] is True
@@ -431,7 +431,7 @@ def test_it_ends_a_harness_that_steps_past_max_steps_as_a_harness_error(scripted
 
     result = run(harness, scripted_policy.url, environment)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: max_steps = 2"
     assert result.score == 0.0
     assert len(steps_of(result, "env_step")) == 2
@@ -454,7 +454,7 @@ def test_it_refuses_a_step_after_the_adapter_ended_the_episode(scripted_policy, 
 
     result = run(harness, scripted_policy.url, counter_environment(max_moves=1))
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "protocol violation: ctx.env.step() after the episode ended" in result.detail
 
 
@@ -463,7 +463,7 @@ def test_it_refuses_a_step_before_reset(scripted_policy, tmp_path):
 
     result = run(harness, scripted_policy.url, counter_environment())
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "protocol violation: ctx.env.step() before ctx.env.reset()"
 
 
@@ -474,7 +474,7 @@ def test_it_refuses_an_action_that_is_not_a_string(scripted_policy, tmp_path):
 
     result = run(harness, scripted_policy.url, counter_environment())
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "ctx.env.step: action must be a string, got int"
 
 
@@ -490,7 +490,7 @@ def test_it_refuses_ctx_env_on_a_single_answer_suite(scripted_policy, tmp_path):
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "protocol violation: ctx.env.reset() on a single-answer suite" in result.detail
     assert steps_of(result, "log")[0].payload["message"] == "env available: False"
 
@@ -567,7 +567,7 @@ def test_it_refuses_a_helper_the_suite_does_not_offer(scripted_policy, tmp_path)
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == (
         "protocol violation: ctx.helper('peek'): this suite offers no such helper (offered: check)"
     )
@@ -578,7 +578,7 @@ def test_it_refuses_a_helper_call_with_bad_parameters(scripted_policy, tmp_path)
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail.startswith("ctx.helper('check'): completion must be a string")
 
 
@@ -624,7 +624,7 @@ def test_it_records_traceback_frames_relative_to_the_harness_root(scripted_polic
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     (exception,) = steps_of(result, "harness_exception")
     harness_frames = [f for f in exception.payload["frames"] if f["in_harness"]]
     assert harness_frames == [
@@ -651,7 +651,7 @@ def test_it_records_the_file_and_line_of_a_syntax_error(scripted_policy, tmp_pat
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "could not load entrypoint" in result.detail
     (exception,) = steps_of(result, "harness_exception")
     last = exception.payload["frames"][-1]

@@ -17,7 +17,7 @@ import redis
 from coevo.policies.client import PolicyClient
 from coevo.policies.concurrency import EndpointLimiter, slot_keys
 from workers.environments.base import Verdict
-from workers.rollout import Outcome, RolloutInputs, execute_rollout
+from workers.rollout import RolloutInputs, RolloutOutcome, execute_rollout
 
 REDIS_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 WALL_S = 4
@@ -96,4 +96,4 @@ def test_waiting_for_a_policy_slot_is_not_counted_against_the_wall_time(
     release.set()
 
     # The call waited ~6 s for the slot, past the 4 s wall time, and the harness still passed.
-    assert (result.outcome, result.answer) == (Outcome.PASSED, "ok"), result.detail
+    assert (result.outcome, result.answer) == (RolloutOutcome.PASSED, "ok"), result.detail

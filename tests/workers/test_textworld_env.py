@@ -12,7 +12,7 @@ from coevo.suites.textworld import LEVELS, task_payload, textworld_games
 from tests.conftest import REPO_ROOT
 from workers.environments import environment_for
 from workers.environments import textworld as tw_env
-from workers.rollout import Outcome, RolloutInputs, TaskEnvironment, execute_rollout
+from workers.rollout import RolloutInputs, RolloutOutcome, TaskEnvironment, execute_rollout
 
 TEXTWORLD_HARNESS = REPO_ROOT / "examples" / "textworld-basic"
 
@@ -231,7 +231,7 @@ def test_it_wins_a_game_when_the_model_picks_the_walkthrough_by_number(scripted_
 
     result = play_with_seed_harness(scripted_policy.url, game, knobs={"max_listed": 60})
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.score == 1.0
     played = [s.payload["action"] for s in result.steps if s.kind == "env_step"]
     assert played == game.walkthrough
@@ -252,7 +252,7 @@ def test_it_plays_the_first_listed_command_when_the_model_names_no_number(script
         scripted_policy.url, game, knobs={"history": 1, "order": "game", "max_listed": 5}
     )
 
-    assert result.outcome in (Outcome.PASSED, Outcome.TASK_FAILURE), result.detail
+    assert result.outcome in (RolloutOutcome.PASSED, RolloutOutcome.TASK_FAILURE), result.detail
     env_steps = [s for s in result.steps if s.kind == "env_step"]
     assert len(env_steps) == 50, "the suite's step limit ends the game"
     assert env_steps[-1].payload["done"] is True
@@ -268,7 +268,7 @@ def test_it_writes_commands_itself_when_the_suite_lists_none(scripted_policy):
 
     result = play_with_seed_harness(scripted_policy.url, game, admissible_commands=False)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert "Commands:" not in scripted_policy.requests[0]["prompt"]
     played = [s.payload["action"] for s in result.steps if s.kind == "env_step"]
     assert played == game.walkthrough
@@ -314,7 +314,7 @@ def test_it_wins_an_easy_cooking_game_by_its_priority_order_alone(scripted_polic
 
     result = play_with_seed_harness(scripted_policy.url, game)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     played = [s.payload["action"] for s in result.steps if s.kind == "env_step"]
     assert played[0] == "examine cookbook"
     assert played[-2:] == ["prepare meal", "eat meal"]

@@ -16,7 +16,7 @@ import pytest
 from coevo.policies.client import PolicyClient
 from workers.environments.base import Verdict
 from workers.outcomes import ErrorKind
-from workers.rollout import Outcome, RolloutInputs, execute_rollout
+from workers.rollout import RolloutInputs, RolloutOutcome, execute_rollout
 
 QUESTION = "What is 6*7? Use the calculator."
 CALCULATOR = {
@@ -118,7 +118,7 @@ def test_it_runs_the_harness_tool_on_the_models_call_and_sends_the_result_back(
 ):
     result = run(tool_agent(tmp_path), calculator_policy.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.answer == {
         "text": "The answer is 42.",
         "finish_reasons": ["stop"],
@@ -182,7 +182,7 @@ def test_it_forwards_the_tool_choice_and_records_it(calculator_policy, tmp_path,
 
     result = run(harness, calculator_policy.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert [r["tool_choice"] for r in calculator_policy.requests] == [tool_choice] * 2
     assert [call["tool_choice"] for call in model_calls(result)] == [tool_choice] * 2
 
@@ -196,7 +196,7 @@ def test_a_tool_choice_the_server_fails_on_ends_the_rollout_as_the_harnesss_erro
 
     result = run(harness, calculator_policy.url)
 
-    assert (result.outcome, result.error_kind) == (Outcome.HARNESS_ERROR, ErrorKind.POLICY)
+    assert (result.outcome, result.error_kind) == (RolloutOutcome.HARNESS_ERROR, ErrorKind.POLICY)
     assert "HTTP 500" in result.detail and "/chat/completions" in result.detail
     assert result.score == 0.0
     assert len(calculator_policy.requests) == 2  # retried once, as any 5xx
@@ -218,7 +218,7 @@ def test_it_draws_n_samples_with_tools_as_n_recorded_calls(calculator_policy, tm
 
     result = run(harness, calculator_policy.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.answer["samples"] == [
         [["call_1_0", "calculator", {"expression": "6*7"}]],
         [["call_2_0", "calculator", {"expression": "6*7"}]],
@@ -247,7 +247,7 @@ def test_it_forwards_a_response_format_without_tools(scripted_policy, tmp_path):
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     assert result.answer == {"text": "42", "calls": []}
     (request,) = scripted_policy.requests
     assert request["response_format"] == {"type": "json_object"}
@@ -389,7 +389,7 @@ def test_it_ends_a_malformed_tool_call_request_naming_the_field(
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.error_kind == ErrorKind.OTHER
     assert result.detail.startswith("ctx.llm.chat: "), result.detail
     assert expected in result.detail
@@ -413,7 +413,7 @@ def test_it_accepts_an_earlier_tool_exchange_in_the_messages(scripted_policy, tm
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     (request,) = scripted_policy.requests
     assert request["messages"] == exchange
 
@@ -433,7 +433,7 @@ def test_it_refuses_tools_sent_to_llm_complete_by_hand(scripted_policy, tmp_path
 
     result = run(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == (
         "ctx.llm.complete: unknown parameters ['tools'] (tools: ctx.llm.chat only)"
     )

@@ -22,7 +22,7 @@ import pytest
 from tests.support.harnesses import CORRECT
 from tests.support.harnesses import humaneval_rollout as rollout
 from workers import metrics, sandbox, warm
-from workers.rollout import Outcome
+from workers.rollout import RolloutOutcome
 
 # Under CI (root, bubblewrap installed, its environment outside /tmp: scripts/lib.sh) they
 # always run.
@@ -150,7 +150,7 @@ def test_rollouts_of_a_tree_fork_from_one_zygote(probe, scripted_policy):
     zygotes = warm.pool().zygote_pids()
     second = rollout(probe, scripted_policy.url, knobs={"mark": 2})
 
-    assert first.outcome == second.outcome == Outcome.PASSED
+    assert first.outcome == second.outcome == RolloutOutcome.PASSED
     assert len(zygotes) == 1
     assert warm.pool().zygote_pids() == zygotes
     assert warm_starts() == before + 2
@@ -222,7 +222,7 @@ def test_the_wall_time_kills_a_warm_rollouts_whole_sandbox(tmp_path, scripted_po
 
     result = rollout(harness, scripted_policy.url)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert result.detail == "limit exceeded: wall time of 2s"
     uid = int(next(s for s in result.steps if s.kind == "log").payload["message"].split()[1])
     time.sleep(0.5)  # a dead PID namespace is reaped asynchronously
@@ -254,9 +254,9 @@ def test_a_dead_zygote_ends_its_rollouts_and_the_next_rollout_starts_another(
         os.killpg(zygote, signal.SIGKILL)
         result = running.result(timeout=15)
 
-    assert result.outcome == Outcome.HARNESS_ERROR
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR
     assert "killed by signal 9" in result.detail
-    assert rollout(harness, scripted_policy.url).outcome == Outcome.PASSED
+    assert rollout(harness, scripted_policy.url).outcome == RolloutOutcome.PASSED
     (again,) = warm.pool().zygote_pids()
     assert again != zygote
     # The dead one was reaped, not left a zombie (kill(pid, 0) still finds a zombie).
@@ -274,7 +274,7 @@ def test_where_a_zygote_cannot_start_rollouts_run_cold_after_one_warning(
 
     results = [rollout(probe, scripted_policy.url, knobs={"mark": i}) for i in range(2)]
 
-    assert [r.outcome for r in results] == [Outcome.PASSED, Outcome.PASSED]
+    assert [r.outcome for r in results] == [RolloutOutcome.PASSED, RolloutOutcome.PASSED]
     assert warm_starts() == before
     assert "unshare" in warm.pool().unavailable
     warnings = [r for r in caplog.records if "Warm sandboxes are unavailable" in r.message]
@@ -286,11 +286,11 @@ def test_a_zygote_too_slow_to_start_leaves_that_rollout_cold_and_the_next_tries_
 ):
     monkeypatch.setattr(warm, "START_TIMEOUT_S", 0.001)
     before = warm_starts()
-    assert rollout(probe, scripted_policy.url, knobs={"mark": 10}).outcome == Outcome.PASSED
+    assert rollout(probe, scripted_policy.url, knobs={"mark": 10}).outcome == RolloutOutcome.PASSED
     assert warm_starts() == before and warm.pool().unavailable == ""
 
     monkeypatch.setattr(warm, "START_TIMEOUT_S", 20.0)
-    assert rollout(probe, scripted_policy.url, knobs={"mark": 11}).outcome == Outcome.PASSED
+    assert rollout(probe, scripted_policy.url, knobs={"mark": 11}).outcome == RolloutOutcome.PASSED
     assert warm_starts() == before + 1
 
 
@@ -304,7 +304,7 @@ def test_anything_under_tmp_keeps_the_cold_path(monkeypatch):
 
 def test_idle_zygotes_are_closed(probe, scripted_policy, settings):
     settings.COEVO_WARM_SANDBOX_IDLE_S = 1
-    assert rollout(probe, scripted_policy.url, knobs={"mark": 7}).outcome == Outcome.PASSED
+    assert rollout(probe, scripted_policy.url, knobs={"mark": 7}).outcome == RolloutOutcome.PASSED
     (zygote,) = warm.pool().zygote_pids()
 
     deadline = time.monotonic() + 10
@@ -321,7 +321,7 @@ def test_at_most_the_maximum_zygotes_live(tmp_path, scripted_policy, settings):
     scripted_policy.rules.append(("def truncate_number", CORRECT))
     for i in range(3):
         harness = make_harness(tmp_path / str(i), PROBE, knobs=PROBE_KNOBS)
-        assert rollout(harness, scripted_policy.url).outcome == Outcome.PASSED
+        assert rollout(harness, scripted_policy.url).outcome == RolloutOutcome.PASSED
 
     assert len(warm.pool().zygote_pids()) == 2
 

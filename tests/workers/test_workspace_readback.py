@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from coevo.evaluations.models import Outcome as RolloutOutcome
 from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.services import evaluation_create
 from coevo.suites.harbor import suite_import_harbor
@@ -33,7 +32,7 @@ from workers.environments.workspace_files import (
     tree_read_final,
     tree_usage,
 )
-from workers.outcomes import LimitExceeded
+from workers.outcomes import LimitExceeded, RolloutOutcome
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from coevo.policies.client import PolicyClient
 from workers.environments import workspace as ws_env
-from workers.outcomes import ErrorKind, Outcome
+from workers.outcomes import ErrorKind, RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
 TEST_SH = """#!/bin/bash
@@ -92,7 +92,7 @@ def test_a_harness_that_fixes_the_workspace_passes_with_its_diff_and_test_output
             """,
         )
     )
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     assert result.detail.startswith("the hidden tests passed (1 passed")
     (diff,) = steps(result, "workspace_diff")
     assert (diff["modified"], diff["added"], diff["deleted"]) == (1, 0, 0)
@@ -105,7 +105,7 @@ def test_a_harness_that_fixes_the_workspace_passes_with_its_diff_and_test_output
 
 def test_an_untouched_workspace_fails(tmp_path):
     result = rollout(harness(tmp_path, 'return "nothing"\n'))
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0)
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0)
     assert "1 failed" in result.detail
     assert steps(result, "workspace_diff")[0]["files"] == []
 
@@ -166,7 +166,7 @@ def test_the_harness_never_sees_the_tests_or_the_solution(tmp_path):
 )
 def test_tampering_scores_nothing(tmp_path, tamper):
     result = rollout(harness(tmp_path, tamper + "return 'ok'\n"))
-    assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0), result.detail
 
 
 def test_links_fifos_and_odd_files_are_recorded_not_followed(tmp_path):
@@ -183,7 +183,7 @@ def test_links_fifos_and_odd_files_are_recorded_not_followed(tmp_path):
             """,
         )
     )
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     rows = {r["path"]: r for r in steps(result, "workspace_diff")[0]["files"]}
     assert rows["passwd"]["note"] == "a symbolic link to /etc/passwd"
     assert "FIFO" in rows["pipe"]["note"]
@@ -208,7 +208,7 @@ def test_commands_through_the_exec_helper_are_in_the_trace_and_count_as_steps(tm
             max_steps=6,
         )
     )
-    assert result.outcome == Outcome.HARNESS_ERROR and result.error_kind == ErrorKind.LIMIT
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR and result.error_kind == ErrorKind.LIMIT
     assert "max_steps = 6" in result.detail
     commands = [s for s in steps(result, "helper_call") if s["name"] == "exec"]
     assert len(commands) == 6
@@ -232,7 +232,7 @@ def test_a_workspace_filled_past_its_limit_ends_the_rollout(tmp_path, settings):
             """,
         )
     )
-    assert result.outcome == Outcome.HARNESS_ERROR and result.error_kind == ErrorKind.LIMIT
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR and result.error_kind == ErrorKind.LIMIT
     assert "MiB of files" in result.detail
 
 
@@ -247,7 +247,7 @@ def test_a_command_that_fills_the_workspace_ends_the_rollout(tmp_path, settings)
             """,
         )
     )
-    assert result.outcome == Outcome.HARNESS_ERROR and result.error_kind == ErrorKind.LIMIT
+    assert result.outcome == RolloutOutcome.HARNESS_ERROR and result.error_kind == ErrorKind.LIMIT
 
 
 def test_a_program_harness_works_in_the_workspace_without_an_answer_file(tmp_path):
@@ -267,7 +267,7 @@ def test_a_program_harness_works_in_the_workspace_without_an_answer_file(tmp_pat
             program=True,
         )
     )
-    assert (result.outcome, result.score) == (Outcome.PASSED, 1.0), result.detail
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), result.detail
     assert [s["name"] for s in steps(result, "helper_call")] == ["exec"]
 
 
@@ -279,9 +279,9 @@ def test_graded_rewards_and_broken_reward_files(tmp_path):
         return rollout(directory, verifier=verifier)
 
     graded = with_test_sh("echo 0.25 > /logs/verifier/reward.txt\n")
-    assert (graded.outcome, graded.score) == (Outcome.TASK_FAILURE, 0.25)
+    assert (graded.outcome, graded.score) == (RolloutOutcome.TASK_FAILURE, 0.25)
     as_json = with_test_sh('echo \'{"reward": 1, "tests": 3}\' > /logs/verifier/reward.json\n')
-    assert (as_json.outcome, as_json.score) == (Outcome.PASSED, 1.0)
+    assert (as_json.outcome, as_json.score) == (RolloutOutcome.PASSED, 1.0)
     for script, why in [
         ("true\n", "wrote neither"),
         ("echo 7 > /logs/verifier/reward.txt\n", "outside [0, 1]"),
@@ -292,7 +292,7 @@ def test_graded_rewards_and_broken_reward_files(tmp_path):
     ]:
         verifier = {**VERIFIER, "timeout_s": 2, "tests": {"test.sh": {"text": script}}}
         result = rollout(directory, verifier=verifier)
-        assert (result.outcome, result.score) == (Outcome.TASK_FAILURE, 0.0)
+        assert (result.outcome, result.score) == (RolloutOutcome.TASK_FAILURE, 0.0)
         assert why in result.detail, (script, result.detail)
 
 
@@ -316,6 +316,6 @@ def test_commands_the_harness_starts_itself_are_logged_where_the_runtime_sees_th
             """,
         )
     )
-    assert result.outcome == Outcome.PASSED, result.detail
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
     logged = [s["message"] for s in steps(result, "log")]
     assert "$ sed -i s/helo/hello/ /app/greet.py" in logged and "$ true" in logged

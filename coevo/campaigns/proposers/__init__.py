@@ -13,7 +13,7 @@ from typing import Any
 
 from coevo.campaigns.models import Campaign, ProposerKind
 from coevo.campaigns.proposers.agentic import AgenticProposer, agentic_options_validate
-from coevo.campaigns.proposers.base import Draft, Outcome, Proposer
+from coevo.campaigns.proposers.base import Draft, ProposalOutcome, Proposer
 from coevo.campaigns.proposers.config import ConfigProposer, config_options_validate
 from coevo.campaigns.proposers.llm_patch import LlmPatchProposer, llm_patch_options_validate
 from coevo.campaigns.proposers.merge import MergeProposer, merge_options_validate
@@ -129,7 +129,7 @@ def proposer_for_proposal(*, campaign: Campaign, kind: str) -> Proposer | None:
 
 __all__ = [
     "Draft",
-    "Outcome",
+    "ProposalOutcome",
     "Proposer",
     "available_kinds",
     "proposer_for",

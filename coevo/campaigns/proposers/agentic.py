@@ -56,7 +56,7 @@ from workers.environments.workspace_files import (
     tree_from_dir,
 )
 from workers.harness_env import harness_env_prepare
-from workers.outcomes import DependencyBuildFailed, Outcome
+from workers.outcomes import DependencyBuildFailed, RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
 logger = logging.getLogger(__name__)
@@ -326,11 +326,11 @@ class AgenticProposer:
                 },
             }
         )
-        if result.outcome == Outcome.INFRA_ERROR:
+        if result.outcome == RolloutOutcome.INFRA_ERROR:
             # The proposer's server is down (or the sandbox): not a proposal; the next advance
             # retries, as for llm-patch.
             raise PolicyUnavailable(f"the agentic proposer could not run: {result.detail}")
-        if result.outcome == Outcome.HARNESS_ERROR:
+        if result.outcome == RolloutOutcome.HARNESS_ERROR:
             draft.stages.append(
                 stage("applies", False, f"the proposer program failed: {result.detail[:500]}")
             )

@@ -36,7 +36,7 @@ class Draft:
         return any(not stage["ok"] for stage in self.stages)
 
 
-class Outcome:
+class ProposalOutcome:
     """How a proposal ended, as a proposer learns it."""
 
     COMPLETE = "complete"  # evaluated on validation: ``value`` is its validation score

@@ -32,7 +32,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
 from coevo.campaigns.models import Campaign, ProposerKind
-from coevo.campaigns.proposers.base import Draft, Outcome, stage
+from coevo.campaigns.proposers.base import Draft, ProposalOutcome, stage
 from coevo.errors import InvalidInput, InvalidManifest
 from harness_store.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from harness_store.selectors import candidate_read_file
@@ -308,9 +308,9 @@ class ConfigProposer:
             return
         study = self.study
         try:
-            if outcome == Outcome.COMPLETE and value is not None:
+            if outcome == ProposalOutcome.COMPLETE and value is not None:
                 study.tell(trial_number, value)
-            elif outcome == Outcome.PRUNED:
+            elif outcome == ProposalOutcome.PRUNED:
                 study.tell(trial_number, state=TrialState.PRUNED)
             else:
                 study.tell(trial_number, state=TrialState.FAIL)

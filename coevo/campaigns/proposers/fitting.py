@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from coevo.campaigns.workspace import Workspace
+from coevo.campaigns.workspace import ProposerPrompt
 
 # Code and traces run about 3-4 characters a token in the tokenizers of Gemma, Llama and Qwen;
 # the low end, so an estimate errs towards a shorter prompt, never a refused one.
@@ -40,7 +40,7 @@ class ContextWindow:
 class PromptTooLarge(Exception):
     """The workspace cannot fit the context; ``str(exc)`` says why, with the numbers."""
 
-    def __init__(self, message: str, *, workspace: Workspace, record: dict[str, Any]) -> None:
+    def __init__(self, message: str, *, workspace: ProposerPrompt, record: dict[str, Any]) -> None:
         super().__init__(message)
         self.workspace = workspace
         self.record = record
@@ -62,12 +62,12 @@ def context_window_resolve(
 
 def workspace_fit(
     *,
-    build: Callable[[int], Workspace],
+    build: Callable[[int], ProposerPrompt],
     budget_chars: int,
     window: ContextWindow,
     max_tokens: int,
     count: Callable[[str], int | None],
-) -> tuple[Workspace, dict[str, Any]]:
+) -> tuple[ProposerPrompt, dict[str, Any]]:
     """The largest workspace (at most ``budget_chars``) whose prompt leaves ``max_tokens`` and
     a margin free in ``window``, and the record of how it was fitted (``Proposal.params``'s
     ``context``). ``build(chars)`` builds a workspace of about that many characters; ``count``
@@ -93,7 +93,7 @@ def workspace_fit(
             record=record,
         )
     chars = min(budget_chars, int(room * CHARS_PER_TOKEN_ESTIMATE))
-    best: tuple[Workspace, int, bool] | None = None
+    best: tuple[ProposerPrompt, int, bool] | None = None
     for _ in range(MAX_FIT_ROUNDS):
         workspace = build(chars)
         counted = count(workspace.text)

@@ -47,7 +47,7 @@ from coevo.campaigns.proposers.fitting import (
     workspace_fit,
 )
 from coevo.campaigns.selectors import campaign_task_front
-from coevo.campaigns.workspace import DEFAULT_BUDGET_CHARS, Workspace, workspace_build
+from coevo.campaigns.workspace import DEFAULT_BUDGET_CHARS, ProposerPrompt, workspace_build
 from coevo.errors import HarnessStoreError, InvalidInput, NotFound, PolicyRequestRejected
 from coevo.policies.client import (
     PolicyClient,
@@ -230,7 +230,7 @@ class LlmPatchProposer:
         max_tokens = self.options.get("max_tokens", 1024)
         api = self.options.get("api", "completions")
 
-        def build(chars: int, answer_format: str = "text") -> Workspace:
+        def build(chars: int, answer_format: str = "text") -> ProposerPrompt:
             return workspace_build(
                 campaign=self.campaign,
                 parent=parent,
@@ -255,6 +255,8 @@ class LlmPatchProposer:
             return draft
         with client:
             info = client.server_info()
+            # What the server showed it is decides what it is sent (a grammar, a schema).
+            client.kind_learn(info.flavor)
             answer_format, fields, enforced_by = self._answer_format(info, manifest, parent)
             window = context_window_resolve(
                 server_tokens=info.context_tokens,
@@ -349,7 +351,7 @@ class LlmPatchProposer:
         return draft
 
     def _draft(
-        self, parent: Candidate, workspace: Workspace, params: dict[str, Any], max_tokens: int
+        self, parent: Candidate, workspace: ProposerPrompt, params: dict[str, Any], max_tokens: int
     ) -> tuple[Draft, Sampling]:
         shown = workspace.shown
         sampling = Sampling(

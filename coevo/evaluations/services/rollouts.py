@@ -25,7 +25,6 @@ from coevo.evaluations.models import (
     Budget,
     Evaluation,
     EvaluationState,
-    Outcome,
     PauseKind,
     Rollout,
     RolloutState,
@@ -40,7 +39,7 @@ from harness_store.tree_cache import candidate_tree
 from workers import metrics
 from workers.environments import environment_for
 from workers.harness_env import harness_env_prepare
-from workers.outcomes import SCORED_OUTCOMES, DependencyBuildFailed, ErrorKind
+from workers.outcomes import SCORED_OUTCOMES, DependencyBuildFailed, ErrorKind, RolloutOutcome
 from workers.rollout import RolloutInputs, RolloutResult, Step, TaskEnvironment, execute_rollout
 
 logger = logging.getLogger(__name__)
@@ -151,14 +150,14 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
             trace.flush_after_failure()
             logger.exception("rollout %s: worker error", rollout.id)
             result = RolloutResult(
-                outcome=Outcome.INFRA_ERROR,
+                outcome=RolloutOutcome.INFRA_ERROR,
                 score=None,
                 detail=f"worker error: {type(exc).__name__}: {exc}",
                 error_kind=ErrorKind.WORKER,
             )
     _rollout_record_image_builds(rollout=rollout, steps=environment_steps)
     latency_ms = int(((ended or timezone.now()) - started).total_seconds() * 1000)
-    if result.outcome == Outcome.INFRA_ERROR:
+    if result.outcome == RolloutOutcome.INFRA_ERROR:
         try:
             _handle_infra_error(
                 rollout=rollout, detail=result.detail, endpoint_down=result.endpoint_down
@@ -306,7 +305,7 @@ def rollout_finish(
     except Unstorable as exc:
         answer = None
         if outcome in SCORED_OUTCOMES:
-            outcome, score, error_kind = Outcome.HARNESS_ERROR, 0.0, ErrorKind.LIMIT
+            outcome, score, error_kind = RolloutOutcome.HARNESS_ERROR, 0.0, ErrorKind.LIMIT
             detail = f"limit exceeded: the answer cannot be stored: {exc}; return a flatter value"
     error_kind = _stored_error_kind(outcome, error_kind)
     written = {
@@ -425,7 +424,7 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
 def _rollout_dependencies_failed(exc: DependencyBuildFailed, *, on_step: Any) -> Any:
     """The harness's declared dependencies did not build: a harness_error, in the trace too."""
     detail = str(exc)
-    on_step(Step("error", {"outcome": Outcome.HARNESS_ERROR, "message": detail}))
+    on_step(Step("error", {"outcome": RolloutOutcome.HARNESS_ERROR, "message": detail}))
     return RolloutResult(
-        outcome=Outcome.HARNESS_ERROR, score=0.0, detail=detail, error_kind=exc.error_kind
+        outcome=RolloutOutcome.HARNESS_ERROR, score=0.0, detail=detail, error_kind=exc.error_kind
     )

@@ -20,7 +20,6 @@ from coevo.evaluations.models import (
     Evaluation,
     EvaluationStage,
     EvaluationState,
-    Outcome,
     PauseKind,
     Rollout,
     RolloutState,
@@ -29,7 +28,7 @@ from coevo.evaluations.models import (
 )
 from coevo.evaluations.services.rollouts import rollout_finish
 from coevo.policies.services import policy_endpoint_reachable
-from workers.outcomes import ErrorKind
+from workers.outcomes import ErrorKind, RolloutOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ def _requeue_or_give_up(
         return "requeued"
     finished = rollout_finish(
         rollout=rollout,
-        outcome=Outcome.INFRA_ERROR,
+        outcome=RolloutOutcome.INFRA_ERROR,
         score=None,
         detail=detail,
         error_kind=error_kind,

@@ -39,7 +39,12 @@ from django.db.models import Avg, Count, Sum
 from django.utils import timezone
 
 from coevo.errors import CoevoError
-from coevo.evaluations.models import Evaluation, EvaluationState, Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    Evaluation,
+    EvaluationState,
+    Rollout,
+    RolloutState,
+)
 from coevo.evaluations.selectors import (
     evaluation_compare,
     evaluation_statistics,
@@ -53,6 +58,7 @@ from coevo.suites.selectors import suite_family, suite_family_root
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_diff, candidate_diff_names
 from harness_store.services import project_repo
+from workers.outcomes import RolloutOutcome
 
 DIFF_MAX_CHARS = 200_000
 LINEAGE_MAX_COMMITS = 200
@@ -309,15 +315,15 @@ def _errors(evaluation: Evaluation) -> dict[str, int]:
         Rollout.objects.filter(
             evaluation=evaluation,
             state=RolloutState.DONE,
-            outcome__in=[Outcome.HARNESS_ERROR, Outcome.INFRA_ERROR],
+            outcome__in=[RolloutOutcome.HARNESS_ERROR, RolloutOutcome.INFRA_ERROR],
         )
         .values_list("outcome")
         .annotate(n=Count("id"))
         .values_list("outcome", "n")
     )
     return {
-        "harness_error": counts.get(Outcome.HARNESS_ERROR, 0),
-        "infra_error": counts.get(Outcome.INFRA_ERROR, 0),
+        "harness_error": counts.get(RolloutOutcome.HARNESS_ERROR, 0),
+        "infra_error": counts.get(RolloutOutcome.INFRA_ERROR, 0),
     }
 
 
@@ -426,7 +432,7 @@ def _task_results(evaluation: Evaluation, keys: list[str]) -> dict[str, dict[str
             },
         )
         row["rollouts"] += 1
-        row["passed"] += outcome == Outcome.PASSED
+        row["passed"] += outcome == RolloutOutcome.PASSED
     return results
 
 

@@ -11,17 +11,21 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from coevo.evaluations.models import Outcome, Rollout, RolloutState
+from coevo.evaluations.models import (
+    Rollout,
+    RolloutState,
+)
 from coevo.evaluations.stats.means import MEAN_SCORE, PASS_RATE, ScoreSummary
 from coevo.evaluations.stats.paired import PairedComparison
+from workers.outcomes import RolloutOutcome
 
 register = template.Library()
 
 _BADGES = {
-    Outcome.PASSED: ("pass", "pass", ""),
-    Outcome.TASK_FAILURE: ("fail", "fail", "task failure"),
-    Outcome.HARNESS_ERROR: ("fail", "fail", "harness error"),
-    Outcome.INFRA_ERROR: ("infra", "infra error", "not scored"),
+    RolloutOutcome.PASSED: ("pass", "pass", ""),
+    RolloutOutcome.TASK_FAILURE: ("fail", "fail", "task failure"),
+    RolloutOutcome.HARNESS_ERROR: ("fail", "fail", "harness error"),
+    RolloutOutcome.INFRA_ERROR: ("infra", "infra error", "not scored"),
 }
 
 
