@@ -117,9 +117,11 @@ class TaskEnvironment:
         return dict(self.adapter.helpers)
 
     def verify(self, answer: Any, *, workspace: Workspace | None = None) -> Verdict:
-        return self.adapter.verify(
-            inputs=self.inputs, verifier=self.verifier, answer=answer, workspace=workspace
-        )
+        if self.adapter.workspace:
+            return self.adapter.verify(  # type: ignore[call-arg]
+                inputs=self.inputs, verifier=self.verifier, answer=answer, workspace=workspace
+            )
+        return self.adapter.verify(inputs=self.inputs, verifier=self.verifier, answer=answer)
 
     def wall_s(self) -> int | None:
         """The task's own time limit for the harness (a workspace task's task.toml)."""

@@ -6,9 +6,9 @@ it with ``environment_for(kind)``. Adding a kind is that module (plus, on the pl
 the kind's importer: coevo/suites/). Every environment has ``harness_view(inputs) -> dict``:
 the harness's ``task`` argument, which never contains verifier data. Then either
 
-- single-answer (HumanEval, JSONL, workspace tasks): ``verify(*, inputs, verifier, answer,
-  workspace=None) -> Verdict`` scores what the harness returned (or, with ``workspace = True``,
-  what it left in its workspace: ``workspace`` is the rollout's); or
+- single-answer (HumanEval, JSONL, workspace tasks): ``verify(*, inputs, verifier, answer)
+  -> Verdict`` scores what the harness returned (with ``workspace = True``, ``verify`` takes the
+  rollout's ``workspace`` too and judges what the harness left in it); or
 - multi-step (TextWorld): ``multi_step = True`` and ``open_episode(*, inputs, verifier, seed)
   -> Episode``; the harness acts through ``ctx.env.reset()`` / ``ctx.env.step(action)`` and
   the score is ``episode.verdict()``.
@@ -78,18 +78,13 @@ class Environment:
     workspace: ClassVar[bool] = False
     helpers: ClassVar[Mapping[str, Helper]] = {}
 
+    # Each kind's module gives its own functions as these (``staticmethod(verify)``).
     def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
-    def verify(
-        self,
-        *,
-        inputs: dict[str, Any],
-        verifier: dict[str, Any],
-        answer: Any,
-        workspace: Any = None,
-    ) -> Verdict:
-        """Single-answer environments: the verdict on ``answer`` (or on ``workspace``)."""
+    def verify(self, *, inputs: dict[str, Any], verifier: dict[str, Any], answer: Any) -> Verdict:
+        """Single-answer environments: the verdict on ``answer``; a workspace environment's
+        takes the rollout's ``workspace`` too, and judges what it holds."""
         raise NotImplementedError(f"{type(self).__name__} is multi-step: it opens episodes")
 
     def open_episode(

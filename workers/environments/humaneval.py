@@ -230,16 +230,5 @@ class HumanEvalEnvironment(Environment):
 
     kind = "humaneval"
     helpers = {"check": check}
-
-    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return harness_view(inputs)
-
-    def verify(
-        self,
-        *,
-        inputs: dict[str, Any],
-        verifier: dict[str, Any],
-        answer: Any,
-        workspace: Any = None,
-    ) -> Verdict:
-        return verify(inputs=inputs, verifier=verifier, answer=answer)
+    harness_view = staticmethod(harness_view)
+    verify = staticmethod(verify)

@@ -51,16 +51,5 @@ class JsonlEnvironment(Environment):
     """Custom JSONL suites: an answer compared with the expected one by the row's rule."""
 
     kind = "jsonl"
-
-    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return harness_view(inputs)
-
-    def verify(
-        self,
-        *,
-        inputs: dict[str, Any],
-        verifier: dict[str, Any],
-        answer: Any,
-        workspace: Any = None,
-    ) -> Verdict:
-        return verify(inputs=inputs, verifier=verifier, answer=answer)
+    harness_view = staticmethod(harness_view)
+    verify = staticmethod(verify)

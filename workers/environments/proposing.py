@@ -40,19 +40,8 @@ class ProposingEnvironment(Environment):
 
     workspace = True
     helpers = {"exec": exec_command}
-
-    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return harness_view(inputs)
-
-    def verify(
-        self,
-        *,
-        inputs: dict[str, Any],
-        verifier: dict[str, Any],
-        answer: Any,
-        workspace: Any = None,
-    ) -> Verdict:
-        return verify(inputs=inputs, verifier=verifier, answer=answer, workspace=workspace)
+    harness_view = staticmethod(harness_view)
+    verify = staticmethod(verify)
 
 
 ENVIRONMENT = ProposingEnvironment()

@@ -209,11 +209,5 @@ class TextWorldEnvironment(Environment):
 
     kind = "textworld"
     multi_step = True
-
-    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return harness_view(inputs)
-
-    def open_episode(
-        self, *, inputs: dict[str, Any], verifier: dict[str, Any], seed: int
-    ) -> TextWorldEpisode:
-        return open_episode(inputs=inputs, verifier=verifier, seed=seed)
+    harness_view = staticmethod(harness_view)
+    open_episode = staticmethod(open_episode)

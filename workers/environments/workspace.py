@@ -922,19 +922,6 @@ class WorkspaceEnvironment(Environment):
     kind = "workspace"
     workspace = True
     helpers = {"exec": exec_command}
-
-    def harness_view(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return harness_view(inputs)
-
-    def verify(
-        self,
-        *,
-        inputs: dict[str, Any],
-        verifier: dict[str, Any],
-        answer: Any,
-        workspace: Any = None,
-    ) -> Verdict:
-        return verify(inputs=inputs, verifier=verifier, answer=answer, workspace=workspace)
-
-    def wall_s(self, inputs: dict[str, Any]) -> int | None:
-        return task_wall_s(inputs)
+    harness_view = staticmethod(harness_view)
+    verify = staticmethod(verify)
+    wall_s = staticmethod(task_wall_s)
