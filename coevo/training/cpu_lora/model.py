@@ -17,6 +17,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from coevo.training.cpu_lora.base_cache import WEIGHTS, base_cache_dir
+
 CONFIG = "adapter_config.json"
 
 
@@ -41,19 +43,11 @@ class HFTokens:
 
 
 # Beside the GGUF file: its dequantized weights (float32), config and tokenizer as transformers
-# saves them. Reading the GGUF file costs about a minute on 2 cores (its metadata is parsed once
-# for the config, once for the tokenizer and once for the weights, which are then dequantized);
-# the cache loads in about a second (the weights are memory-mapped). The price is disk: four
-# bytes a parameter (about 1 GiB for Gemma 3 270M).
-CACHE_DIR = ".cpu-lora-cache"
-WEIGHTS = "model.safetensors"
-
-
-def base_cache_dir(path: Path) -> Path:
-    """The cache of the GGUF file at ``path``: its name, size and modification time in the
-    name, so a replaced file is never read through a stale cache."""
-    stat = path.stat()
-    return path.parent / CACHE_DIR / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+# saves them (where: coevo.training.cpu_lora.base_cache, which a local vLLM serves too).
+# Reading the GGUF file costs about a minute on 2 cores (its metadata is parsed once for the
+# config, once for the tokenizer and once for the weights, which are then dequantized); the
+# cache loads in about a second (the weights are memory-mapped). The price is disk: four bytes
+# a parameter (about 1 GiB for Gemma 3 270M).
 
 
 def base_load(path: Path, *, cache: bool = True) -> tuple[Any, HFTokens, str]:
