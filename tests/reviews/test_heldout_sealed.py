@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from django.contrib.contenttypes.models import ContentType
 from django.core.paginator import Page
 from django.db.models import Model, QuerySet
@@ -42,6 +43,7 @@ from coevo.evaluations.models import (
 from coevo.exports.services import trajectory_export_build, trajectory_export_create
 from coevo.gates.services import gate_create
 from coevo.matrices.services import matrix_create
+from coevo.policies.services import policy_endpoint_api_key_set
 from coevo.projects.models import Role
 from coevo.suites.models import Split, Task
 from coevo.training.models import TrainingRun
@@ -58,6 +60,9 @@ from tests.support.factories import (
 from workers.outcomes import RolloutOutcome
 
 pytestmark = pytest.mark.django_db
+
+# An API key planted on the walked project's policy endpoint (coevo/policies/secrets.py).
+API_KEY = "sk-walked-1f3a9c0e7b5d4e2a8c6f0b1d3e5a7c9f"
 
 # Routes the walk does not reach with the planted data, each with why that is safe. Keyed by
 # route name, or by the route itself where it has none.
@@ -134,6 +139,10 @@ def planted(
     training run, a webhook and its delivery) on the same project."""
     heldout = _evaluation(seed_candidate, leaky_suite, policy_version, Split.HELDOUT)
     search = _evaluation(seed_candidate, leaky_suite, policy_version, Split.SEARCH)
+    # The policy endpoint's API key: a secret no member may read either (its pages show only
+    # whether one is set).
+    settings.COEVO_SECRETS_KEY = Fernet.generate_key().decode()
+    policy_endpoint_api_key_set(endpoint=policy_version.endpoint, api_key=API_KEY, actor=owner)
     rollout = heldout.rollouts.first()
     assert MARKER in json.dumps(
         list(TraceStep.objects.filter(rollout=rollout).values_list("payload", flat=True))
@@ -383,7 +392,7 @@ def _with_token(values: dict[str, list[Any]], user) -> dict[str, list[Any]]:
 @pytest.mark.parametrize("role", [Role.RESEARCHER, Role.VIEWER])
 def test_it_never_shows_heldout_inputs_or_traces_on_a_dashboard_page(project, planted, role):
     """Every page (every route outside the API) as a member who is not a reviewer: no marker
-    in the answer, nor in what its template received."""
+    in the answer, nor in what its template received; nor the policy endpoint's API key."""
     member = make_member(project, f"u-{role.value}", role)
     client = _login(member)
     responses = _walk(
@@ -393,15 +402,17 @@ def test_it_never_shows_heldout_inputs_or_traces_on_a_dashboard_page(project, pl
     for url, response in responses.items():
         assert response.status_code < 500, url
         body = b"".join(response) if response.streaming else response.content
-        assert MARKER not in body.decode(errors="replace"), url
-        assert not _template_context_carries(response, MARKER), url
+        for secret in (MARKER, API_KEY):
+            assert secret not in body.decode(errors="replace"), url
+            assert not _template_context_carries(response, secret), url
 
 
 @pytest.mark.parametrize("who", ["researcher", "reviewer-ci"])
 def test_it_never_returns_heldout_inputs_or_traces_to_a_non_reviewer_token(
     project, planted, reviewer, who
 ):
-    """Every API route, by GET and POST, with a token that may not see held-out results."""
+    """Every API route, by GET and POST, with a token that may not see held-out results: no
+    marker, nor the policy endpoint's API key."""
     if who == "researcher":
         user = make_member(project, "r-api", Role.RESEARCHER)
         client = _api(user, TokenKind.PERSONAL)
@@ -416,6 +427,7 @@ def test_it_never_returns_heldout_inputs_or_traces_to_a_non_reviewer_token(
         assert response.status_code < 500, url
         body = b"".join(response) if response.streaming else response.content
         assert MARKER not in body.decode(errors="replace"), url
+        assert API_KEY not in body.decode(errors="replace"), url
 
 
 def test_a_route_the_planted_data_cannot_reach_fails_the_walk(project, planted):
