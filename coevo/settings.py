@@ -500,7 +500,7 @@ SPECTACULAR_SETTINGS = {
         "EvaluationStateEnum": "coevo.evaluations.models.EvaluationState",
         "SplitEnum": "coevo.suites.models.Split",
         "GateStateEnum": "coevo.gates.models.GateState",
-        "VerdictEnum": "coevo.gates.models.Verdict",
+        "VerdictEnum": "coevo.gates.models.GateVerdict",
         "CampaignStateEnum": "coevo.campaigns.models.CampaignState",
         "ProposalStateEnum": "coevo.campaigns.models.ProposalState",
         "ProposerKindEnum": "coevo.campaigns.models.ProposerKind",
