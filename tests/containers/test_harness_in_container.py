@@ -16,6 +16,8 @@ import pytest
 
 from tests.containers.conftest import TASK_BASE
 from tests.containers.test_task_workspace import VERIFIER, inputs
+from tests.examples.test_claude_code import EXAMPLE as CLAUDE_CODE
+from tests.examples.test_claude_code import claude_env  # noqa: F401  (a fixture)
 from tests.examples.test_codex import EXAMPLE as CODEX
 from tests.examples.test_codex import EXITED, codex_env, env_dir  # noqa: F401  (fixtures)
 from tests.examples.test_workspace_agents import model_calls, rollout, steps
@@ -207,6 +209,34 @@ def test_codex_fixes_a_task_in_its_container_with_its_own_shell(
     (diff,) = steps(result, "workspace_diff")
     assert "added /opt/agent-was-here" in diff["outside_app"]["paths"]
     assert json.dumps(steps(result, "answer")) == json.dumps([{"answer": "Fixed add."}])
+
+
+@pytest.mark.skipif(
+    shutil.which("npm") is None and not os.environ.get("CI"), reason="needs Node.js and npm"
+)
+def test_claude_code_fixes_a_task_in_its_container_with_its_own_bash(
+    claude_env,  # noqa: F811
+    base_image,
+    image_map,
+):
+    policy = ScriptedPolicy(
+        tool_rules=[("Fix add", [("Bash", {"command": FIX, "description": "Fix add"})])],
+        default="Fixed add.",
+    )
+    with ScriptedOpenAIServer(policy) as server:
+        result = rollout(
+            CLAUDE_CODE, server.url, harness_env=claude_env.path, task=inputs(), verifier=VERIFIER
+        )
+    assert (result.outcome, result.score) == (RolloutOutcome.PASSED, 1.0), (
+        result.detail,
+        result.steps,
+    )
+    first, second = model_calls(result)
+    assert first["spoken"] == "messages" and second["messages"][-1]["role"] == "tool"
+    (environment,) = steps(result, "environment")
+    assert environment["harness"] == "container"
+    (diff,) = steps(result, "workspace_diff")
+    assert "added /opt/agent-was-here" in diff["outside_app"]["paths"]
 
 
 OWNED = f"""\
