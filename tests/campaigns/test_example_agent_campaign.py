@@ -14,7 +14,7 @@ from coevo.campaigns.services import campaign_create, campaign_start
 from coevo.suites.jsonl import scorer_spec_build
 from coevo.suites.services import suite_import_jsonl
 from harness_store.services import candidate_import_directory
-from tests.evaluations.test_program_worker import WHEELHOUSE
+from tests.support.example_envs import WHEELHOUSE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CALLS = {

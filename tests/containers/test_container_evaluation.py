@@ -25,11 +25,8 @@ from coevo.suites.models import Split, Task  # noqa: E402
 from tests.conftest import PASSWORD, REPO_ROOT  # noqa: E402
 from tests.containers.conftest import BASE_IMAGE  # noqa: E402
 from tests.containers.test_task_workspace import DOCKERFILE, TEST_SH  # noqa: E402
-from tests.evaluations.test_program_worker import (  # noqa: E402
-    WHEELHOUSE,
-    evaluate,
-    import_example,
-)
+from tests.evaluations.test_program_worker import evaluate, import_example  # noqa: E402
+from tests.support.example_envs import WHEELHOUSE  # noqa: E402
 from tests.web.test_workspace_trace import url  # noqa: E402
 from workers.outcomes import RolloutOutcome  # noqa: E402
 

@@ -5,7 +5,6 @@ with uv from a local wheel directory (scripts/test downloads it; no index is ask
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -24,10 +23,10 @@ from coevo.suites.services import suite_import_jsonl
 from harness_store.services import candidate_import_directory
 from tests.conftest import wait_until_final
 from tests.examples.test_tool_agents import scripted_model
+from tests.support.example_envs import WHEELHOUSE, wheelhouse_use
 from workers.outcomes import RolloutOutcome
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-WHEELHOUSE = Path(os.environ.get("COEVO_TEST_WHEELHOUSE") or Path.cwd() / "var" / "wheelhouse")
 
 
 def tool_arithmetic_suite(project):
@@ -140,10 +139,7 @@ def test_a_node_program_is_evaluated_on_a_real_worker(
 def test_the_openai_sdk_agent_with_its_declared_dependencies_on_a_real_worker(
     celery_worker_thread, project, suite, policy_version, model, settings, tmp_path
 ):
-    assert (WHEELHOUSE / ".requirements-sha256").exists(), (
-        f"no wheel directory at {WHEELHOUSE}: scripts/test downloads the example agents' wheels"
-    )
-    settings.COEVO_HARNESS_FIND_LINKS = str(WHEELHOUSE)
+    wheelhouse_use(settings)
     settings.COEVO_HARNESS_ENV_DIR = tmp_path / "envs"
     evaluation = evaluate(import_example(project, "openai-agent"), suite, policy_version)
     check(evaluation)

@@ -13,12 +13,11 @@ import pytest
 
 from coevo.policies.client import PolicyClient
 from harness_store.manifest import load_manifest
-from tests.evaluations.test_program_worker import WHEELHOUSE
+from tests.support.example_envs import wheel_example_env
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
 from workers.environments import proposing
 from workers.environments.workspace import Workspace
 from workers.environments.workspace_files import tree_changes
-from workers.harness_env import harness_env_prepare
 from workers.outcomes import RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
 
@@ -66,14 +65,8 @@ def env_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def proposer_env(settings, env_dir):
     """The proposer's declared dependencies, built from the wheel directory (no index)."""
-    assert (WHEELHOUSE / ".requirements-sha256").exists(), (
-        f"no wheel directory at {WHEELHOUSE}: scripts/test downloads the example agents' wheels"
-    )
-    settings.COEVO_HARNESS_FIND_LINKS = str(WHEELHOUSE)
-    settings.COEVO_HARNESS_ENV_DIR = env_dir
-    with harness_env_prepare(harness_dir=PROPOSER) as env:
-        assert env.path is not None
-        yield env.path
+    with wheel_example_env(settings, env_dir, PROPOSER) as path:
+        yield path
 
 
 @pytest.fixture

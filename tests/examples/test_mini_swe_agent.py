@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from harness_store.manifest import load_manifest
-from tests.evaluations.test_program_worker import WHEELHOUSE, shipped_task_solve, trace_payloads
+from tests.evaluations.test_program_worker import shipped_task_solve, trace_payloads
 from tests.examples.test_workspace_agents import commands, model_calls, rollout, steps
+from tests.support.example_envs import WHEELHOUSE, wheel_example_env
 from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
-from workers.harness_env import harness_env_prepare
 from workers.outcomes import ErrorKind, RolloutOutcome
 
 HARNESS = Path(__file__).resolve().parents[2] / "examples" / "mini-swe-agent"
@@ -35,14 +35,8 @@ def env_dir(tmp_path_factory) -> Path:
 def agent_env(settings, env_dir):
     """mini-swe-agent and its 82 pinned dependencies, built from the wheel directory (no index
     is asked) and held while the rollout mounts them."""
-    assert (WHEELHOUSE / ".requirements-sha256").exists(), (
-        f"no wheel directory at {WHEELHOUSE}: scripts/test downloads the example agents' wheels"
-    )
-    settings.COEVO_HARNESS_FIND_LINKS = str(WHEELHOUSE)
-    settings.COEVO_HARNESS_ENV_DIR = env_dir
-    with harness_env_prepare(harness_dir=HARNESS) as env:
-        assert env.path is not None
-        yield env.path
+    with wheel_example_env(settings, env_dir, HARNESS) as path:
+        yield path
 
 
 def run(policy: ScriptedPolicy, agent_env: Path, **knobs):
