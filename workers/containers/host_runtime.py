@@ -132,10 +132,13 @@ def _build(path: Path, *, python: Path, node: Path | None, version: str, stdlib:
         needing = [*binaries.values(), *sorted((stdlib / "lib-dynload").glob("*.so"))]
         libraries: dict[str, Path] = {}
         loader: Path | None = None
+        dynamic: set[Path] = set()  # what names a loader (the rest is linked statically)
         for item in needing:
             found, item_loader = _libraries(item)
             libraries.update(found)
-            loader = loader or item_loader
+            if item_loader is not None:
+                dynamic.add(item)
+                loader = loader or item_loader
         if loader is None:
             raise HostRuntimeUnavailable(f"ldd names no dynamic loader for {python}")
         for name in _ALWAYS:
@@ -147,18 +150,14 @@ def _build(path: Path, *, python: Path, node: Path | None, version: str, stdlib:
         for name, source in libraries.items():
             copy = work / "lib" / name
             shutil.copy2(source.resolve(), copy)
-            # A library's own search path (libpython's, to the worker's prefix) would be
-            # searched for what it loads, before the binaries': point it at the bundle too.
-            if _tool(patchelf, "--print-rpath", str(copy)).strip():
-                _tool(patchelf, "--force-rpath", "--set-rpath", f"{MOUNT}/lib", str(copy))
+            _rpath_to_bundle(patchelf, copy)
         shutil.copy2(loader.resolve(), work / "lib" / loader.name)
         for name, source in binaries.items():
             target = work / "bin" / name
             shutil.copy2(source, target)
-            if not _libraries(source)[1]:
-                continue  # statically linked
-            _tool(patchelf, "--set-interpreter", f"{MOUNT}/lib/{loader.name}", str(target))
-            _tool(patchelf, "--force-rpath", "--set-rpath", f"{MOUNT}/lib", str(target))
+            if source in dynamic:
+                _tool(patchelf, "--set-interpreter", f"{MOUNT}/lib/{loader.name}", str(target))
+                _tool(patchelf, "--force-rpath", "--set-rpath", f"{MOUNT}/lib", str(target))
         # Python's extension modules carry the worker's prefix as their search path: copies of
         # them with the bundle's instead, bound over the standard library's own.
         dynload = work / "lib-dynload"
@@ -166,14 +165,8 @@ def _build(path: Path, *, python: Path, node: Path | None, version: str, stdlib:
         for module in sorted((stdlib / "lib-dynload").iterdir()):
             if module.is_file():
                 shutil.copy2(module, dynload / module.name)
-                if module.suffix == ".so" and _tool(patchelf, "--print-rpath", str(module)).strip():
-                    _tool(
-                        patchelf,
-                        "--force-rpath",
-                        "--set-rpath",
-                        f"{MOUNT}/lib",
-                        str(dynload / module.name),
-                    )
+                if module.suffix == ".so":
+                    _rpath_to_bundle(patchelf, dynload / module.name)
         for alias in ("python3", "python"):
             (work / "bin" / alias).symlink_to(version)
         (work / "bundle.json").write_text(
@@ -197,15 +190,18 @@ def _build(path: Path, *, python: Path, node: Path | None, version: str, stdlib:
         raise
 
 
+def _rpath_to_bundle(patchelf: str, library: Path) -> None:
+    """A copied library's own search path (libpython's and pyenv's extension modules': the
+    worker's prefix) would be searched for what it loads before the binaries': the bundle's
+    instead. One without a search path keeps none."""
+    if _tool(patchelf, "--print-rpath", str(library)).strip():
+        _tool(patchelf, "--force-rpath", "--set-rpath", f"{MOUNT}/lib", str(library))
+
+
 def _libraries(binary: Path) -> tuple[dict[str, Path], Path | None]:
     """The shared libraries ``binary`` loads (ldd's resolution on this machine) by name, and
     the dynamic loader it names."""
-    try:
-        done = subprocess.run(
-            ["ldd", str(binary)], capture_output=True, timeout=TOOL_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HostRuntimeUnavailable(f"ldd failed on {binary}: {exc}") from exc
+    done = _run("ldd", str(binary))
     out = done.stdout.decode(errors="replace")
     if done.returncode != 0:
         if b"not a dynamic executable" in done.stdout + done.stderr:
@@ -231,11 +227,15 @@ def _libraries(binary: Path) -> tuple[dict[str, Path], Path | None]:
     return found, loader
 
 
-def _tool(*argv: str) -> str:
+def _run(*argv: str) -> subprocess.CompletedProcess[bytes]:
     try:
-        done = subprocess.run(list(argv), capture_output=True, timeout=TOOL_TIMEOUT_S, check=False)
+        return subprocess.run(list(argv), capture_output=True, timeout=TOOL_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise HostRuntimeUnavailable(f"{argv[0]} failed: {exc}") from exc
+
+
+def _tool(*argv: str) -> str:
+    done = _run(*argv)
     if done.returncode != 0:
         raise HostRuntimeUnavailable(
             f"{' '.join(argv[:2])}… failed: {done.stderr.decode(errors='replace')[-500:]}"

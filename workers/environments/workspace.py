@@ -325,20 +325,17 @@ class Workspace:
         worker's interpreter and ``pytest``), the identity its commands share. A harness in
         the task's container gets the container instead, and the image's PATH: what it runs
         is the image's."""
-        if self.container is not None and self.runtime is not None:
-            env = {
-                "COEVO_WORKSPACE": MOUNT,
-                "LANG": "C.UTF-8",
-                "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONUNBUFFERED": "1",
-                "PATH": self.container.image_path(),
-            }
-            if harness_env is not None:
-                env["PATH"] = f"{ENV_MOUNT}/bin:{env['PATH']}"
-            return {"container": self.container, "runtime": self.runtime, "env": env}
-        env = self.env()
+        in_container = self.container is not None and self.runtime is not None
+        if in_container:
+            # Every sandbox's variables but its HOME and PATH: the image's.
+            env = {k: v for k, v in sandbox.sandbox_env(None).items() if k != "HOME"}
+            env.update(COEVO_WORKSPACE=MOUNT, PATH=self.container.image_path())
+        else:
+            env = self.env()
         if harness_env is not None:
             env["PATH"] = f"{ENV_MOUNT}/bin:{env['PATH']}"
+        if in_container:
+            return {"container": self.container, "runtime": self.runtime, "env": env}
         return {"rw_binds": self.binds, "ro_binds": self.ro_binds, "env": env, "uid": self.uid}
 
     def harness_command(self, argv: list[str]) -> list[str]:
