@@ -18,11 +18,14 @@ A policy step trains on the current best candidate's rollouts on the SEARCH spli
 current policy (harness-matched, on-policy): never validation, which selects, nor held-out.
 The phase is derived from the proposals themselves (``phase_of``), so the runner needs no
 extra state and a restarted worker resumes exactly where the history says.
+
+The stored configuration is validated once (``alternation_validate``); code reads it through
+``alternation_read``, as an ``Alternation``, never by its keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +128,57 @@ def _export_validate(raw: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class ExportSettings:
+    """Which of the best candidate's rollouts a policy step trains on (coevo.exports)."""
+
+    format: str
+    successful_only: bool
+    min_score: float | None
+    last_turns: int | None
+
+
+@dataclass(frozen=True)
+class Alternation:
+    """A validated alternation configuration, as ``Campaign.alternation`` stores it."""
+
+    trainer: str
+    switch: str
+    harness_steps: int
+    policy_steps: int
+    patience: int
+    max_policy_steps: int
+    time_limit_s: int | None
+    export: ExportSettings
+
+    def steps_per_phase(self, phase: str) -> int:
+        """The fixed schedule's steps in a ``phase`` ("harness" or "policy")."""
+        return self.policy_steps if phase == "policy" else self.harness_steps
+
+
+def alternation_read(*, stored: Mapping[str, Any] | None) -> Alternation | None:
+    """The configuration ``alternation_validate`` stored; None for a campaign of harness
+    steps only (``{}``)."""
+    if not stored:
+        return None
+    export = {**EXPORT_DEFAULTS, **(stored.get("export") or {})}
+    return Alternation(
+        trainer=stored["trainer"],
+        switch=stored.get("switch", DEFAULTS["switch"]),
+        harness_steps=stored.get("harness_steps", DEFAULTS["harness_steps"]),
+        policy_steps=stored.get("policy_steps", DEFAULTS["policy_steps"]),
+        patience=stored.get("patience", DEFAULTS["patience"]),
+        max_policy_steps=stored.get("max_policy_steps", DEFAULTS["max_policy_steps"]),
+        time_limit_s=stored.get("time_limit_s"),
+        export=ExportSettings(
+            format=export["format"],
+            successful_only=export["successful_only"],
+            min_score=export["min_score"],
+            last_turns=export["last_turns"],
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class EndedProposal:
     """An ended proposal as the switch rules see it."""
 
@@ -141,12 +195,12 @@ class Phase:
     reason: str  # why the next step is what it is, for the campaign page
 
 
-def phase_of(*, alternation: dict[str, Any], steps: Iterable[EndedProposal]) -> Phase:
+def phase_of(*, alternation: Alternation | None, steps: Iterable[EndedProposal]) -> Phase:
     """The phase the next step belongs to, given the ended steps in order (seed and manual
     proposals left out). A campaign starts in a harness phase (the seed is its baseline)."""
-    if not alternation:
+    if alternation is None:
         return Phase("harness", 0, 0, 0, "harness steps only")
-    rule = alternation["switch"]
+    rule = alternation.switch
     phase, taken, stale, policy_steps = "harness", 0, 0, 0
     reason = "a campaign starts with harness steps"
     for step in steps:
@@ -156,16 +210,24 @@ def phase_of(*, alternation: dict[str, Any], steps: Iterable[EndedProposal]) -> 
         taken += 1
         policy_steps += step.policy
         stale = 0 if step.improved else stale + 1
-        if rule == "fixed" and taken >= alternation[f"{phase}_steps"]:
+        if rule == "fixed" and taken >= alternation.steps_per_phase(phase):
             reason = f"{taken} {phase} step(s) taken (fixed schedule)"
-        elif rule == "patience" and stale >= alternation["patience"]:
+        elif rule == "patience" and stale >= alternation.patience:
             reason = f"{stale} {phase} step(s) in a row without a validation improvement"
         else:
             continue
         phase, taken, stale = ("policy" if phase == "harness" else "harness"), 0, 0
-    if phase == "policy" and policy_steps >= alternation["max_policy_steps"]:
-        phase, reason = "harness", f"max policy steps reached ({alternation['max_policy_steps']})"
+    if phase == "policy" and policy_steps >= alternation.max_policy_steps:
+        phase, reason = "harness", f"max policy steps reached ({alternation.max_policy_steps})"
     return Phase(phase, taken, stale, policy_steps, reason)
 
 
-__all__ = ["Phase", "EndedProposal", "alternation_validate", "phase_of"]
+__all__ = [
+    "Alternation",
+    "EndedProposal",
+    "ExportSettings",
+    "Phase",
+    "alternation_read",
+    "alternation_validate",
+    "phase_of",
+]

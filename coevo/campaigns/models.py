@@ -59,7 +59,8 @@ class Campaign(TimeStampedModel):
     validation_split = models.CharField(
         max_length=16, choices=Split.choices, default=Split.VALIDATION
     )
-    # Validated by coevo.campaigns.strategy: [{"kind": "config", "options": {...}}].
+    # Validated by coevo.campaigns.proposers.strategy_validate:
+    # [{"kind": "config", "options": {...}}].
     strategy = models.JSONField(default=list)
     # The ledger account every evaluation of the campaign reserves on (as parent_budget).
     budget = models.OneToOneField(Budget, on_delete=models.PROTECT, related_name="campaign")
@@ -85,8 +86,8 @@ class Campaign(TimeStampedModel):
     best_validation_score = models.FloatField(null=True, blank=True)
     # Proposals ended since the best validation score last improved (the patience rule).
     proposals_since_improvement = models.PositiveIntegerField(default=0)
-    # Validated by coevo.campaigns.alternation: {} runs harness steps only; otherwise policy
-    # steps alternate with them ({"trainer", "switch", ...}).
+    # Validated by coevo.campaigns.alternation and read as its Alternation: {} runs harness
+    # steps only; otherwise policy steps alternate with them ({"trainer", "switch", ...}).
     alternation = models.JSONField(default=dict, blank=True)
     # The policy harness proposals are evaluated under now: ``policy_version`` until a policy
     # step is adopted (it improved the best validation score).

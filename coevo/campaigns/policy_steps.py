@@ -14,11 +14,18 @@ step as invalid, with the reason, and the campaign goes on.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 
 from django.db.models import Q
 from django.utils import timezone
 
-from coevo.campaigns.alternation import EndedProposal, Phase, phase_of
+from coevo.campaigns.alternation import (
+    Alternation,
+    EndedProposal,
+    Phase,
+    alternation_read,
+    phase_of,
+)
 from coevo.campaigns.evaluating import proposal_end, search_start
 from coevo.campaigns.models import Campaign, Proposal, ProposalState, ProposerKind
 from coevo.campaigns.proposers.base import stage
@@ -45,21 +52,28 @@ def next_phase(campaign: Campaign) -> Phase:
         EndedProposal(policy=kind == ProposerKind.POLICY, improved=improved)
         for kind, improved in ended
     ]
-    return phase_of(alternation=campaign.alternation, steps=steps)
+    return phase_of(alternation=alternation_read(stored=campaign.alternation), steps=steps)
+
+
+def _alternation(campaign: Campaign) -> Alternation:
+    alternation = alternation_read(stored=campaign.alternation)
+    if alternation is None:
+        raise CoevoError(f"campaign {campaign.id} alternates no policy steps")
+    return alternation
 
 
 def policy_step_start(campaign: Campaign, sequence: int) -> bool:
     """Record the step and create its export (built by a worker; the step waits for it)."""
     best = campaign.best_candidate
     parent = campaign.active_policy_version
-    config = campaign.alternation
-    wanted = config["export"]
+    config = _alternation(campaign)
+    wanted = config.export
     shown = {
         "export": {
             "candidate": best.sha,
             "policy_version": parent.name,
             "split": campaign.search_split,
-            **wanted,
+            **asdict(wanted),
         }
     }
     proposal = Proposal.objects.create(
@@ -69,7 +83,7 @@ def policy_step_start(campaign: Campaign, sequence: int) -> bool:
         parent_shas=[best.sha],
         candidate=best,
         shown=shown,
-        params={"trainer": config["trainer"], "parent_policy": parent.name},
+        params={"trainer": config.trainer, "parent_policy": parent.name},
         state=ProposalState.PROPOSED,
     )
     if campaign.state_detail:
@@ -77,15 +91,15 @@ def policy_step_start(campaign: Campaign, sequence: int) -> bool:
     try:
         export = trajectory_export_create(
             project=campaign.project,
-            format=wanted["format"],
+            format=wanted.format,
             created_by=campaign.created_by,
             splits=[campaign.search_split],
             candidate=best,
             policy_version=parent,
             suite=campaign.suite,
-            successful_only=wanted["successful_only"],
-            min_score=wanted["min_score"],
-            last_turns=wanted["last_turns"],
+            successful_only=wanted.successful_only,
+            min_score=wanted.min_score,
+            last_turns=wanted.last_turns,
         )
     except CoevoError as exc:
         return _reject(campaign, proposal, "export", str(exc))
@@ -136,13 +150,14 @@ def _after_export(campaign: Campaign, proposal: Proposal) -> bool:
         stage("export", True, f"{export.rows} row(s) from {export.rollouts} rollout(s)"),
     ]
     try:
-        trainer = trainer_get(name=campaign.alternation["trainer"])
+        config = _alternation(campaign)
+        trainer = trainer_get(name=config.trainer)
         run = training_run_create(
             project=campaign.project,
             trainer=trainer,
             export=export,
             parent_policy=campaign.active_policy_version,
-            time_limit_s=campaign.alternation.get("time_limit_s"),
+            time_limit_s=config.time_limit_s,
             created_by=campaign.created_by,
         )
     except CoevoError as exc:

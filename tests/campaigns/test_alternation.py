@@ -4,6 +4,8 @@ trained adapter cannot be loaded on."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from coevo.campaigns.alternation import (
@@ -11,6 +13,7 @@ from coevo.campaigns.alternation import (
     EXPORT_DEFAULTS,
     EndedProposal,
     Phase,
+    alternation_read,
     alternation_validate,
     phase_of,
 )
@@ -42,7 +45,7 @@ def patience(patience: int = 2, max_policy_steps: int = 3) -> dict:
 
 
 def phase(alternation: dict, *steps: EndedProposal) -> Phase:
-    return phase_of(alternation=alternation, steps=steps)
+    return phase_of(alternation=alternation_read(stored=alternation), steps=steps)
 
 
 # --- phase_of: no alternation ----------------------------------------------------------------
@@ -188,6 +191,22 @@ def validate(raw, campaign_patience=None):
 @pytest.mark.parametrize("raw", [None, {}])
 def test_empty_alternation_means_harness_steps_only(db, raw):
     assert validate(raw) == {}
+
+
+def test_code_reads_what_validation_stored_as_the_typed_configuration_with_nothing_lost(trainer):
+    stored = validate(
+        {
+            "trainer": "tiny-lora",
+            "switch": "patience",
+            "patience": 1,
+            "time_limit_s": 60,
+            "export": {"format": "prompt_completion", "min_score": 0.5},
+        }
+    )
+    alternation = alternation_read(stored=stored)
+    assert asdict(alternation) == stored
+    assert alternation.export.format == "prompt_completion" and alternation.patience == 1
+    assert alternation_read(stored=validate({})) is None
 
 
 def test_it_fills_in_every_default(trainer):
