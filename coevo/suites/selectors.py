@@ -24,6 +24,7 @@ from django.db.models.functions import Coalesce
 from coevo.errors import NotFound
 from coevo.projects.audience import Audience
 from coevo.projects.models import Project
+from coevo.suites.kinds import platform_kind
 from coevo.suites.models import Split, Suite, SuiteKind, Task, TaskImageBuild
 from workers.environments.regexes import regex_problem
 
@@ -144,17 +145,15 @@ def task_catalogue(
     (``listed_inputs``), never the verifier. A held-out task's ``listed_inputs`` is None unless
     ``audience`` is ``Audience.REVIEWER``: sealed (docs/architecture.md, "The held-out seal").
 
-    A workspace task's inputs hold its starting files (megabytes, maybe): its listing takes
-    only the instruction, read out by the database."""
-    if suite.kind == SuiteKind.WORKSPACE:
-        listed: Any = KT("inputs__instruction")
-    else:
-        listed = F("inputs")
+    A kind whose inputs may be large (a workspace task's hold its starting files) names the one
+    input a listing takes (``PlatformKind.listed_input``), read out by the database."""
+    key = platform_kind(suite.kind).listed_input
+    listed: Any = KT(f"inputs__{key}") if key else F("inputs")
     if not audience.sees_heldout:
         listed = Case(
             When(split=Split.HELDOUT, then=Value(None)),
             default=listed,
-            output_field=TextField() if suite.kind == SuiteKind.WORKSPACE else JSONField(),
+            output_field=TextField() if key else JSONField(),
         )
     tasks = (
         Task.objects.filter(suite=suite)
@@ -233,7 +232,7 @@ _BUILD_FIELDS = (
 def suite_image_rows(*, suite: Suite, task_ids: Iterable[Any]) -> list[TaskImageRow]:
     """For the tasks among ``task_ids`` that run in their container (``inputs.environment``),
     in suite order: each one's latest recorded image build, sealed for held-out tasks."""
-    if suite.kind != SuiteKind.WORKSPACE:
+    if not platform_kind(suite.kind).task_images:
         return []
     latest = (
         TaskImageBuild.objects.filter(task=OuterRef("pk")).order_by("-created_at").values("id")[:1]

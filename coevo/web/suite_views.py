@@ -6,29 +6,27 @@ No page shows a task's ``verifier`` payload (expected answers, hidden tests, ver
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from django import forms
 from django.contrib import messages
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
 from coevo.errors import CoevoError
 from coevo.projects.audience import Audience
 from coevo.projects.models import Project, Role
 from coevo.projects.selectors import project_user_has_role
-from coevo.suites.harbor import (
-    HarborReport,
-    suite_import_harbor_archive,
-    suite_import_workspace_basic,
-)
-from coevo.suites.jsonl import MAX_FILE_BYTES, SCORERS, SuiteImportError, scorer_spec_build
+from coevo.suites.jsonl import MAX_FILE_BYTES, SuiteImportError
+from coevo.suites.kinds import Imported, ImportReport, shipped_imports, upload_imports
 from coevo.suites.models import Split, Suite
 from coevo.suites.selectors import (
     suite_get_by_id,
@@ -36,7 +34,6 @@ from coevo.suites.selectors import (
     suite_summaries,
     task_catalogue,
 )
-from coevo.suites.services import suite_import_humaneval, suite_import_jsonl
 from coevo.web.access import project_view
 from coevo.web.presenters import task_row
 from coevo.web.uploads import (
@@ -50,38 +47,15 @@ TASKS_PER_PAGE = 100
 MAX_ERRORS_SHOWN = 20
 
 
-class JsonlImportForm(forms.Form):
-    name = forms.SlugField(max_length=64, help_text="lowercase letters, digits, - and _")
-    file = forms.FileField(help_text="one JSON object per line: id, input, expected, …")
-    scorer = forms.ChoiceField(choices=[(s, s) for s in SCORERS])
-    tolerance = forms.FloatField(required=False, help_text="numeric: absolute tolerance")
-    rel_tolerance = forms.FloatField(required=False, help_text="numeric: relative tolerance")
-    verifier = forms.FileField(
-        required=False, help_text="python: a .py module with score(answer, expected, metadata)"
-    )
-    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
-    split_seed = forms.CharField(max_length=64, initial="0", required=False)
+@dataclass(frozen=True)
+class UploadCard:
+    """A registered upload import as the page shows it: its form, bound when it was posted."""
 
-
-class HarborImportForm(forms.Form):
-    name = forms.SlugField(max_length=64, help_text="lowercase letters, digits, - and _")
-    file = forms.FileField(
-        help_text="a tar.gz of a directory of Harbor task directories (or of one task)"
-    )
-    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
-    split_seed = forms.CharField(max_length=64, initial="0", required=False)
-    allow_dockerfile = forms.BooleanField(
-        required=False,
-        help_text="take tasks that need their container (a Dockerfile that runs commands, a "
-        "prebuilt image) with only the files their Dockerfile copies; without it they are "
-        "refused, unless the container backend is on (COEVO_CONTAINER_BACKEND), which imports "
-        "them as they are",
-    )
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # Its fields share names with the JSONL form's on the same page; their ids may not.
-        kwargs.setdefault("auto_id", "harbor_%s")
-        super().__init__(*args, **kwargs)
+    name: str
+    title: str
+    description: SafeString
+    notes: SafeString
+    form: forms.Form
 
 
 def can_import_suites(*, project: Project, user: Any) -> bool:
@@ -147,9 +121,7 @@ def suite_import_page(request: HttpRequest, project: Project) -> HttpResponse:
 def _too_large(request: HttpRequest, project: Project, what: str) -> HttpResponse:
     limit_mib = upload_limit_bytes() // 1024**2
     error = f"file: {what}, over the {limit_mib} MiB limit on uploads; split it into several suites"
-    return _render_import(
-        request, project, JsonlImportForm(), HarborImportForm(), [error], 0, status=413
-    )
+    return _render_import(request, project, {}, [error], 0, status=413)
 
 
 def _max_megabytes() -> int:
@@ -158,136 +130,78 @@ def _max_megabytes() -> int:
 
 @csrf_protect
 def _suite_import(request: HttpRequest, project: Project) -> HttpResponse:
-    form = JsonlImportForm()
-    harbor_form = HarborImportForm()
+    # The upload's form that was posted, bound: the page shows it again with its values.
+    posted: dict[str, forms.Form] = {}
     errors: list[str] = []
     total_errors = 0
     if request.method == "POST":
-        kind = request.POST.get("kind", "jsonl")
-        report: HarborReport | None = None
+        kind = request.POST.get("kind", "")
+        upload = upload_imports().get(kind)
+        if upload is not None:
+            posted[kind] = upload.form(request.POST, request.FILES)
         try:
-            if kind == "jsonl":
-                form = JsonlImportForm(request.POST, request.FILES)
-                suite, created = _import_jsonl(project=project, form=form, actor=request.user)
-            elif kind == "harbor":
-                harbor_form = HarborImportForm(request.POST, request.FILES)
-                suite, created, report = _import_harbor(
-                    project=project, form=harbor_form, actor=request.user
-                )
-            elif kind == "workspace":
-                suite, created, report = suite_import_workspace_basic(
-                    project=project, actor=request.user
-                )
-            else:
-                suite, created = _import_bundled(project=project, kind=kind, actor=request.user)
+            imported = _import(request, project, kind, posted.get(kind))
         except SuiteImportError as exc:
             errors, total_errors = exc.errors[:MAX_ERRORS_SHOWN], exc.total
         except CoevoError as exc:
             errors, total_errors = [str(exc)], 1
         else:
-            _announce(request, suite=suite, created=created)
-            if report is not None:
-                _announce_report(request, report)
-            return redirect(reverse("web:suite", args=[project.slug, suite.id]))
+            _announce(request, suite=imported.suite, created=imported.created)
+            if imported.report is not None:
+                _announce_report(request, imported.report)
+            return redirect(reverse("web:suite", args=[project.slug, imported.suite.id]))
     return _render_import(
-        request, project, form, harbor_form, errors, total_errors, status=400 if errors else 200
+        request, project, posted, errors, total_errors, status=400 if errors else 200
     )
+
+
+def _import(request: HttpRequest, project: Project, kind: str, form: forms.Form | None) -> Imported:
+    """The import the posted ``kind`` names: a shipped suite's button, or an upload's ``form``."""
+    shipped = shipped_imports().get(kind)
+    if shipped is not None:
+        return shipped.run(project=project, actor=request.user)
+    if form is None:
+        raise SuiteImportError([f"kind: unknown suite kind {kind!r}"])
+    if not form.is_valid():
+        raise SuiteImportError(
+            [f"{name}: {' '.join(problems)}" for name, problems in form.errors.items()]
+        )
+    return upload_imports()[kind].run(project=project, data=form.cleaned_data, actor=request.user)
 
 
 def _render_import(
     request: HttpRequest,
     project: Project,
-    form: JsonlImportForm,
-    harbor_form: HarborImportForm,
+    posted: dict[str, forms.Form],
     errors: list[str],
     total_errors: int,
     *,
     status: int,
 ) -> HttpResponse:
+    max_megabytes = _max_megabytes()
+    uploads = [
+        UploadCard(
+            name=upload.name,
+            title=upload.title,
+            description=format_html(upload.description, max_megabytes=max_megabytes),
+            # Declared by the kind's module, not by a user: HTML as written.
+            notes=mark_safe(upload.notes),
+            form=posted[upload.name] if upload.name in posted else upload.form(),
+        )
+        for upload in upload_imports().values()
+    ]
     return render(
         request,
         "web/suite_import.html",
         {
             "project": project,
-            "form": form,
-            "harbor_form": harbor_form,
+            "shipped": list(shipped_imports().values()),
+            "uploads": uploads,
             "errors": errors,
             "more_errors": max(0, total_errors - len(errors)),
-            "max_megabytes": _max_megabytes(),
         },
         status=status,
     )
-
-
-def _import_jsonl(
-    *, project: Project, form: JsonlImportForm, actor: AbstractBaseUser
-) -> tuple[Suite, bool]:
-    if not form.is_valid():
-        raise SuiteImportError(
-            [f"{name}: {' '.join(problems)}" for name, problems in form.errors.items()]
-        )
-    data = form.cleaned_data
-    upload = data["file"]
-    if upload.size > MAX_FILE_BYTES:
-        raise SuiteImportError(
-            [
-                f"file: {upload.size / 1024**2:.1f} MiB is over the {MAX_FILE_BYTES // 1024**2} MiB "
-                "limit; split it into several suites"
-            ]
-        )
-    verifier = data["verifier"]
-    scorer = scorer_spec_build(
-        kind=data["scorer"],
-        abs_tol=data["tolerance"],
-        rel_tol=data["rel_tolerance"],
-        verifier_name=verifier.name if verifier else "",
-        verifier_source=verifier.read() if verifier else None,
-    )
-    return suite_import_jsonl(
-        project=project,
-        name=data["name"],
-        data=upload.read(),
-        scorer=scorer,
-        description=data["description"],
-        split_seed=data["split_seed"] or "0",
-        actor=actor,
-    )
-
-
-def _import_harbor(
-    *, project: Project, form: HarborImportForm, actor: AbstractBaseUser
-) -> tuple[Suite, bool, HarborReport]:
-    if not form.is_valid():
-        raise SuiteImportError(
-            [f"{name}: {' '.join(problems)}" for name, problems in form.errors.items()]
-        )
-    data = form.cleaned_data
-    # The upload is bounded already (suite_import_page); the archive's content is bounded
-    # while it is unpacked (harness_store.archives).
-    return suite_import_harbor_archive(
-        project=project,
-        name=data["name"],
-        archive=data["file"].read(),
-        split_seed=data["split_seed"] or "0",
-        description=data["description"],
-        allow_dockerfile=data["allow_dockerfile"],
-        actor=actor,
-    )
-
-
-def _import_bundled(*, project: Project, kind: str, actor: AbstractBaseUser) -> tuple[Suite, bool]:
-    if kind == "humaneval":
-        return suite_import_humaneval(project=project, actor=actor)
-    if kind == "textworld":
-        try:
-            from coevo.suites.textworld import suite_import_textworld
-        except ImportError as exc:
-            raise CoevoError(
-                "TextWorld suites are not available on this server: install coevo's "
-                f"textworld dependencies ({exc})."
-            ) from exc
-        return suite_import_textworld(project=project, actor=actor)
-    raise SuiteImportError([f"kind: unknown suite kind {kind!r}"])
 
 
 def _announce(request: HttpRequest, *, suite: Suite, created: bool) -> None:
@@ -301,7 +215,7 @@ def _announce(request: HttpRequest, *, suite: Suite, created: bool) -> None:
         )
 
 
-def _announce_report(request: HttpRequest, report: HarborReport) -> None:
+def _announce_report(request: HttpRequest, report: ImportReport) -> None:
     notes = [f"refused {key}: {reason}" for key, reason in report.refused]
     notes += [f"{key}: {warning}" for key, warning in report.warnings]
     refused = f"; refused {len(report.refused)}" if report.refused else ""

@@ -3,8 +3,9 @@
 An environment is a subclass of ``Environment`` registered for its suite kind with
 ``@register_environment`` in its own module (workers/environments/<kind>.py); the runner finds
 it with ``environment_for(kind)``. Adding a kind is that module (plus, on the platform's side,
-the kind's importer: coevo/suites/). Every environment has ``harness_view(inputs) -> dict``:
-the harness's ``task`` argument, which never contains verifier data. Then either
+its ``SuiteKind`` member and its module of coevo/suites/kinds/). Every environment has
+``harness_view(inputs) -> dict``: the harness's ``task`` argument, which never contains
+verifier data. Then either
 
 - single-answer (HumanEval, JSONL, workspace tasks): ``verify(*, inputs, verifier, answer)
   -> Verdict`` scores what the harness returned (with ``workspace = True``, ``verify`` takes the

@@ -1,4 +1,5 @@
-"""``python manage.py suite_import --project SLUG {humaneval|jsonl|textworld|harbor|workspace} …``."""
+"""``python manage.py suite_import --project SLUG KIND …``: one subcommand per import a suite kind
+registers (coevo/suites/kinds/); the dashboard's import page offers the same kinds."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from coevo.errors import CoevoError
 from coevo.projects.models import Project
-from coevo.suites.harbor import HarborReport
-from coevo.suites.importers import IMPORTERS
 from coevo.suites.jsonl import SuiteImportError
+from coevo.suites.kinds import ImportReport, command_imports
 from coevo.suites.selectors import suite_split_counts
 
 MAX_ERRORS_SHOWN = 50
@@ -22,7 +22,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--project", required=True, help="the project's slug")
         kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
-        for name, importer in IMPORTERS.items():
+        for name, importer in command_imports().items():
             importer.add_arguments(kinds.add_parser(name, help=importer.help))
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -32,7 +32,7 @@ class Command(BaseCommand):
                 f"No project {options['project']!r}; create it first or check the slug."
             )
         try:
-            imported = IMPORTERS[options["kind"]].run(
+            imported = command_imports()[options["kind"]].run(
                 project=project, options=options, progress=self._progress
             )
         except SuiteImportError as exc:
@@ -63,7 +63,7 @@ class Command(BaseCommand):
     def _progress(self, done: int, total: int, key: str) -> None:
         self.stdout.write(f"  checked {done}/{total}: {key}")
 
-    def _report(self, report: HarborReport) -> None:
+    def _report(self, report: ImportReport) -> None:
         refused = f", refused {len(report.refused)}" if report.refused else ""
         self.stdout.write(f"tasks taken: {len(report.taken)}{refused}")
         for key, reason in report.refused:
