@@ -56,8 +56,10 @@ class Completion:
     # out): what the model-call step records as applied. Empty: not known.
     sampling: dict[str, Any] = field(default_factory=dict)
     dropped: tuple[str, ...] = ()
-    # Prompt tokens the server says it served from its prompt cache (0 where it does not say).
+    # Prompt tokens the server says it served from its prompt cache (0 where it does not say),
+    # and those it says it wrote to that cache (Anthropic's cache writes; 0 likewise).
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
     # US dollars, at ``price`` (the price row that applied when it was answered: its id and
     # values); None where the endpoint has no price (coevo/policies/prices.py).
     cost_usd: Decimal | None = None
@@ -67,7 +69,12 @@ class Completion:
         """The call's cost as its model-call step records it; None: the endpoint has no price."""
         if self.cost_usd is None:
             return None
-        return {"usd": str(self.cost_usd), "cached_tokens": self.cached_tokens, "price": self.price}
+        return {
+            "usd": str(self.cost_usd),
+            "cached_tokens": self.cached_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "price": self.price,
+        }
 
 
 def cost_total(costs: Iterable[Decimal | None]) -> Decimal | None:

@@ -149,6 +149,9 @@ class PolicyVersionAdmin(AuditedAdmin):
     ]
 
 
+PRICE_FIELDS = ("input_per_m", "cached_input_per_m", "cache_write_per_m", "output_per_m")
+
+
 class ModelPriceForm(forms.ModelForm):
     """A new price row; ``effective_from`` empty means now. A start in the past is refused
     (coevo.policies.prices.model_price_create says why)."""
@@ -165,6 +168,7 @@ class ModelPriceForm(forms.ModelForm):
             "effective_from",
             "input_per_m",
             "cached_input_per_m",
+            "cache_write_per_m",
             "output_per_m",
             "note",
         ]
@@ -174,6 +178,8 @@ class ModelPriceForm(forms.ModelForm):
             "input_per_m": "US dollars per million prompt tokens.",
             "cached_input_per_m": "US dollars per million prompt tokens served from the "
             "provider's prompt cache.",
+            "cache_write_per_m": "US dollars per million prompt tokens written to the "
+            "provider's prompt cache (Anthropic's cache writes); empty: the input price.",
             "output_per_m": "US dollars per million completion tokens.",
         }
 
@@ -182,7 +188,7 @@ class ModelPriceForm(forms.ModelForm):
         try:
             model_price_check(
                 effective_from=data.get("effective_from"),
-                prices=[data.get(f) for f in ("input_per_m", "cached_input_per_m", "output_per_m")],
+                prices=[data.get(f) for f in PRICE_FIELDS],
             )
         except InvalidInput as exc:
             raise forms.ValidationError(str(exc)) from None
@@ -201,6 +207,7 @@ class ModelPriceAdmin(admin.ModelAdmin):
         "effective_from",
         "input_per_m",
         "cached_input_per_m",
+        "cache_write_per_m",
         "output_per_m",
         "note",
     ]
@@ -220,6 +227,7 @@ class ModelPriceAdmin(admin.ModelAdmin):
             model=data["model"],
             input_per_m=data["input_per_m"],
             cached_input_per_m=data["cached_input_per_m"],
+            cache_write_per_m=data.get("cache_write_per_m"),
             output_per_m=data["output_per_m"],
             effective_from=data.get("effective_from"),
             note=data.get("note") or "",

@@ -18,7 +18,9 @@ workers/anthropic_messages.py is the other direction, for harnesses that speak M
 - the reply's text blocks → the message's content, ``tool_use`` blocks → ``tool_calls``,
   ``stop_reason`` end_turn / stop_sequence / max_tokens / tool_use → ``finish_reason`` stop /
   stop / length / tool_calls; usage input (with cache reads and writes) / output tokens →
-  prompt / completion tokens.
+  prompt / completion tokens, cache reads also → ``prompt_tokens_details.cached_tokens``, and
+  Anthropic's ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` kept as they are
+  (the client prices reads and writes apart: coevo/policies/pricing.py).
 
 What the Messages API cannot do is refused before anything is sent (PolicyRequestRejected,
 the request's fault): a completions request (there is no such API), ``n`` above 1.
@@ -130,6 +132,10 @@ def reply_to_chat(reply: dict[str, Any]) -> dict[str, Any]:
             "prompt_tokens_details": {
                 "cached_tokens": _count(usage.get("cache_read_input_tokens"))
             },
+            # Anthropic's own counts kept (as LiteLLM's gateway keeps them): cache writes have
+            # no place in OpenAI's usage, and are priced at the cache-write price.
+            "cache_read_input_tokens": _count(usage.get("cache_read_input_tokens")),
+            "cache_creation_input_tokens": _count(usage.get("cache_creation_input_tokens")),
         },
     }
 

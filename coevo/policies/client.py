@@ -342,7 +342,7 @@ class PolicyClient:
         else:
             text = (choice.get("message") or {}).get("content") or ""
         usage = _usage(reply)
-        cached = _cached_tokens(reply)
+        cached, written = _cached_tokens(reply), _cache_write_tokens(reply)
         price = (
             None
             if self.prices is None
@@ -359,7 +359,12 @@ class PolicyClient:
             dropped=tuple(dropped),
             **usage,
             cached_tokens=cached,
-            cost_usd=None if price is None else price.cost(cached_tokens=cached, **usage),
+            cache_write_tokens=written,
+            cost_usd=(
+                None
+                if price is None
+                else price.cost(cached_tokens=cached, cache_write_tokens=written, **usage)
+            ),
             price=None if price is None else price.record(),
         )
 
@@ -581,9 +586,22 @@ def _cached_tokens(body: dict[str, Any]) -> int:
     usage = body.get("usage")
     details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if isinstance(cached, bool) or not isinstance(cached, int):
+    return _count(cached)
+
+
+def _cache_write_tokens(body: dict[str, Any]) -> int:
+    """Prompt tokens the provider wrote to its prompt cache: Anthropic's
+    ``usage.cache_creation_input_tokens``, which an anthropic endpoint's reply keeps in its
+    chat usage (anthropic_api.reply_to_chat), as gateways in front of Anthropic's models
+    (LiteLLM's) report it too; 0 where the reply does not say."""
+    usage = body.get("usage")
+    return _count(usage.get("cache_creation_input_tokens") if isinstance(usage, dict) else None)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
         return 0
-    return max(0, cached)
+    return max(0, value)
 
 
 @dataclass

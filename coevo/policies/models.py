@@ -147,6 +147,9 @@ class ModelPrice(TimeStampedModel):
     # Prompt tokens the provider served from its prompt cache (OpenAI's cached_tokens,
     # Anthropic's cache reads), at their own price.
     cached_input_per_m = models.DecimalField(max_digits=12, decimal_places=6)
+    # Prompt tokens the provider wrote to its prompt cache (Anthropic's cache writes, dearer
+    # than input: 1.25x its price for a 5-minute cache, 2x for an hour); null: the input price.
+    cache_write_per_m = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     output_per_m = models.DecimalField(max_digits=12, decimal_places=6)
     note = models.CharField(max_length=200, blank=True)
 
@@ -160,6 +163,7 @@ class ModelPrice(TimeStampedModel):
             models.CheckConstraint(
                 condition=Q(input_per_m__gte=0)
                 & Q(cached_input_per_m__gte=0)
+                & (Q(cache_write_per_m__isnull=True) | Q(cache_write_per_m__gte=0))
                 & Q(output_per_m__gte=0),
                 name="model_price_not_negative",
             ),

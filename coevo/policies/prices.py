@@ -1,7 +1,8 @@
 """What model calls cost in money: the price table (ModelPrice rows) and a call's cost.
 
-A price is per endpoint and model, in US dollars per million input, cached-input and output
-tokens, and applies from its row's ``effective_from`` until a newer row's. A price change is a
+A price is per endpoint and model, in US dollars per million input, cached-input (prompt-cache
+reads), cache-write (prompt-cache writes; the input price where a row leaves it empty) and
+output tokens, and applies from its row's ``effective_from`` until a newer row's. A price change is a
 new row: calls already made keep the cost they were given, with the row that applied (its id
 and values are on the call's model-call step). A client reads its endpoint's rows once, when
 it is built (``price_schedule_for``), and prices each call at the moment it was answered; a
@@ -59,16 +60,19 @@ def model_price_create(
     input_per_m: Decimal,
     cached_input_per_m: Decimal,
     output_per_m: Decimal,
+    cache_write_per_m: Decimal | None = None,
     effective_from: datetime | None = None,
     note: str = "",
     actor: AbstractBaseUser | None = None,
 ) -> ModelPrice:
     """A new price from ``effective_from`` (default now) on, audited. Refused when it would
-    start in the past (the calls made since were priced by the row that applied then)."""
+    start in the past (the calls made since were priced by the row that applied then).
+    ``cache_write_per_m`` None: prompt-cache writes at the input price."""
     if len(model) > 200:
         raise InvalidInput("A price's model name is at most 200 characters.")
     model_price_check(
-        effective_from=effective_from, prices=[input_per_m, cached_input_per_m, output_per_m]
+        effective_from=effective_from,
+        prices=[input_per_m, cached_input_per_m, cache_write_per_m, output_per_m],
     )
     effective_from = effective_from or timezone.now()
     with transaction.atomic():
@@ -78,6 +82,7 @@ def model_price_create(
             effective_from=effective_from,
             input_per_m=input_per_m,
             cached_input_per_m=cached_input_per_m,
+            cache_write_per_m=cache_write_per_m,
             output_per_m=output_per_m,
             note=note[:200],
         )
@@ -93,13 +98,15 @@ def model_price_create(
 
 def model_price_check(*, effective_from: datetime | None, prices: list[Decimal | None]) -> None:
     """Refuse a price that would start in the past, or a price per million tokens below 0 or
-    above MAX_PRICE_PER_M (a mistyped one)."""
+    above MAX_PRICE_PER_M (a mistyped one). ``prices``: input, cached input, cache write and
+    output, each None where not given."""
     if effective_from is not None and effective_from < timezone.now() - PAST_SLACK:
         raise InvalidInput(
             f"A price cannot start in the past ({effective_from.isoformat()}): calls made since "
             "then were charged the price that applied. Add a row from now or a later time."
         )
-    for name, value in zip(("input", "cached input", "output"), prices, strict=True):
+    names = ("input", "cached input", "cache write", "output")
+    for name, value in zip(names, prices, strict=True):
         if value is not None and not Decimal(0) <= value <= MAX_PRICE_PER_M:
             raise InvalidInput(
                 f"The {name} price must be between 0 and {MAX_PRICE_PER_M} dollars per "
@@ -115,4 +122,5 @@ def _price(row: ModelPrice) -> Price:
         input_per_m=Decimal(row.input_per_m),
         cached_input_per_m=Decimal(row.cached_input_per_m),
         output_per_m=Decimal(row.output_per_m),
+        cache_write_per_m=None if row.cache_write_per_m is None else Decimal(row.cache_write_per_m),
     )

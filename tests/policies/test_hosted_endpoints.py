@@ -5,6 +5,7 @@ key itself encrypted at rest, write-only in the admin, audited when set, rotated
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -125,6 +126,103 @@ def test_the_anthropic_kind_refuses_what_its_api_cannot_do_before_sending(
             client.forward("chat", {"messages": CHAT, "max_tokens": 4, "n": 2})
 
     assert anthropic_provider.policy.requests == []
+
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}}},
+    },
+}
+
+
+def test_the_anthropic_kind_round_trips_parallel_tool_calls_as_anthropics_blocks(
+    db, secrets_key, anthropic_provider
+):
+    anthropic_provider.policy.tool_rules = [
+        ("add them", [("add", {"a": 2, "b": 3}), ("add", {"a": 4, "b": 5})])
+    ]
+    anthropic_provider.policy.rules = [("9", "5 and 9")]
+    version = hosted(db, anthropic_provider.url, EndpointKind.ANTHROPIC)
+    asked = [{"role": "user", "content": "add them"}]
+    tools = {"tools": [ADD], "tool_choice": "auto", "max_tokens": 32}
+
+    with policy_client_for(version=version) as client:
+        first = client.forward("chat", {"messages": asked, **tools})
+        calls = first.raw["choices"][0]["message"]["tool_calls"]
+        results = [
+            {"role": "tool", "tool_call_id": call["id"], "content": str(total)}
+            for call, total in zip(calls, (5, 9), strict=True)
+        ]
+        said = first.raw["choices"][0]["message"]
+        second = client.forward("chat", {"messages": [*asked, said, *results], **tools})
+
+    assert first.finish_reason == "tool_calls"
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("toolu_000", "add", {"a": 2, "b": 3}),
+        ("toolu_001", "add", {"a": 4, "b": 5}),
+    ]  # fmt: skip
+    assert (second.text, second.finish_reason) == ("5 and 9", "stop")
+    sent_first, sent_second = anthropic_provider.policy.requests
+    assert sent_first["tools"] == [
+        {
+            "name": "add",
+            "input_schema": {"type": "object", "properties": {"a": {"type": "number"}}},
+            "description": "Add two numbers.",
+        }
+    ]
+    assert sent_first["tool_choice"] == {"type": "auto"}
+    # Both results in the one user turn after the calls, as Anthropic requires (the provider
+    # server refuses a tool_use left without its tool_result in the next message).
+    assert sent_second["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "toolu_000", "name": "add", "input": {"a": 2, "b": 3}},
+                {"type": "tool_use", "id": "toolu_001", "name": "add", "input": {"a": 4, "b": 5}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_000", "content": "5"},
+                {"type": "tool_result", "tool_use_id": "toolu_001", "content": "9"},
+            ],
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"parameters": {"type": "array"}},
+            "tools.0.custom.input_schema.type: Input should be 'object'",
+        ),
+        ({"name": "read file"}, "tools.0.custom.name: String should match pattern"),
+    ],
+)
+def test_a_tool_anthropic_refuses_is_the_requests_fault_in_its_own_words(
+    db, secrets_key, anthropic_provider, change, message
+):
+    version = hosted(db, anthropic_provider.url, EndpointKind.ANTHROPIC)
+    tool = {"type": "function", "function": {**ADD["function"], **change}}
+
+    with (
+        policy_client_for(version=version) as client,
+        pytest.raises(PolicyRequestRejected) as caught,
+    ):
+        client.forward("chat", {"messages": CHAT, "tools": [tool], "max_tokens": 8})
+
+    assert caught.value.status == 400
+    error = json.loads(caught.value.reply)
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert message in error["error"]["message"]
+    assert len(anthropic_provider.policy.requests) == 1  # the request's fault: not retried
+    version.endpoint.refresh_from_db()
+    assert version.endpoint.healthy
 
 
 def test_a_provider_that_refuses_the_key_is_an_infra_error_and_the_probe_says_so(

@@ -21,7 +21,7 @@ from coevo.evaluations.models import Budget, Evaluation, Rollout, TraceStep
 from coevo.evaluations.services import evaluation_create
 from coevo.policies.client import Sampling
 from coevo.policies.models import EndpointKind, ModelPrice, PolicyEndpoint
-from coevo.policies.prices import model_price_create
+from coevo.policies.prices import model_price_create, price_worst_per_token
 from coevo.policies.services import (
     policy_client_for,
     policy_endpoint_api_key_set,
@@ -220,3 +220,111 @@ def test_a_rollout_on_an_unpriced_endpoint_shows_no_cost(
     client.force_login(owner)
     page = client.get(reverse("web:rollout", args=[project.slug, rollout.id])).content.decode()
     assert '<dd class="rollout-cost">—</dd>' in page
+
+
+@pytest.fixture
+def anthropic_provider(db, settings):
+    """An Anthropic-like provider whose every reply says it read 100 prompt tokens from its
+    prompt cache and wrote 40 to it (besides the uncached input it counts)."""
+    settings.COEVO_SECRETS_KEY = Fernet.generate_key().decode()
+    policy = ProviderPolicy(
+        api_key=KEY, provider="anthropic", model="claude-test", rules=[("capital", "Paris")]
+    )
+    policy.cached_tokens, policy.cache_write_tokens = 100, 40
+    with ProviderServer(policy) as server:
+        endpoint = PolicyEndpoint.objects.create(
+            name="anthropic", base_url=server.url, kind=EndpointKind.ANTHROPIC
+        )
+        policy_endpoint_api_key_set(endpoint=endpoint, api_key=KEY, actor=None)
+        version = policy_version_create(
+            name="claude", endpoint=endpoint, base_model="claude-test", served_name="claude-test"
+        )
+        yield endpoint, version
+
+
+def test_anthropic_cache_reads_and_writes_are_each_charged_their_own_price(anthropic_provider):
+    endpoint, version = anthropic_provider
+    row = model_price_create(
+        endpoint=endpoint,
+        model="claude-test",
+        input_per_m=Decimal(3),
+        cached_input_per_m=Decimal("0.3"),
+        cache_write_per_m=Decimal("3.75"),
+        output_per_m=Decimal(15),
+    )
+
+    completion = ask(version)
+
+    # 4 uncached input tokens (the words of the request's last content, as the provider server
+    # counts), 100 read from the cache, 40 written to it; 1 output token ("Paris").
+    assert (completion.prompt_tokens, completion.completion_tokens) == (144, 1)
+    assert (completion.cached_tokens, completion.cache_write_tokens) == (100, 40)
+    expected = (4 * 3 + 100 * Decimal("0.3") + 40 * Decimal("3.75") + 1 * 15) / MILLION
+    assert completion.cost_usd == expected
+    record = completion.cost_record()
+    assert (record["cached_tokens"], record["cache_write_tokens"]) == (100, 40)
+    assert record["price"]["id"] == row.id and record["price"]["cache_write_per_m"] == "3.750000"
+    # The provider's own counts stay in the reply (what a harness behind the boundary reads).
+    usage = completion.raw["usage"]
+    assert (usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (100, 40)
+
+
+def test_a_price_without_a_cache_write_price_charges_cache_writes_as_input(anthropic_provider):
+    endpoint, version = anthropic_provider
+    price(endpoint, inp="3", cached="0.3", out="15")
+
+    completion = ask(version)
+
+    expected = ((4 + 40) * 3 + 100 * Decimal("0.3") + 1 * 15) / MILLION
+    assert completion.cost_usd == expected
+    assert completion.price["cache_write_per_m"] is None
+    assert completion.cache_write_tokens == 40
+
+
+def test_the_worst_case_counts_a_dearer_cache_write_price(anthropic_provider):
+    endpoint, version = anthropic_provider
+    model_price_create(
+        endpoint=endpoint,
+        model="",
+        input_per_m=Decimal(3),
+        cached_input_per_m=Decimal("0.3"),
+        cache_write_per_m=Decimal(30),
+        output_per_m=Decimal(15),
+    )
+    assert price_worst_per_token(version=version) == Decimal(30) / MILLION
+    with pytest.raises(InvalidInput, match="cache write price must be between 0 and"):
+        model_price_create(
+            endpoint=endpoint,
+            model="claude-test",
+            input_per_m=Decimal(3),
+            cached_input_per_m=Decimal("0.3"),
+            cache_write_per_m=Decimal(-1),
+            output_per_m=Decimal(15),
+        )
+
+
+def test_the_admin_takes_a_cache_write_price_or_leaves_it_to_the_input_price(
+    client, operator, anthropic_provider
+):
+    endpoint, _ = anthropic_provider
+    client.force_login(operator)
+    add = reverse("admin:policies_modelprice_add")
+    form = {
+        "endpoint": endpoint.id,
+        "input_per_m": "3",
+        "cached_input_per_m": "0.3",
+        "output_per_m": "15",
+    }
+
+    assert client.post(add, {**form, "model": "claude-test", "cache_write_per_m": "3.75"}).status_code == 302  # fmt: skip
+    assert client.post(add, {**form, "model": "other", "cache_write_per_m": ""}).status_code == 302
+    refused = client.post(add, {**form, "model": "third", "cache_write_per_m": "-1"})
+
+    assert b"cache write price must be between 0 and" in refused.content
+    rows = dict(ModelPrice.objects.values_list("model", "cache_write_per_m"))
+    assert rows == {"claude-test": Decimal("3.75"), "other": None}
+    audited = {
+        e.after["model"]: e.after["cache_write_per_m"]
+        for e in AuditEvent.objects.filter(action="modelprice.created")
+    }
+    assert Decimal(audited["claude-test"]) == Decimal("3.75") and audited["other"] is None

@@ -10,12 +10,22 @@ last user message), in the provider's reply shape; ``requests`` and ``headers`` 
 came (each body with its ``path``); ``echo_key_in_errors`` makes its 401 quote the key it got,
 as a careless gateway might. ``cached_tokens`` is how many prompt tokens each reply says the
 provider's prompt cache served (OpenAI's ``prompt_tokens_details``, Anthropic's
-``cache_read_input_tokens``).
+``cache_read_input_tokens``), ``cache_write_tokens`` how many Anthropic's reply says it wrote to
+that cache (``cache_creation_input_tokens``).
+
+Tools: ``tool_rules`` (the first whose substring is in the last message, when the request
+offers tools) answer with those tool calls: OpenAI's ``tool_calls`` (finish_reason
+"tool_calls"), Anthropic's ``tool_use`` blocks (stop_reason "tool_use"). The Anthropic server
+checks a request as Anthropic's API does (``anthropic_request_problem``): each tool's name and
+``input_schema``, ``tool_choice`` only with tools, non-empty messages, and every ``tool_use``
+answered by a ``tool_result`` in the next message, each result naming a call of the previous
+one; what it refuses is a 400 ``invalid_request_error`` with Anthropic's message.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,12 +63,17 @@ class ProviderPolicy:
     retry_after: str = "1"
     echo_key_in_errors: bool = False
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    tool_rules: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reply_for(self, text: str) -> str:
         return next((reply for key, reply in self.rules if key in text), self.default)
+
+    def tool_calls_for(self, text: str) -> list[tuple[str, dict[str, Any]]]:
+        return next((calls for key, calls in self.tool_rules if key in text), [])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -77,12 +92,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, status: int, kind: str, message: str) -> None:
+    def _error(
+        self, status: int, kind: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         if self.policy.provider == "anthropic":
             body = {"type": "error", "error": {"type": kind, "message": message}}
         else:
             body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-        self._json(status, body)
+        self._json(status, body, headers)
 
     def _authorized(self) -> bool:
         policy = self.policy
@@ -122,10 +139,8 @@ class _Handler(BaseHTTPRequestHandler):
             policy.rate_limit_next -= 1 if limited else 0
         if limited:
             kind = "rate_limit_error" if policy.provider == "anthropic" else "requests"
-            self._json(
-                429,
-                {"error": {"message": "Rate limit reached for requests.", "type": kind}},
-                {"Retry-After": policy.retry_after},
+            self._error(
+                429, kind, "Rate limit reached for requests.", {"Retry-After": policy.retry_after}
             )
             return
         known = {
@@ -149,20 +164,131 @@ class _Handler(BaseHTTPRequestHandler):
             text = policy.reply_for(str(body.get("prompt")))
             self._json(200, _openai(policy, {"index": 0, "text": text, "finish_reason": "stop"}))  # fmt: skip
             return
+        if policy.provider == "anthropic":
+            problem = anthropic_request_problem(body)
+            if problem:
+                self._error(400, "invalid_request_error", problem)
+                return
         last = (body.get("messages") or [{}])[-1].get("content")
         last = last if isinstance(last, str) else json.dumps(last)
-        text = policy.reply_for(last)
+        calls = policy.tool_calls_for(last) if body.get("tools") else []
+        choice = body.get("tool_choice") if isinstance(body.get("tool_choice"), dict) else {}
+        if choice.get("disable_parallel_tool_use") or body.get("parallel_tool_calls") is False:
+            calls = calls[:1]
+        text = "" if calls else policy.reply_for(last)
+        with policy._lock:
+            turn = len(policy.requests) - 1  # this request's index
         if policy.provider == "anthropic":
+            content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+            content += [
+                {"type": "tool_use", "id": f"toolu_{turn:02d}{i}", "name": name, "input": args}
+                for i, (name, args) in enumerate(calls)
+            ]
             self._json(200, {
                 "id": "msg_test", "type": "message", "role": "assistant", "model": policy.model,
-                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                "content": content, "stop_reason": "tool_use" if calls else "end_turn",
                 "stop_sequence": None, "usage": {"input_tokens": len(last.split()),
+                                                 "cache_creation_input_tokens": policy.cache_write_tokens,
                                                  "cache_read_input_tokens": policy.cached_tokens,
-                                                 "output_tokens": len(text.split())},
+                                                 "output_tokens": len(text.split()) + len(calls)},
             })  # fmt: skip
             return
-        message = {"role": "assistant", "content": text}
-        self._json(200, _openai(policy, {"index": 0, "message": message, "finish_reason": "stop"}))  # fmt: skip
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{turn}_{i}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args)},
+                }
+                for i, (name, args) in enumerate(calls)
+            ]
+        finish = "tool_calls" if calls else "stop"
+        self._json(200, _openai(policy, {"index": 0, "message": message, "finish_reason": finish}))  # fmt: skip
+
+
+# Anthropic's custom tools: a name of this pattern and an object input_schema, nothing else.
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+_TOOL_KEYS = frozenset({"type", "name", "description", "input_schema", "cache_control"})
+_TOOL_CHOICES = frozenset({"auto", "any", "tool", "none"})
+
+
+def anthropic_request_problem(body: dict[str, Any]) -> str | None:
+    """What Anthropic's API says of a Messages request it refuses (its 400's message), or None."""
+    if body.get("max_tokens") is None:
+        return "max_tokens: Field required"
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        where = f"tools.{i}.custom"
+        if not isinstance(tool, dict):
+            return f"tools.{i}: Input should be a valid dictionary"
+        extra = sorted(set(tool) - _TOOL_KEYS)
+        if extra:
+            return f"{where}.{extra[0]}: Extra inputs are not permitted"
+        if not isinstance(tool.get("name"), str) or not _TOOL_NAME.match(tool["name"]):
+            return f"{where}.name: String should match pattern '{_TOOL_NAME.pattern}'"
+        schema = tool.get("input_schema")
+        if schema is None:
+            return f"{where}.input_schema: Field required"
+        if not isinstance(schema, dict):
+            return f"{where}.input_schema: Input should be a valid dictionary"
+        if schema.get("type") != "object":
+            return f"{where}.input_schema.type: Input should be 'object'"
+        if not isinstance(schema.get("properties", {}), dict):
+            return (
+                f"{where}.input_schema: JSON schema is invalid. It must match JSON Schema draft "
+                "2020-12 (https://json-schema.org/)."
+            )
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if not tools:
+            return "tool_choice: tool_choice may only be specified while providing tools"
+        if not isinstance(choice, dict) or choice.get("type") not in _TOOL_CHOICES:
+            return "tool_choice: Input tag does not match any of the expected tags"
+    return _messages_problem(body.get("messages"))
+
+
+def _messages_problem(messages: Any) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return "messages: at least one message is required"
+    asked: list[str] = []  # the tool_use ids of the previous message
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            return f"messages.{i}.content: Input should be a valid list"
+        final_assistant = i == len(messages) - 1 and message.get("role") == "assistant"
+        if not blocks and not final_assistant:
+            return (
+                f"messages.{i}: all messages must have non-empty content except for the "
+                "optional final assistant message"
+            )
+        answered = []
+        for j, block in enumerate(blocks):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and not block.get("text"):
+                return f"messages.{i}.content.{j}.text: text content blocks must be non-empty"
+            if kind == "tool_result":
+                if block.get("tool_use_id") not in asked:
+                    return (
+                        f"messages.{i}.content.{j}: unexpected `tool_use_id` found in "
+                        f"`tool_result` blocks: {block.get('tool_use_id')}. Each `tool_result` "
+                        "block must have a corresponding `tool_use` block in the previous message."
+                    )
+                answered.append(block["tool_use_id"])
+            if kind == "tool_use" and (
+                not isinstance(block.get("id"), str) or not isinstance(block.get("input"), dict)
+            ):
+                return f"messages.{i}.content.{j}.tool_use: id and input are required"
+        unanswered = [use for use in asked if use not in answered]
+        if unanswered:
+            return (
+                f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(unanswered)}. Each `tool_use` block must have a "
+                "corresponding `tool_result` block in the next message."
+            )
+        asked = [b["id"] for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+    return None
 
 
 def _openai(policy: ProviderPolicy, choice: dict[str, Any]) -> dict[str, Any]:
