@@ -260,6 +260,7 @@ def run_one(args: argparse.Namespace) -> int:
     from tests.support.factories import SEED_HARNESS, make_user
     from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
     from tests.support.processes import CeleryProcesses
+    from workers.trace import StepKind
 
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
     policy = ScriptedPolicy(latency_s=args.latency)
@@ -354,7 +355,7 @@ def run_one(args: argparse.Namespace) -> int:
         ]
         verdicts: dict = {}
         for rollout_id, attempt in TraceStep.objects.filter(
-            rollout__evaluation=evaluation, kind="verdict"
+            rollout__evaluation=evaluation, kind=StepKind.VERDICT
         ).values_list("rollout_id", "attempt"):
             verdicts.setdefault(rollout_id, set()).add(attempt)
         not_scored = [r for r in rollouts if r not in scored]

@@ -169,6 +169,7 @@ def main() -> int:
     from coevo.suites.services import suite_import_jsonl
     from harness_store.services import candidate_import_directory
     from tests.support.openai_server import ScriptedOpenAIServer, ScriptedPolicy
+    from workers.trace import StepKind
 
     policy = ScriptedPolicy(default="ok", latency_s=args.latency)
     server = ScriptedOpenAIServer(policy)
@@ -278,7 +279,7 @@ def main() -> int:
     rollouts = list(Rollout.objects.filter(evaluation=evaluation))
     policy_ms: dict[object, int] = {}
     for rollout_id, latency in TraceStep.objects.filter(
-        rollout__evaluation=evaluation, kind="model_call"
+        rollout__evaluation=evaluation, kind=StepKind.MODEL_CALL
     ).values_list("rollout_id", "latency_ms"):
         policy_ms[rollout_id] = policy_ms.get(rollout_id, 0) + latency
     overheads, overheads_ms = [], []
@@ -398,18 +399,19 @@ def print_phases(rollouts: list, *, kind: str) -> None:
     the boundary's hop), between (harness code between calls), finish (last reply → finished:
     answer, exit, scoring, the rollout's rows)."""
     from coevo.evaluations.models import TraceStep
+    from workers.trace import StepKind
 
     stamps: dict[object, dict] = {}
     latencies: dict[object, list[int]] = {}
     steps = TraceStep.objects.filter(
-        rollout__in=rollouts, kind__in=["log", "program_output", "model_call"]
+        rollout__in=rollouts, kind__in=[StepKind.LOG, StepKind.PROGRAM_OUTPUT, StepKind.MODEL_CALL]
     ).order_by("rollout_id", "index")
     for step in steps:
-        if step.kind == "model_call":
+        if step.kind == StepKind.MODEL_CALL:
             latencies.setdefault(step.rollout_id, []).append(step.latency_ms)
-        elif step.kind == "log" and step.payload.get("message") == "phases":
+        elif step.kind == StepKind.LOG and step.payload.get("message") == "phases":
             stamps[step.rollout_id] = step.payload["fields"]
-        elif step.kind == "program_output":
+        elif step.kind == StepKind.PROGRAM_OUTPUT:
             last = (step.payload.get("stdout") or "").strip().splitlines()[-1:]
             if last:
                 stamps[step.rollout_id] = json.loads(last[0])["phases"]

@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import traces as trace_bench  # noqa: E402  (benchmarks/traces.py: setup, rollouts, timing)
 
+from workers.trace import StepKind  # noqa: E402  (on the path benchmarks/traces.py sets)
+
 TOOLS = [
     {
         "type": "function",
@@ -94,7 +96,7 @@ def call_payload(call, messages, reply, *, session, parent, relation):
 
 def program_steps(n: int, *, sessions: int, result_bytes: int) -> list[trace_bench.BenchStep]:
     Step = trace_bench.BenchStep
-    steps = [Step("start", {"task": "q1", "command": ["python", "agent.py"], "knobs": {}})]
+    steps = [Step(StepKind.START, {"task": "q1", "command": ["python", "agent.py"], "knobs": {}})]
     calls = n - 4  # start, program_output, answer, verdict
     turns = max(1, calls // sessions)
     call = 0
@@ -128,7 +130,7 @@ def program_steps(n: int, *, sessions: int, result_bytes: int) -> list[trace_ben
             payload = call_payload(
                 call, request, reply, session=root, parent=parent_here, relation=rel
             )
-            steps.append(Step("model_call", payload, (40 * len(request), 24), 150))
+            steps.append(Step(StepKind.MODEL_CALL, payload, (40 * len(request), 24), 150))
             if rel in ("starts", "continues"):
                 line = f"{20116.8 + turn:.1f} (turn {turn} of session {root}) "
                 result = (line * (result_bytes // len(line) + 1))[:result_bytes]
@@ -138,9 +140,11 @@ def program_steps(n: int, *, sessions: int, result_bytes: int) -> list[trace_ben
                 ]
                 parent, relation = call, "continues"
             call += 1
-    steps.append(Step("program_output", {"exit_code": 0, "stdout": "done\n" * 20}))
-    steps.append(Step("answer", {"answer": "20116.8"}))
-    steps.append(Step("verdict", {"passed": True, "score": 1.0, "detail": "ok", "output": ""}))
+    steps.append(Step(StepKind.PROGRAM_OUTPUT, {"exit_code": 0, "stdout": "done\n" * 20}))
+    steps.append(Step(StepKind.ANSWER, {"answer": "20116.8"}))
+    steps.append(
+        Step(StepKind.VERDICT, {"passed": True, "score": 1.0, "detail": "ok", "output": ""})
+    )
     return steps
 
 
@@ -165,7 +169,7 @@ def main() -> None:
     trace_bench.ingest(program, steps)
     trace_bench.ingest(game, trace_bench.game_steps(args.trace_steps, prompt_bytes=2048))
     stored = TraceStep.objects.filter(rollout=program)
-    sizes = [len(json.dumps(s.payload)) for s in steps if s.kind == "model_call"]
+    sizes = [len(json.dumps(s.payload)) for s in steps if s.kind == StepKind.MODEL_CALL]
     print(
         f"program trace: {stored.count()} steps, {args.sessions} sessions, payloads "
         f"{statistics.mean(sizes) / 1024:.1f} KB on average (largest {max(sizes) / 1024:.1f} KB), "

@@ -31,6 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from workers.trace import StepKind  # noqa: E402  (the repository's, on the path above)
+
 CPU_SECONDS: list[float] = []
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/coevo_h6_bench"
 
@@ -64,7 +67,7 @@ def game_steps(n: int, *, prompt_bytes: int) -> list[BenchStep]:
                 "completion": f" open fridge and take the milk, then go north ({move})",
                 "finish_reason": "stop",
             }
-            steps.append(BenchStep("model_call", payload, (prompt_bytes // 4, 14), 180))
+            steps.append(BenchStep(StepKind.MODEL_CALL, payload, (prompt_bytes // 4, 14), 180))
         else:
             observation = {
                 "observation": (f"[move {move}] You open the fridge. " + room * 6)[:500],
@@ -80,7 +83,7 @@ def game_steps(n: int, *, prompt_bytes: int) -> list[BenchStep]:
                 "done": False,
                 "truncated": False,
             }
-            steps.append(BenchStep("env_step", payload, ms=2))
+            steps.append(BenchStep(StepKind.ENV_STEP, payload, ms=2))
     return steps
 
 

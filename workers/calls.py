@@ -13,6 +13,7 @@ from typing import Any
 
 from workers.outcomes import InvalidCall, ProtocolViolation
 from workers.policy import Sampling
+from workers.trace import HarnessException, Log
 
 MAX_SAMPLES = 16
 MAX_STOPS = 16
@@ -66,16 +67,17 @@ def parse_action(params: dict[str, Any], name: str) -> str:
     return action
 
 
-def log_payload(message: dict[str, Any]) -> dict[str, Any]:
-    payload: dict[str, Any] = {"message": str(message.get("message", ""))[:MAX_LOG_CHARS]}
+def log_step(message: dict[str, Any]) -> Log:
     fields = message.get("fields")
     if isinstance(fields, dict) and fields:
         text = json.dumps(fields)
-        payload["fields"] = fields if len(text) <= MAX_LOG_CHARS else {"truncated": text[:2000]}
-    return payload
+        fields = fields if len(text) <= MAX_LOG_CHARS else {"truncated": text[:2000]}
+    else:
+        fields = None
+    return Log(message=str(message.get("message", ""))[:MAX_LOG_CHARS], fields=fields)
 
 
-def exception_payload(message: dict[str, Any]) -> dict[str, Any]:
+def exception_step(message: dict[str, Any]) -> HarnessException:
     """The harness's error with its traceback text and frames (file relative to the harness
     root, line, function), which the trace viewer links to the candidate's source."""
     frames = []
@@ -93,11 +95,11 @@ def exception_payload(message: dict[str, Any]) -> dict[str, Any]:
                 "in_harness": frame.get("in_harness") is True,
             }
         )
-    return {
-        "error": str(message.get("error", ""))[:2000],
-        "traceback": str(message.get("traceback") or "")[-8000:],
-        "frames": frames,
-    }
+    return HarnessException(
+        error=str(message.get("error", ""))[:2000],
+        traceback=str(message.get("traceback") or "")[-8000:],
+        frames=frames,
+    )
 
 
 def parse_prompt(params: dict[str, Any], name: str) -> str:

@@ -26,7 +26,7 @@ import hashlib
 import json
 import secrets
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from coevo.errors import PolicyRequestFailed, PolicyRequestRejected, PolicyUnavailable
@@ -42,7 +42,7 @@ from workers.outcomes import (
     ProtocolViolation,
 )
 from workers.policy import Completion, cost_total, platform_wait, platform_waits_observed
-from workers.steps import Step
+from workers.trace import VIA_BOUNDARY, ModelCall, ProgramOutput, Step
 
 if TYPE_CHECKING:
     from workers.rollout import RolloutRunner
@@ -230,7 +230,7 @@ class _ProgramRollout:
             )
         code = ended.get("exit_code")
         tail = str(ended.get("stdout_tail") or "")
-        self.runner.record(Step("program_output", {"exit_code": code, "stdout": tail}))
+        self.runner.record(Step.of(ProgramOutput(exit_code=code, stdout=tail)))
         if code != 0:
             how = (
                 f"was killed by signal {-code}"
@@ -364,16 +364,12 @@ class _ProgramRollout:
             # gets the refusal and may recover, as it would from the OpenAI API.
             with self.lock:
                 if not self.ended:
-                    self.pending.append(
-                        Step(
-                            "model_call",
-                            {
-                                **self._payload(api, body, dropped, spoken),
-                                "call": index,
-                                "rejected": str(exc)[:2000],
-                            },
-                        )
+                    refused = replace(
+                        self._request(api, body, dropped, spoken),
+                        call=index,
+                        rejected=str(exc)[:2000],
                     )
+                    self.pending.append(Step.of(refused))
             status = exc.status if isinstance(exc.status, int) and 400 <= exc.status < 500 else 400
             shown = f"The policy server refused the request (HTTP {exc.status})"
             code = None
@@ -400,23 +396,22 @@ class _ProgramRollout:
             runner.result.completion_tokens += completion.completion_tokens
             runner.result.cost_usd = cost_total([runner.result.cost_usd, completion.cost_usd])
             place = self.tree.place(index, api, body, reply)
+            answered = replace(
+                self._request(api, body, dropped, spoken, completion),
+                **place,
+                model=completion.model,
+                endpoint=completion.endpoint,
+                completion=completion.text,
+                finish_reason=completion.finish_reason,
+                tool_calls=openai_requests.tool_calls_of(api, reply),
+                choices=reply.get("choices"),
+                usage=reply.get("usage"),
+                cost=completion.cost_record(),
+                degraded=_degraded(reply),
+            )
             self.pending.append(
-                Step(
-                    "model_call",
-                    {
-                        **self._payload(api, body, dropped, spoken, completion),
-                        **place,
-                        "model": completion.model,
-                        "endpoint": completion.endpoint,
-                        "completion": completion.text,
-                        "finish_reason": completion.finish_reason,
-                        "tool_calls": openai_requests.tool_calls_of(api, reply),
-                        "choices": reply.get("choices"),
-                        "usage": reply.get("usage"),
-                        # Its cost and the price row that applied; None: no price.
-                        "cost": completion.cost_record(),
-                        **_degraded(reply),
-                    },
+                Step.of(
+                    answered,
                     prompt_tokens=completion.prompt_tokens,
                     completion_tokens=completion.completion_tokens,
                     latency_ms=completion.latency_ms,
@@ -448,14 +443,14 @@ class _ProgramRollout:
                     status, error_body(str(exc), type="coevo_error", code=str(exc.error_kind))
                 ) from None
 
-    def _payload(
+    def _request(
         self,
         api: str,
         body: dict[str, Any],
         dropped: list[str],
         spoken: str | None = None,
         completion: Completion | None = None,
-    ) -> dict[str, Any]:
+    ) -> ModelCall:
         """The model-call step's request part; with the ``completion``, the sampling that
         applied (as sent to the endpoint's kind) and what that kind did not take."""
         content_keys = (
@@ -463,34 +458,31 @@ class _ProgramRollout:
             if api == "chat"
             else ("prompt",)
         )
-        payload: dict[str, Any] = {
-            "api": api,
-            "via": "boundary",
-            "policy_version": self.runner.inputs.policy_version,
-            **{key: body[key] for key in content_keys if key in body},
-            "sampling": {k: v for k, v in body.items() if k not in content_keys},
-            "n": int(body.get("n") or 1),
-        }
+        sampling = {k: v for k, v in body.items() if k not in content_keys}
         if completion is not None and completion.sampling:
-            payload["sampling"] = completion.sampling
+            sampling = completion.sampling
         if completion is not None and completion.dropped:
             dropped = sorted({*dropped, *completion.dropped})
-        if dropped:
-            payload["dropped"] = dropped
-        if spoken:
+        return ModelCall(
+            api=api,
+            via=VIA_BOUNDARY,
+            policy_version=self.runner.inputs.policy_version,
+            **{key: body[key] for key in content_keys if key in body},
+            sampling=sampling,
+            n=int(body.get("n") or 1),
+            dropped=dropped or None,
             # The harness spoke another API (Anthropic's Messages, OpenAI's Responses); what
             # is recorded is the chat call it was translated to.
-            payload["spoken"] = spoken
-        return payload
+            spoken=spoken or None,
+        )
 
 
-def _degraded(reply: dict[str, Any]) -> dict[str, Any]:
+def _degraded(reply: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The step's ``degraded`` list, where the policy server named parts of the request it
     could not honour. The reply keeps ``coevo_degraded`` on its way to the program: the
     OpenAI SDKs ignore a field they do not know, and a program that does know it can adapt
     (say, put its tools in the prompt) as the trace's reader would."""
-    degraded = openai_requests.degraded_of(reply)
-    return {"degraded": degraded} if degraded else {}
+    return openai_requests.degraded_of(reply) or None
 
 
 def _names_max_tokens(body: Any) -> bool:

@@ -37,7 +37,7 @@ from coevo.errors import (
     SandboxUnavailable,
 )
 from harness_store.manifest import Manifest, load_manifest
-from workers import calls, openai_requests
+from workers import calls, openai_requests, trace
 from workers.channel import HarnessChannel, harness_binds
 from workers.containers import ImageBuildFailed, ImageUnavailable
 from workers.environments.base import Environment, Episode, InvalidHelperCall, Verdict
@@ -55,7 +55,7 @@ from workers.outcomes import (
 )
 from workers.policy import Completion, Policy, Sampling, cost_total, platform_waits_observed
 from workers.program import converse_program
-from workers.steps import Step
+from workers.trace import Step
 
 
 @dataclass
@@ -225,24 +225,20 @@ class RolloutRunner:
                 RolloutOutcome.HARNESS_ERROR, ErrorKind.MANIFEST, f"invalid harness: {exc}"
             )
         self.record(
-            Step(
-                "start",
-                {
-                    "task": self.inputs.task_key,
-                    "knobs": knobs,
-                    **(
-                        {"command": list(manifest.command)}
-                        if manifest.is_program
-                        else {"entrypoint": manifest.entrypoint}
-                    ),
-                    "seed": self.inputs.seed,
-                    "policy_version": self.inputs.policy_version,
-                    "policy_api": manifest.policy_api,
-                    "limits": manifest.limits.as_dict(),
-                    "multi_step": self.multi_step,
-                    "helpers": sorted(self.helpers),
-                    **({"workspace": True} if self.has_workspace else {}),
-                },
+            Step.of(
+                trace.Start(
+                    task=self.inputs.task_key,
+                    knobs=knobs,
+                    command=list(manifest.command) if manifest.is_program else None,
+                    entrypoint=None if manifest.is_program else manifest.entrypoint,
+                    seed=self.inputs.seed,
+                    policy_version=self.inputs.policy_version,
+                    policy_api=manifest.policy_api,
+                    limits=manifest.limits.as_dict(),
+                    multi_step=self.multi_step,
+                    helpers=sorted(self.helpers),
+                    workspace=self.has_workspace,
+                )
             )
         )
         try:
@@ -272,7 +268,7 @@ class RolloutRunner:
                             "log": exc.log[-16 * 1024 :],
                         }
                         self.record(
-                            Step("environment", {"backend": "container", "build_failed": failed})
+                            Step.of(trace.Environment(backend="container", build_failed=failed))
                         )
                     # The task's container cannot be had: not the harness's doing.
                     return self._end(
@@ -282,7 +278,7 @@ class RolloutRunner:
                         score=None,
                     )
                 if self.workspace.applied:
-                    self.record(Step("environment", dict(self.workspace.applied)))
+                    self.record(Step.of(trace.Environment.from_payload(self.workspace.applied)))
             return self._play(manifest, knobs)
         finally:
             if self.episode is not None:
@@ -319,7 +315,7 @@ class RolloutRunner:
             self._record_unscored_verdict()
             return self._end(RolloutOutcome.HARNESS_ERROR, ErrorKind.POLICY, str(exc))
         self.result.answer = answer
-        self.record(Step("answer", {"answer": answer}))
+        self.record(Step.of(trace.Answer(answer=answer)))
         if self.workspace is not None and not self._record_workspace_diff():
             return self._end(
                 RolloutOutcome.HARNESS_ERROR,
@@ -338,7 +334,7 @@ class RolloutRunner:
             return self._end(RolloutOutcome.INFRA_ERROR, ErrorKind.SANDBOX, str(exc), score=None)
         # A workspace task's test output is what reviewers read: more of it is kept.
         chars = MAX_VERIFIER_OUTPUT_CHARS if self.workspace is not None else 4000
-        self.record(Step("verdict", _verdict_payload(verdict, output_chars=chars)))
+        self.record(Step.of(_verdict_step(verdict, output_chars=chars)))
         outcome = RolloutOutcome.PASSED if verdict.passed else RolloutOutcome.TASK_FAILURE
         return self._end(outcome, ErrorKind.NONE, verdict.detail, score=verdict.score, record=False)
 
@@ -351,9 +347,9 @@ class RolloutRunner:
             final = self.workspace.final()
         except WorkspaceRefused as exc:
             self.workspace_fault = LimitExceeded(str(exc))
-            self.record(Step("workspace_diff", {"error": str(exc)}))
+            self.record(Step.of(trace.WorkspaceDiff(error=str(exc))))
             return False
-        self.record(Step("workspace_diff", self.workspace.diff(final)))
+        self.record(Step.of(trace.WorkspaceDiff.from_payload(self.workspace.diff(final))))
         return True
 
     def _record_unscored_verdict(self) -> None:
@@ -361,9 +357,8 @@ class RolloutRunner:
         (a harness_error counts against the candidate as 0)."""
         if self.episode is None or not self.episode_started:
             return
-        payload = _verdict_payload(self.episode.verdict())
-        payload["counted"] = False
-        self.record(Step("verdict", payload))
+        unscored = dataclasses.replace(_verdict_step(self.episode.verdict()), counted=False)
+        self.record(Step.of(unscored))
 
     def _end(
         self,
@@ -379,10 +374,10 @@ class RolloutRunner:
         self.result.detail = detail
         self.result.score = score
         if record:
-            payload: dict[str, Any] = {"outcome": outcome, "message": detail}
+            stderr = None
             if self.channel is not None and self.channel.stderr_tail:
-                payload["stderr"] = self.channel.stderr_tail.decode(errors="replace")
-            self.record(Step("error", payload))
+                stderr = self.channel.stderr_tail.decode(errors="replace")
+            self.record(Step.of(trace.Error(outcome=outcome, message=detail, stderr=stderr)))
         return self.result
 
     # --- the conversation with the sandboxed harness ----------------------------------------
@@ -422,12 +417,12 @@ class RolloutRunner:
                     continue
                 if kind == "log":
                     meter.count_log()
-                    self.record(Step("log", calls.log_payload(message)))
+                    self.record(Step.of(calls.log_step(message)))
                 elif kind == "answer":
                     return message.get("answer")
                 elif kind == "error":
                     channel.wait_for_stderr(timeout=1)
-                    self.record(Step("harness_exception", calls.exception_payload(message)))
+                    self.record(Step.of(calls.exception_step(message)))
                     raise HarnessRaised(f"the harness raised {message.get('error')}")
                 elif kind == "call":
                     result = self._handle_call(message, manifest)
@@ -512,27 +507,26 @@ class RolloutRunner:
             # What the policy server could not honour (tools its model never saw): the trace
             # says so; the harness gets what it always gets.
             degraded = openai_requests.degraded_of(completion.raw)
+            recorded = trace.ModelCall(
+                api=wanted,
+                model=completion.model,
+                policy_version=self.inputs.policy_version,
+                endpoint=completion.endpoint,
+                **request,
+                # As sent: the endpoint kind's names and neutral values included.
+                sampling=completion.sampling or sample.as_params(),
+                dropped=list(completion.dropped) if completion.dropped else None,
+                sample=i,
+                n=n,
+                completion=completion.text,
+                finish_reason=completion.finish_reason,
+                cost=completion.cost_record(),
+                tool_calls=tool_calls if "tools" in request or tool_calls else None,
+                degraded=degraded or None,
+            )
             self.record(
-                Step(
-                    "model_call",
-                    {
-                        "api": wanted,
-                        "model": completion.model,
-                        "policy_version": self.inputs.policy_version,
-                        "endpoint": completion.endpoint,
-                        **request,
-                        # As sent: the endpoint kind's names and neutral values included.
-                        "sampling": completion.sampling or sample.as_params(),
-                        **({"dropped": list(completion.dropped)} if completion.dropped else {}),
-                        "sample": i,
-                        "n": n,
-                        "completion": completion.text,
-                        "finish_reason": completion.finish_reason,
-                        # Its cost and the price row that applied; None: no price.
-                        "cost": completion.cost_record(),
-                        **({"tool_calls": tool_calls} if "tools" in request or tool_calls else {}),
-                        **({"degraded": degraded} if degraded else {}),
-                    },
+                Step.of(
+                    recorded,
                     prompt_tokens=completion.prompt_tokens,
                     completion_tokens=completion.completion_tokens,
                     latency_ms=completion.latency_ms,
@@ -602,7 +596,7 @@ class RolloutRunner:
             observation = self.episode.reset()
             self.episode_started = True
             self.episode_done = False
-            self.record(Step("env_reset", {"observation": observation}))
+            self.record(Step.of(trace.EnvReset(observation=observation)))
             return observation
         action = calls.parse_action(params, name)
         if not self.episode_started:
@@ -628,9 +622,8 @@ class RolloutRunner:
             "truncated": truncated,
         }
         self.record(
-            Step(
-                "env_step",
-                {"index": self.meter.env_steps, "action": action, **reply},
+            Step.of(
+                trace.EnvStep(index=self.meter.env_steps, action=action, **reply),
                 latency_ms=int((time.monotonic() - started) * 1000),
             )
         )
@@ -662,9 +655,8 @@ class RolloutRunner:
         except InvalidHelperCall as exc:
             raise InvalidCall(f"ctx.helper({name!r}): {exc}") from None
         self.record(
-            Step(
-                "helper_call",
-                {"name": name, "params": params, "result": result},
+            Step.of(
+                trace.HelperCall(name=name, params=params, result=result),
                 latency_ms=int((time.monotonic() - started) * 1000),
             )
         )
@@ -684,10 +676,10 @@ def _runtime_tool_call(call: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _verdict_payload(verdict: Verdict, *, output_chars: int = 4000) -> dict[str, Any]:
-    return {
-        "passed": verdict.passed,
-        "score": verdict.score,
-        "detail": verdict.detail,
-        "output": verdict.output[-output_chars:],
-    }
+def _verdict_step(verdict: Verdict, *, output_chars: int = 4000) -> trace.Verdict:
+    return trace.Verdict(
+        passed=verdict.passed,
+        score=verdict.score,
+        detail=verdict.detail,
+        output=verdict.output[-output_chars:],
+    )

@@ -40,7 +40,7 @@ from urllib.parse import quote, urlencode
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from workers.steps import Step  # noqa: E402  (the worker's own step, as TraceWriter takes it)
+from workers.trace import Step, StepKind  # noqa: E402  (the worker's own step, as TraceWriter takes it)
 
 TOKEN_NAME = "load benchmark"
 
@@ -62,9 +62,9 @@ def game_step(i: int) -> Step:
             "completion": f"{words[i % 10]} {words[(i + 3) % 10]}",
             "finish_reason": "stop",
         }
-        return Step("model_call", payload, 250, 4, 80 + i % 400)
+        return Step(StepKind.MODEL_CALL, payload, 250, 4, 80 + i % 400)
     payload = {"index": i // 2, "action": words[i % 10], "observation": text, "reward": 0.0}
-    return Step("env_step", payload, latency_ms=1 + i % 20)
+    return Step(StepKind.ENV_STEP, payload, latency_ms=1 + i % 20)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevo.evaluations.traces import payload_pack
+from workers.trace import StepKind
 
 SEED_HARNESS = Path(__file__).resolve().parents[3] / "examples" / "humaneval-basic"
 
@@ -181,7 +182,7 @@ def step_pool(rng: random.Random, *, policy_name: str, size: int = 400) -> StepP
             "finish_reason": rng.choice(("stop", "stop", "stop", "length")),
         }
         return _pooled(
-            "model_call",
+            StepKind.MODEL_CALL,
             payload,
             (len(prompt) // 4, len(completion) // 4 + 1),
             rng.randint(80, 900),
@@ -196,13 +197,13 @@ def step_pool(rng: random.Random, *, policy_name: str, size: int = 400) -> StepP
             "done": False,
             "truncated": False,
         }
-        return _pooled("env_step", payload, ms=rng.randint(1, 20))
+        return _pooled(StepKind.ENV_STEP, payload, ms=rng.randint(1, 20))
 
     def verdict(passed: bool) -> PooledStep:
         output = "" if passed else f"expected {rng.randint(4, 1998)}, got {rng.randint(0, 999)}"
         detail = "exact match" if passed else "answer differs from the expected one"
         payload = {"passed": passed, "score": float(passed), "detail": detail, "output": output}
-        return _pooled("verdict", payload)
+        return _pooled(StepKind.VERDICT, payload)
 
     def exception() -> PooledStep:
         line = rng.randint(10, 120)
@@ -212,28 +213,31 @@ def step_pool(rng: random.Random, *, policy_name: str, size: int = 400) -> StepP
             f"in run\n    return HINTS[key]\nKeyError: '{rng.choice(WORDS)}'\n",
             "frames": [{"file": "agent.py", "line": line, "function": "run"}],
         }
-        return _pooled("harness_exception", payload)
+        return _pooled(StepKind.HARNESS_EXCEPTION, payload)
 
     return StepPool(
         model_calls=[model_call(i) for i in range(size)],
         env_steps=[env_step(i) for i in range(size)],
         env_resets=[
-            _pooled("env_reset", {"observation": sentence(rng, rng.randint(40, 150))})
+            _pooled(StepKind.ENV_RESET, {"observation": sentence(rng, rng.randint(40, 150))})
             for _ in range(size // 8)
         ],
         logs=[
-            _pooled("log", {"message": f"plan: {sentence(rng, rng.randint(4, 20))}"})
+            _pooled(StepKind.LOG, {"message": f"plan: {sentence(rng, rng.randint(4, 20))}"})
             for _ in range(size // 4)
         ],
         answers=[
-            _pooled("answer", {"answer": str(rng.randint(4, 1998))}) for _ in range(size // 4)
+            _pooled(StepKind.ANSWER, {"answer": str(rng.randint(4, 1998))})
+            for _ in range(size // 4)
         ],
         verdicts_passed=[verdict(True) for _ in range(8)],
         verdicts_failed=[verdict(False) for _ in range(size // 4)],
         exceptions=[exception() for _ in range(16)],
         errors=[
-            _pooled("error", {"kind": "limit", "message": "the harness ran past wall_time_s"}),
-            _pooled("error", {"kind": "exception", "message": "the harness raised"}),
+            _pooled(
+                StepKind.ERROR, {"kind": "limit", "message": "the harness ran past wall_time_s"}
+            ),
+            _pooled(StepKind.ERROR, {"kind": "exception", "message": "the harness raised"}),
         ],
     )
 

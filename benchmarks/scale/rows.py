@@ -20,6 +20,7 @@ from benchmarks.scale.copy import Progress, TableCopy
 from coevo.campaigns.models import Proposal
 from coevo.evaluations.models import Evaluation, EvaluationStage, Rollout, TraceStep
 from coevo.evaluations.plans import EvaluationPlan
+from workers.trace import StepKind
 
 EVALUATION_FIELDS = (
     "id", "project", "candidate", "policy_version", "suite", "split", "epochs", "seed", "plan",
@@ -183,7 +184,7 @@ class RowWriter:
                 prompt = sum(s.prompt_tokens for s in steps)
                 completion = sum(s.completion_tokens for s in steps)
                 latency = sum(s.latency_ms for s in steps)
-                calls = sum(1 for s in steps if s.kind == "model_call")
+                calls = sum(1 for s in steps if s.kind == StepKind.MODEL_CALL)
                 started = clock
                 clock += timedelta(milliseconds=latency + rng.randint(50, 500))
                 error_kind = rng.choice(ERROR_KINDS[outcome]) if outcome in ERROR_KINDS else ""

@@ -38,6 +38,7 @@ from coevo.evaluations.models import (
 )
 from coevo.evaluations.traces import trace_step_payload
 from workers.outcomes import RolloutOutcome
+from workers.trace import StepKind
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +319,7 @@ def failure_patterns_check_regressions(*, campaign: Campaign) -> list[FailurePat
 def _last_observation(rollout: Rollout) -> tuple[str, str]:
     """The last environment observation and action of a multi-step rollout ("" otherwise)."""
     step = (
-        TraceStep.objects.filter(rollout=rollout, kind__in=["env_step", "env_reset"])
+        TraceStep.objects.filter(rollout=rollout, kind__in=[StepKind.ENV_STEP, StepKind.ENV_RESET])
         .order_by("-attempt", "-index")
         .first()
     )

@@ -33,6 +33,7 @@ from harness_store.manifest import MANIFEST_NAME, Manifest
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_files, candidate_read_file
 from workers.outcomes import RolloutOutcome
+from workers.trace import StepKind
 
 logger = logging.getLogger(__name__)
 
@@ -449,7 +450,7 @@ def _render_step(kind: str, payload: dict[str, Any]) -> str:
             value = json.dumps(value, ensure_ascii=False)
         return _tail(value, limit)
 
-    if kind == "model_call":
+    if kind == StepKind.MODEL_CALL:
         request = text("prompt") or text("messages")
         line = f"[model call] prompt (tail): {request}\n[model said] {text('completion')}"
         calls = [c for c in payload.get("tool_calls") or [] if isinstance(c, dict)]
@@ -461,31 +462,31 @@ def _render_step(kind: str, payload: dict[str, Any]) -> str:
         if payload.get("rejected"):
             line += f"\n[the policy server refused the call] {text('rejected', 400)}"
         return line
-    if kind == "program_output":
+    if kind == StepKind.PROGRAM_OUTPUT:
         return (
             f"[program exited with {payload.get('exit_code')}] stdout (tail): "
             f"{text('stdout', STEP_TEXT_CHARS)}"
         )
-    if kind == "env_reset":
+    if kind == StepKind.ENV_RESET:
         return f"[env reset] {text('observation')}"
-    if kind == "env_step":
+    if kind == StepKind.ENV_STEP:
         return (
             f"[env step {payload.get('index')}] action: {text('action', 200)} → reward "
             f"{payload.get('reward')}, done {payload.get('done')}: {text('observation')}"
         )
-    if kind == "log":
+    if kind == StepKind.LOG:
         return f"[log] {text('message', 400)}"
-    if kind == "helper_call":
+    if kind == StepKind.HELPER_CALL:
         return f"[helper {payload.get('name')}] {text('result', 400)}"
-    if kind == "answer":
+    if kind == StepKind.ANSWER:
         return f"[answer] {text('answer')}"
-    if kind == "verdict":
+    if kind == StepKind.VERDICT:
         return (
             f"[verdict] score {payload.get('score')}: {text('detail', 400)} {text('output', 400)}"
         )
-    if kind == "harness_exception":
+    if kind == StepKind.HARNESS_EXCEPTION:
         return f"[harness exception] {text('error', 400)}\n{text('traceback', 1200)}"
-    if kind == "error":
+    if kind == StepKind.ERROR:
         return f"[error] {text('outcome', 40)}: {text('message', 400)} {text('stderr', 600)}"
     return ""
 

@@ -35,6 +35,7 @@ from coevo.projects.models import Project
 from coevo.suites.models import Split
 from harness_store.models import Candidate
 from workers.outcomes import RolloutOutcome
+from workers.trace import StepKind
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,7 @@ def rollout_call_tree(*, rollout: Rollout, limit: int = CALL_TREE_MAX_CALLS) -> 
     # The prefix is picked by (attempt, index) alone, and only its rows' keys are read: each
     # key read decompresses the payload, and a filter or sort on one reads every step's.
     prefix = (
-        TraceStep.objects.filter(rollout=rollout, kind="model_call")
+        TraceStep.objects.filter(rollout=rollout, kind=StepKind.MODEL_CALL)
         .order_by("attempt", "index")
         .values("id")[:limit]
     )

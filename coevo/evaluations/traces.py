@@ -33,6 +33,7 @@ from django.utils import timezone
 from coevo.evaluations.dbwait import database_connection_drop, database_down
 from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.storable import MAX_DEPTH, Unstorable, storable_json
+from workers.trace import StepKind
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ FLUSH_INTERVAL_S = 0.5
 # it cost and what the policy said; both must survive a kill -9 of the worker. A model call
 # already takes the policy's round trip, so one more write beside it costs little (unlike a
 # write per log line or per env step, which stay batched).
-WRITE_AT_ONCE_KINDS = frozenset({"start", "model_call"})
+WRITE_AT_ONCE_KINDS = frozenset({StepKind.START, StepKind.MODEL_CALL})
 # While the database is down, a running rollout's steps wait in memory, and a write is tried
 # again this long after a failed one (not at every step: a harness may log hundreds a second).
 OUTAGE_RETRY_S = 5.0

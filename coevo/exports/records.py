@@ -50,6 +50,7 @@ from coevo.exports.conversation import (
 from coevo.exports.models import ExportFormat
 from coevo.suites.models import Split
 from workers.outcomes import RolloutOutcome
+from workers.trace import StepKind
 
 EXPORTABLE_OUTCOMES = (
     RolloutOutcome.PASSED,
@@ -102,7 +103,9 @@ def _model_calls(rollout: Rollout) -> list[dict[str, Any]]:
         return []
     return [
         trace_step_payload(step)
-        for step in steps.filter(attempt=last, kind="model_call").order_by("index").iterator()
+        for step in steps.filter(attempt=last, kind=StepKind.MODEL_CALL)
+        .order_by("index")
+        .iterator()
     ]
 
 

@@ -34,6 +34,7 @@ from coevo.suites.models import (
     TaskImageBuild,
 )
 from workers.environments.workspace import task_image
+from workers.trace import StepKind
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def task_image_builds_record_steps(
     builds = [
         (task_id, build)
         for step in steps
-        if step.kind == "environment"
+        if step.kind == StepKind.ENVIRONMENT
         and isinstance(step.payload, Mapping)
         and (build := image_build_from_step(step.payload)) is not None
     ]

@@ -52,6 +52,7 @@ from coevo.web.trace_calls import model_call_views
 from coevo.web.trace_tree import OVERVIEW_MAX_CALLS, CallTree, call_tree
 from coevo.web.trace_workspace import WorkspaceView, rollout_workspace, workspace_step_views
 from workers.outcomes import ErrorKind
+from workers.trace import StepKind
 
 OPEN_MODEL_CALLS_UP_TO = 4
 # The most candidates a campaign's lineage draws (campaign_lineage summarizes beyond it).
@@ -105,11 +106,11 @@ class TraceViewer:
 
     @property
     def is_game(self) -> bool:
-        return "env_step" in self.summary.kinds or "env_reset" in self.summary.kinds
+        return StepKind.ENV_STEP in self.summary.kinds or StepKind.ENV_RESET in self.summary.kinds
 
     @property
     def is_workspace(self) -> bool:
-        return "workspace_diff" in self.summary.kinds
+        return StepKind.WORKSPACE_DIFF in self.summary.kinds
 
 
 def trace_viewer(
@@ -140,7 +141,7 @@ def trace_viewer(
             limit = max(limit, before + last.index + 1)
         rows = rollout_call_tree(rollout=rollout, limit=limit)
         if rows:
-            total = summary.kinds.get("model_call", 0)
+            total = summary.kinds.get(StepKind.MODEL_CALL, 0)
             calls = call_tree(
                 rows,
                 on_page=((s.attempt, s.index) for s in page.steps),
@@ -153,7 +154,7 @@ def trace_viewer(
     return TraceViewer(
         summary=summary,
         page=page,
-        open_model_calls=summary.kinds.get("model_call", 0) <= OPEN_MODEL_CALLS_UP_TO,
+        open_model_calls=summary.kinds.get(StepKind.MODEL_CALL, 0) <= OPEN_MODEL_CALLS_UP_TO,
         calls=calls,
         workspace=shown,
         attempt_notes=notes,
@@ -181,9 +182,9 @@ def _may_have_boundary_calls(summary: TraceSummary, page: TracePage) -> bool:
     """Whether to ask for the call tree (one query): a page that shows model calls tells
     whether they are a program's (a boundary call carries its place in the tree); a page
     that shows none (a search, an env-only stretch) cannot tell, so it asks."""
-    if "model_call" not in summary.kinds:
+    if StepKind.MODEL_CALL not in summary.kinds:
         return False
-    shown = [s.payload for s in page.steps if s.kind == "model_call"]
+    shown = [s.payload for s in page.steps if s.kind == StepKind.MODEL_CALL]
     return not shown or any(isinstance(p, dict) and "call" in p for p in shown)
 
 

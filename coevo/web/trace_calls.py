@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coevo.web.trace_tree import CallPlace, CallTree
+from workers.trace import StepKind
 
 LOGPROB_PREVIEW = 20
 
@@ -81,7 +82,7 @@ class ModelCallView:
 
 def model_call_views(steps: Iterable[Any], *, tree: CallTree | None) -> None:
     """Set ``step.call`` (a ``ModelCallView``) on each model-call step of a page."""
-    steps = [s for s in steps if s.kind == "model_call" and isinstance(s.payload, dict)]
+    steps = [s for s in steps if s.kind == StepKind.MODEL_CALL and isinstance(s.payload, dict)]
     shown = {  # (attempt, call) → the payload, for the calls on this page
         (s.attempt, s.payload["call"]): s.payload
         for s in steps

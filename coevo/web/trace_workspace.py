@@ -17,6 +17,7 @@ from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.traces import TraceSummary, trace_step_payload
 from coevo.web.highlight import FileDiff, diff_files
 from harness_store.diffs import FilePatch
+from workers.trace import StepKind
 
 # Longer outputs start collapsed: a build log would push the next command off the screen.
 COLLAPSE_OVER_LINES = 20
@@ -138,9 +139,9 @@ def workspace_step_views(steps: Iterable[Any], *, shown: WorkspaceView | None = 
     in the page's Workspace section is not highlighted a second time."""
     for step in steps:
         payload = step.payload if isinstance(step.payload, dict) else {}
-        if step.kind == "helper_call" and payload.get("name") == EXEC_HELPER:
+        if step.kind == StepKind.HELPER_CALL and payload.get("name") == EXEC_HELPER:
             step.shell = exec_view(payload)
-        elif step.kind == "workspace_diff":
+        elif step.kind == StepKind.WORKSPACE_DIFF:
             if shown is not None and (step.attempt, step.index) == (shown.attempt, shown.index):
                 step.workspace = shown.diff
             else:
@@ -150,31 +151,33 @@ def workspace_step_views(steps: Iterable[Any], *, shown: WorkspaceView | None = 
 def rollout_workspace(*, rollout: Rollout, summary: TraceSummary) -> WorkspaceView | None:
     """The last workspace diff of the trace and its attempt's verdict, in one query that
     reads only those steps; None (and no query) when the trace has no workspace diff."""
-    if "workspace_diff" not in summary.kinds:
+    if StepKind.WORKSPACE_DIFF not in summary.kinds:
         return None
     # Newest first: in an attempt the verdict follows the diff, so the first two rows are the
     # last attempt's diff and verdict (or a diff and an older attempt's verdict, dropped).
     rows = list(
-        TraceStep.objects.filter(rollout=rollout, kind__in=("workspace_diff", "verdict")).order_by(
-            "-attempt", "-index"
-        )[:2]
+        TraceStep.objects.filter(
+            rollout=rollout, kind__in=(StepKind.WORKSPACE_DIFF, StepKind.VERDICT)
+        ).order_by("-attempt", "-index")[:2]
     )
-    diff = next((row for row in rows if row.kind == "workspace_diff"), None)
+    diff = next((row for row in rows if row.kind == StepKind.WORKSPACE_DIFF), None)
     if diff is None:
         return None
     verdict = next(
         (
             r
             for r in rows
-            if r.kind == "verdict" and r.attempt == diff.attempt and r.index > diff.index
+            if r.kind == StepKind.VERDICT and r.attempt == diff.attempt and r.index > diff.index
         ),
         None,
     )
     verdict_payload = trace_step_payload(verdict) if verdict is not None else None
     container = None
-    if "environment" in summary.kinds:
+    if StepKind.ENVIRONMENT in summary.kinds:
         step = (
-            TraceStep.objects.filter(rollout=rollout, kind="environment", attempt=diff.attempt)
+            TraceStep.objects.filter(
+                rollout=rollout, kind=StepKind.ENVIRONMENT, attempt=diff.attempt
+            )
             .order_by("-index")
             .first()
         )

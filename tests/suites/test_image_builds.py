@@ -31,7 +31,7 @@ from coevo.suites.models import (
 from coevo.suites.selectors import suite_image_rows
 from coevo.suites.splits import split_for
 from tests.support.harbor import write_harbor_task
-from workers.steps import Step
+from workers.trace import Step
 
 pytestmark = pytest.mark.django_db
 

@@ -58,6 +58,7 @@ from workers.environments.workspace_files import (
 from workers.harness_env import harness_env_prepare
 from workers.outcomes import DependencyBuildFailed, RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
+from workers.trace import StepKind
 
 logger = logging.getLogger(__name__)
 
@@ -392,7 +393,7 @@ def _transcript(steps: list[Any]) -> str:
     lines: list[str] = []
     for step in steps:
         payload = step.payload if isinstance(step.payload, dict) else {}
-        if step.kind == "model_call":
+        if step.kind == StepKind.MODEL_CALL:
             messages = payload.get("messages") or []
             last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
             asked = str(last.get("content") or payload.get("prompt") or "")[-600:]
@@ -401,7 +402,12 @@ def _transcript(steps: list[Any]) -> str:
             lines.append(
                 f"[asked] {asked}\n[model] {said}" + (f"\n[tools] {calls}" if calls else "")
             )
-        elif step.kind in ("log", "helper_call", "error", "program_output"):
+        elif step.kind in (
+            StepKind.LOG,
+            StepKind.HELPER_CALL,
+            StepKind.ERROR,
+            StepKind.PROGRAM_OUTPUT,
+        ):
             lines.append(f"[{step.kind}] {json.dumps(payload, default=str)[:600]}")
     text = "\n".join(lines)
     return text if len(text) <= MAX_RESPONSE_CHARS else text[-MAX_RESPONSE_CHARS:]

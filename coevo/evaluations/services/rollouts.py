@@ -40,7 +40,8 @@ from workers import metrics
 from workers.environments import environment_for
 from workers.harness_env import harness_env_prepare
 from workers.outcomes import SCORED_OUTCOMES, DependencyBuildFailed, ErrorKind, RolloutOutcome
-from workers.rollout import RolloutInputs, RolloutResult, Step, TaskEnvironment, execute_rollout
+from workers.rollout import RolloutInputs, RolloutResult, TaskEnvironment, execute_rollout
+from workers.trace import Error, Step, StepKind
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def _rollout_execute(*, rollout_id: Any, worker: str) -> Rollout | None:
             if cancelled.is_set():
                 raise RolloutCancelled(f"rollout {rollout.id} was cancelled")
             trace.add(step)
-            if step.kind == "environment":
+            if step.kind == StepKind.ENVIRONMENT:
                 environment_steps.append(step)
 
         started = timezone.now()
@@ -424,7 +425,7 @@ def _rollout_run_in_sandbox(*, rollout: Rollout, adapter: Any, on_step: Any) -> 
 def _rollout_dependencies_failed(exc: DependencyBuildFailed, *, on_step: Any) -> Any:
     """The harness's declared dependencies did not build: a harness_error, in the trace too."""
     detail = str(exc)
-    on_step(Step("error", {"outcome": RolloutOutcome.HARNESS_ERROR, "message": detail}))
+    on_step(Step.of(Error(outcome=RolloutOutcome.HARNESS_ERROR, message=detail)))
     return RolloutResult(
         outcome=RolloutOutcome.HARNESS_ERROR, score=0.0, detail=detail, error_kind=exc.error_kind
     )

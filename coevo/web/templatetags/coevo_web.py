@@ -18,6 +18,7 @@ from coevo.evaluations.models import (
 from coevo.evaluations.stats.means import MEAN_SCORE, PASS_RATE, ScoreSummary
 from coevo.evaluations.stats.paired import PairedComparison
 from workers.outcomes import RolloutOutcome
+from workers.trace import StepKind
 
 register = template.Library()
 
@@ -149,8 +150,19 @@ def outcome_badge(rollout: Rollout) -> SafeString:
 
 @register.filter
 def spaces(value: str) -> str:
-    """ "model_call" → "model call"."""
+    """A name in words: model_call → model call."""
     return str(value).replace("_", " ")
+
+
+# The trace's step kinds by name, for templates: ``step.kind == kinds.MODEL_CALL``.
+_STEP_KINDS = {kind.name: kind for kind in StepKind}
+
+
+@register.simple_tag
+def step_kinds() -> dict[str, StepKind]:
+    """``{% step_kinds as kinds %}``: the step kinds a template compares a step's kind with
+    (workers/trace.py names them), never spelled out in the template."""
+    return _STEP_KINDS
 
 
 @register.simple_tag
