@@ -16,11 +16,23 @@ What maps to what:
 - ``tools`` (custom ones: name, description, input_schema) → function tools; ``tool_choice``
   auto / any / tool / none → "auto" / "required" / that function / "none", and
   ``disable_parallel_tool_use`` → ``parallel_tool_calls: false``;
+- ``cache_control`` markers (prompt caching) on the chat-side piece each block became (a text
+  or image part, a function tool, a tool call, a tool message; a marked system prompt stays
+  text parts), and a ``tool_result``'s ``is_error`` on its tool message: only an
+  ``anthropic`` endpoint gets them back as Anthropic takes them, every other kind's request
+  goes without them (workers/chat_extensions.py). A marker is Anthropic's own (``ephemeral``,
+  ``ttl`` "5m" or "1h") and at most four are sent, else the request is refused as Anthropic
+  would refuse it, whatever kind of endpoint serves the policy: a harness is answered as the
+  API it speaks answers, and a provider is not paid a round trip to say no;
 - ``stop_sequences`` → ``stop``; ``max_tokens`` (required, as Anthropic requires it),
   ``temperature`` (0 to 1, as Anthropic allows) and ``top_p`` as they are;
 - the reply's ``finish_reason`` stop / length / tool_calls → ``stop_reason`` end_turn /
   max_tokens / tool_use; ``stop_sequence`` when the server says which stop string ended it
-  (vLLM's ``stop_reason``); usage prompt / completion tokens → input / output tokens.
+  (vLLM's ``stop_reason``); usage prompt / completion tokens → input / output tokens, and
+  where the reply says some of the prompt was read from or written to a prompt cache, those
+  as ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` (Anthropic's, kept by
+  coevo/policies/anthropic_api.py, or OpenAI's ``cached_tokens``), out of ``input_tokens`` as
+  Anthropic counts them.
 
 Thinking blocks sent back by a client are dropped (the policy never made them); keys with no
 chat counterpart (``top_k``, ``metadata``, ``thinking``, …) are dropped and reported as the
@@ -40,6 +52,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from workers.chat_extensions import CACHE_CONTROL, breakpoints_check, error_flag, marked
 from workers.openai_requests import BadRequest
 
 PATH = "/v1/messages"
@@ -120,6 +133,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], list[str]]:
     choice = body.get("tool_choice")
     if choice is not None:
         chat.update(_tool_choice(choice))
+    breakpoints_check(chat)
     return chat, sorted(key for key in body if key not in _TRANSLATED)
 
 
@@ -143,7 +157,7 @@ def count_tokens(
         for call in said.get("tool_calls") or []:
             texts.append(call["function"]["name"] + call["function"]["arguments"])
     if chat.get("tools"):
-        texts.append(json.dumps(chat["tools"]))
+        texts.append(json.dumps([_unmarked(tool) for tool in chat["tools"]]))
     text = "\n".join(texts)
     counted = tokenizer(text) if tokenizer is not None else None
     if counted is None:
@@ -190,10 +204,7 @@ def message(reply: dict[str, Any], *, stop_sequences: list[str] | None = None) -
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": {
-            "input_tokens": int(usage.get("prompt_tokens") or 0),
-            "output_tokens": int(usage.get("completion_tokens") or 0),
-        },
+        "usage": _usage(usage),
     }
 
 
@@ -207,7 +218,7 @@ def stream_events(whole: dict[str, Any]) -> Iterator[bytes]:
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0},
+        "usage": {**usage, "output_tokens": 0},
     }
     yield _event("message_start", {"type": "message_start", "message": start})
     for index, block in enumerate(whole["content"]):
@@ -254,42 +265,42 @@ def error_of(status: int, openai_error: dict[str, Any]) -> dict[str, Any]:
 
 def _lift_system(system: Any, messages: Any) -> tuple[Any, Any]:
     """Claude Code sends part of its system prompt as messages of role ``system`` among the
-    others (the API it is written for takes them): their text goes to the end of the
-    top-level system prompt, so that the chat has one leading system message (the only kind
-    some chat templates, Gemma's among them, accept). Anything else is left for ``_system``
-    and ``_messages`` to judge."""
+    others (the API it is written for takes them): their text blocks go to the end of the
+    top-level system prompt (markers and all), so that the chat has one leading system message
+    (the only kind some chat templates, Gemma's among them, accept). Anything else is left for
+    ``_system`` and ``_messages`` to judge."""
     if not isinstance(messages, list) or not any(
         isinstance(m, dict) and m.get("role") == "system" for m in messages
     ):
         return system, messages
-    texts = [] if system in (None, "", []) else [system]
-    kept = []
+    lifted, kept = [], []
     for i, entry in enumerate(messages):
         if not (isinstance(entry, dict) and entry.get("role") == "system"):
             kept.append(entry)
             continue
         content = entry.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        if not isinstance(blocks, list) or not all(
-            isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-            for b in blocks
-        ):
+        if not _text_blocks(blocks):
             raise BadRequest(
                 f"messages[{i}]: a system message must hold text only.", param=f"messages[{i}]"
             )
-        texts.extend(b["text"] for b in blocks if b["text"])
-    parts: list[str] = []
-    for given in texts:
-        if isinstance(given, str):
-            parts.append(given)
-        elif isinstance(given, list) and all(
-            isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-            for b in given
-        ):
-            parts.extend(b["text"] for b in given)
-        else:
-            return system, messages  # a malformed system: _system says so
-    return "\n\n".join(p for p in parts if p), kept
+        lifted.extend(blocks)
+    if system in (None, "", []):
+        given = []
+    elif isinstance(system, str):
+        given = [{"type": "text", "text": system}]
+    elif _text_blocks(system):
+        given = list(system)
+    else:
+        return system, messages  # a malformed system: _system says so
+    return [b for b in given + lifted if b["text"]], kept
+
+
+def _text_blocks(blocks: Any) -> bool:
+    return isinstance(blocks, list) and all(
+        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        for b in blocks
+    )
 
 
 def _system(system: Any) -> list[dict[str, Any]]:
@@ -297,10 +308,14 @@ def _system(system: Any) -> list[dict[str, Any]]:
         return []
     if isinstance(system, str):
         return [{"role": "system", "content": system}]
-    if isinstance(system, list) and all(
-        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-        for b in system
-    ):
+    if _text_blocks(system):
+        if any(b.get(CACHE_CONTROL) is not None for b in system):
+            # The markers stay on their blocks: the system prompt as text parts.
+            parts = [
+                marked(b, {"type": "text", "text": b["text"]}, where=f"system[{i}]")
+                for i, b in enumerate(system)
+            ]
+            return [{"role": "system", "content": parts}]
         return [{"role": "system", "content": "\n\n".join(b["text"] for b in system)}]
     raise BadRequest("system must be a string or a list of text blocks.", param="system")
 
@@ -334,23 +349,29 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
     for j, block in enumerate(blocks):
         kind, at = block.get("type"), f"{where}.content[{j}]"
         if kind == "text":
-            texts.append(str(block.get("text") or ""))
+            texts.append(
+                marked(block, {"type": "text", "text": str(block.get("text") or "")}, where=at)
+            )
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise BadRequest(f"{at}: a tool_use block needs an id and a name.", param=at)
-            calls.append(
-                {
-                    "id": block["id"],
-                    "type": "function",
-                    "function": {
-                        "name": block["name"],
-                        "arguments": json.dumps(block.get("input") or {}),
-                    },
-                }
-            )
+            call = {
+                "id": block["id"],
+                "type": "function",
+                "function": {
+                    "name": block["name"],
+                    "arguments": json.dumps(block.get("input") or {}),
+                },
+            }
+            calls.append(marked(block, call, where=at))
         elif kind not in ("thinking", "redacted_thinking"):
             raise BadRequest(_unsupported_block(kind, at), param=at)
-    said: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    said: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(t["text"] for t in texts) or None,
+    }
+    if any(CACHE_CONTROL in t for t in texts):
+        said["content"] = texts  # text parts, each keeping its marker
     if calls:
         said["tool_calls"] = calls
     elif said["content"] is None:
@@ -365,18 +386,25 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
         if kind == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
                 raise BadRequest(f"{at}: a tool_result block needs a tool_use_id.", param=at)
-            results.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": block["tool_use_id"],
-                    "content": _tool_result_text(block.get("content"), at),
-                }
-            )
+            result = {
+                "role": "tool",
+                "tool_call_id": block["tool_use_id"],
+                "content": _tool_result_text(block.get("content"), at),
+            }
+            # A marker on one of the result's own text blocks marks the result: a chat tool
+            # message holds one string, the prefix ends with it all the same.
+            inner = block.get("content") if isinstance(block.get("content"), list) else []
+            for k, part in enumerate(inner):
+                marked(part, result, where=f"{at}.content[{k}]")
+            marked(block, result, where=at)
+            if error_flag(block.get("is_error"), where=at):
+                result["is_error"] = True
+            results.append(result)
         else:
             parts.append(_part(block, at))
     said = []
     if parts:
-        one_text = len(parts) == 1 and parts[0]["type"] == "text"
+        one_text = len(parts) == 1 and parts[0]["type"] == "text" and CACHE_CONTROL not in parts[0]
         said.append({"role": "user", "content": parts[0]["text"] if one_text else parts})
     return results + said
 
@@ -384,7 +412,7 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
 def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
     kind = block.get("type")
     if kind == "text":
-        return {"type": "text", "text": str(block.get("text") or "")}
+        return marked(block, {"type": "text", "text": str(block.get("text") or "")}, where=at)
     if kind == "image":
         source = block.get("source") if isinstance(block.get("source"), dict) else {}
         if source.get("type") == "base64":
@@ -393,7 +421,7 @@ def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
             url = str(source.get("url"))
         else:
             raise BadRequest(f"{at}: an image's source must be base64 or a url.", param=at)
-        return {"type": "image_url", "image_url": {"url": url}}
+        return marked(block, {"type": "image_url", "image_url": {"url": url}}, where=at)
     raise BadRequest(_unsupported_block(kind, at), param=at)
 
 
@@ -436,8 +464,12 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         function: dict[str, Any] = {"name": tool["name"], "parameters": tool["input_schema"]}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
-        functions.append({"type": "function", "function": function})
+        functions.append(marked(tool, {"type": "function", "function": function}, where=where))
     return functions
+
+
+def _unmarked(tool: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in tool.items() if key != CACHE_CONTROL}
 
 
 def _tool_choice(choice: Any) -> dict[str, Any]:
@@ -481,6 +513,25 @@ def _tool_input(arguments: Any) -> dict[str, Any]:
     except (ValueError, RecursionError):
         parsed = None
     return parsed if isinstance(parsed, dict) else {"raw_arguments": arguments}
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, int]:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    read = _count(usage.get("cache_read_input_tokens")) or _count(cached)
+    written = _count(usage.get("cache_creation_input_tokens"))
+    prompt = _count(usage.get("prompt_tokens"))
+    counted = {
+        "input_tokens": max(0, prompt - read - written),
+        "output_tokens": _count(usage.get("completion_tokens")),
+    }
+    if read or written:
+        counted.update(cache_creation_input_tokens=written, cache_read_input_tokens=read)
+    return counted
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _event(name: str, payload: dict[str, Any]) -> bytes:

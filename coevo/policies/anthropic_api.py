@@ -12,6 +12,11 @@ workers/anthropic_messages.py is the other direction, for harnesses that speak M
 - function ``tools`` → custom tools (name, description, input_schema); ``tool_choice`` "auto" /
   "required" / "none" / a function → auto / any / none / tool, and ``parallel_tool_calls:
   false`` → ``disable_parallel_tool_use``;
+- prompt-cache markers (``cache_control``) where Anthropic takes them, from where the chat
+  carries them (workers/chat_extensions.py): a content part's on its block (a system message
+  of text parts: the ``system`` prompt as text blocks), a function tool's on its tool, a tool
+  call's on its ``tool_use`` block, a message's own on its last block (a tool message's on its
+  ``tool_result``); a tool message's ``is_error`` on its ``tool_result``;
 - ``stop`` → ``stop_sequences``; ``max_tokens``, ``temperature`` as they are; ``top_p`` only
   where it cuts (below 1): 1 is what Anthropic does without it, and its newer models refuse a
   request naming both ``temperature`` and ``top_p``;
@@ -23,7 +28,9 @@ workers/anthropic_messages.py is the other direction, for harnesses that speak M
   (the client prices reads and writes apart: coevo/policies/pricing.py).
 
 What the Messages API cannot do is refused before anything is sent (PolicyRequestRejected,
-the request's fault): a completions request (there is no such API), ``n`` above 1.
+the request's fault): a completions request (there is no such API), ``n`` above 1, a marker
+that is not Anthropic's (``{"type": "ephemeral"}``, ``ttl`` "5m" or "1h") or more than four of
+them, in the words Anthropic's 400 would use.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import json
 from typing import Any
 
 from coevo.errors import PolicyRequestRejected
+from workers.chat_extensions import CACHE_CONTROL, breakpoints_check, error_flag, marked
+from workers.openai_requests import BadRequest
 
 _FINISH = {
     "end_turn": "stop",
@@ -56,7 +65,12 @@ def request_from_chat(api: str, body: dict[str, Any]) -> dict[str, Any]:
             "Anthropic's API answers one choice per request: send n = 1 (or several requests).",
             status=400,
         )
-    system, messages = _messages(body.get("messages") or [])
+    try:
+        breakpoints_check(body)
+        system, messages = _messages(body.get("messages") or [])
+        tools = [_tool(tool, where=f"tools[{i}]") for i, tool in enumerate(body.get("tools") or [])]
+    except BadRequest as exc:
+        raise PolicyRequestRejected(str(exc), status=400, reply=str(exc)) from None
     request: dict[str, Any] = {
         "model": body.get("model"),
         "messages": messages,
@@ -73,8 +87,8 @@ def request_from_chat(api: str, body: dict[str, Any]) -> dict[str, Any]:
     if body.get("stop"):
         stop = body["stop"]
         request["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    if body.get("tools"):
-        request["tools"] = [_tool(tool) for tool in body["tools"]]
+    if tools:
+        request["tools"] = tools
         choice = _tool_choice(body.get("tool_choice"))
         if body.get("parallel_tool_calls") is False:
             choice = {**(choice or {"type": "auto"}), "disable_parallel_tool_use": True}
@@ -140,42 +154,61 @@ def reply_to_chat(reply: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _messages(messages: list[Any]) -> tuple[str, list[dict[str, Any]]]:
-    system: list[str] = []
+def _messages(messages: list[Any]) -> tuple[str | list[dict[str, Any]], list[dict[str, Any]]]:
+    """The request's ``system`` (a string; text blocks where one is marked) and messages."""
+    system: list[list[dict[str, Any]]] = []  # each system message's text blocks
     out: list[dict[str, Any]] = []
-    for message in messages:
+    for i, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
+        where = f"messages[{i}]"
         role = message.get("role")
         if role in ("system", "developer"):
-            system.append(_text(message.get("content")))
+            system.append(_marked_last(message, _blocks(message.get("content"), where), where))
         elif role == "tool":
             result = {
                 "type": "tool_result",
                 "tool_use_id": message.get("tool_call_id"),
                 "content": _text(message.get("content")),
             }
+            if error_flag(message.get("is_error"), where=where):
+                result["is_error"] = True
+            (result,) = _marked_last(message, [result], where)
             if out and out[-1]["role"] == "user" and _all_results(out[-1]["content"]):
                 out[-1]["content"].append(result)
             else:
                 out.append({"role": "user", "content": [result]})
         elif role == "assistant":
-            blocks = _blocks(message.get("content"))
-            for call in message.get("tool_calls") or []:
+            blocks = _blocks(message.get("content"), where)
+            for j, call in enumerate(message.get("tool_calls") or []):
                 function = call.get("function") if isinstance(call, dict) else None
                 if isinstance(function, dict):
-                    blocks.append(
-                        {
-                            "type": "tool_use",
-                            "id": call.get("id"),
-                            "name": function.get("name"),
-                            "input": _arguments(function.get("arguments")),
-                        }
-                    )
-            out.append({"role": "assistant", "content": blocks})
+                    use = {
+                        "type": "tool_use",
+                        "id": call.get("id"),
+                        "name": function.get("name"),
+                        "input": _arguments(function.get("arguments")),
+                    }
+                    blocks.append(marked(call, use, where=f"{where}.tool_calls[{j}]"))
+            out.append({"role": "assistant", "content": _marked_last(message, blocks, where)})
         else:
-            out.append({"role": "user", "content": _blocks(message.get("content"))})
-    return "\n\n".join(s for s in system if s), out
+            blocks = _blocks(message.get("content"), where)
+            out.append({"role": "user", "content": _marked_last(message, blocks, where)})
+    blocks = [b for said in system for b in said if b["type"] == "text"]
+    if any(CACHE_CONTROL in block for block in blocks):
+        return [block for block in blocks if block["text"]], out
+    texts = ("".join(b["text"] for b in said if b["type"] == "text") for said in system)
+    return "\n\n".join(text for text in texts if text), out
+
+
+def _marked_last(
+    message: dict[str, Any], blocks: list[dict[str, Any]], where: str
+) -> list[dict[str, Any]]:
+    """``blocks`` with the message's own marker (LiteLLM's message-level ``cache_control``) on
+    the last of them: the prompt up to the message's end."""
+    if blocks and message.get(CACHE_CONTROL) is not None:
+        blocks[-1] = marked(message, dict(blocks[-1]), where=where)
+    return blocks
 
 
 def _all_results(content: Any) -> bool:
@@ -184,18 +217,22 @@ def _all_results(content: Any) -> bool:
     )
 
 
-def _blocks(content: Any) -> list[dict[str, Any]]:
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks = []
-    for part in content if isinstance(content, list) else []:
+    for k, part in enumerate(content if isinstance(content, list) else []):
         if not isinstance(part, dict):
             continue
+        at = f"{where}.content[{k}]"
         if part.get("type") == "text":
-            blocks.append({"type": "text", "text": str(part.get("text") or "")})
+            blocks.append(
+                marked(part, {"type": "text", "text": str(part.get("text") or "")}, where=at)
+            )
         elif part.get("type") == "image_url":
             url = str((part.get("image_url") or {}).get("url") or "")
-            blocks.append({"type": "image", "source": _image_source(url)})
+            image = {"type": "image", "source": _image_source(url)}
+            blocks.append(marked(part, image, where=at))
     return blocks
 
 
@@ -225,7 +262,7 @@ def _arguments(arguments: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def _tool(tool: dict[str, Any]) -> dict[str, Any]:
+def _tool(tool: dict[str, Any], *, where: str) -> dict[str, Any]:
     function = tool.get("function") or {}
     out = {
         "name": function.get("name"),
@@ -233,7 +270,7 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any]:
     }
     if function.get("description"):
         out["description"] = function["description"]
-    return out
+    return marked(tool, out, where=where)
 
 
 def _tool_choice(choice: Any) -> dict[str, Any] | None:

@@ -22,7 +22,11 @@ table of the endpoint's kind decides what goes:
 request's parameters as sent, under the names the server read, its content aside.
 
 The Anthropic Messages API is a kind of its own (``anthropic``): its request is not OpenAI's,
-so its table lists what coevo's translation (coevo/policies/anthropic_api.py) may carry.
+so its table lists what coevo's translation (coevo/policies/anthropic_api.py) may carry. It
+alone takes what rides inside a chat request's messages and tools for Anthropic: prompt-cache
+markers (``cache_control``) and a tool result's ``is_error`` (workers/chat_extensions.py).
+Every other kind's request goes without them, each named among the keys left out: OpenAI's
+API refuses a key it does not know inside a message too.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from workers import chat_extensions
 
 # A request's content (what is asked, and how the answer is shaped), as against its sampling
 # and reply options: what a trace step shows apart.
@@ -76,6 +82,9 @@ class RequestTable:
     neutral: Mapping[str, Any] = field(default_factory=dict)
     # The kind's name for a parameter, per API: {api: {ours: theirs}}.
     renamed: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # The keys of chat_extensions.KEYS the kind takes inside a chat request's messages, content
+    # parts and tools (the rest are taken out).
+    extensions: frozenset[str] = frozenset()
 
     def accepts(self, api: str) -> frozenset[str]:
         return self.chat if api == "chat" else self.completions
@@ -132,6 +141,7 @@ TABLES: dict[str, RequestTable] = {
             }
         ),
         completions=frozenset(),
+        extensions=chat_extensions.KEYS,
     ),
 }
 
@@ -146,7 +156,8 @@ def request_for_kind(
     kind: str, api: str, body: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
     """The body to send to an endpoint of ``kind``, and the keys left out (sorted): what the
-    kind does not accept, each named by the request's name for it."""
+    kind does not accept, each named by the request's name for it (a key inside the messages
+    or tools, such as ``cache_control``, by its own name, once)."""
     table = table_for(kind)
     accepted = table.accepts(api)
     renamed = table.renamed.get(api, {})
@@ -161,6 +172,9 @@ def request_for_kind(
     for key, value in table.neutral.items():
         if key in accepted:
             sent.setdefault(key, value)
+    if api == "chat":
+        sent, inner = chat_extensions.chat_without(sent, kept=table.extensions)
+        dropped += inner
     return sent, sorted(dropped)
 
 

@@ -151,3 +151,77 @@ def test_an_openai_compatible_endpoint_is_spoken_to_as_what_it_showed_it_is():
     declared = PolicyClient("http://127.0.0.1:9/v1", model="m", kind="openai")
     declared.kind_learn(ServerFlavor.VLLM)
     assert declared.kind == "openai"
+
+
+EPHEMERAL = {"type": "ephemeral"}
+# A chat request as the boundary makes it from a Messages request with prompt-cache markers
+# and a failed tool result (workers/anthropic_messages.py).
+MARKED_CHAT = {
+    "messages": [
+        {
+            "role": "system",
+            "content": [
+                {"type": "text", "text": "You are Claude Code.", "cache_control": EPHEMERAL},
+                {"type": "text", "text": "cwd: /app"},
+            ],
+        },
+        {"role": "user", "content": [{"type": "text", "text": "add", "cache_control": EPHEMERAL}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "adding ", "cache_control": EPHEMERAL},
+                {"type": "text", "text": "now"},
+            ],
+            "tool_calls": [
+                {
+                    "id": "t1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": "{}"},
+                    "cache_control": EPHEMERAL,
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "no a", "is_error": True},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    ],
+    "tools": [
+        {"type": "function", "function": {"name": "add"}, "cache_control": EPHEMERAL},
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", ["vllm", "llamacpp", "openai-compatible", "openai"])
+def test_a_kind_that_takes_no_prompt_cache_markers_gets_the_request_without_them(kind):
+    """Anthropic's markers and error flag go to no other kind (OpenAI's API refuses a key it
+    does not know inside a message), each named once among the keys left out; a message that
+    lost its markers is what it would have been without them (llama-cpp-python's server takes
+    a system message only as one string)."""
+    sent, dropped = request_for_kind(kind, "chat", {"model": "m", **MARKED_CHAT})
+
+    assert sent["messages"] == [
+        {"role": "system", "content": "You are Claude Code.\n\ncwd: /app"},
+        {"role": "user", "content": "add"},
+        {
+            "role": "assistant",
+            "content": "adding now",
+            "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "no a"},
+        # Unmarked parts stay as the harness sent them.
+        MARKED_CHAT["messages"][4],
+    ]
+    assert sent["tools"] == [{"type": "function", "function": {"name": "add"}}]
+    assert dropped == ["cache_control", "is_error"]
+    # The caller's request is left as it was (the trace records what the harness sent).
+    assert MARKED_CHAT["messages"][0]["content"][0]["cache_control"] == EPHEMERAL
+
+
+def test_the_anthropic_kind_keeps_the_markers_for_its_translation():
+    sent, dropped = request_for_kind("anthropic", "chat", {"model": "m", **MARKED_CHAT})
+    assert (sent["messages"], sent["tools"], dropped) == (
+        MARKED_CHAT["messages"],
+        MARKED_CHAT["tools"],
+        [],
+    )

@@ -3,15 +3,26 @@
 Like the providers, it requires its API key (``Authorization: Bearer`` for OpenAI, ``x-api-key``
 with an ``anthropic-version`` for Anthropic; 401 in the provider's error shape otherwise),
 refuses a request parameter it does not know (400: OpenAI's "Unrecognized request argument
-supplied: …", Anthropic's "…: Extra inputs are not permitted"), and, while ``rate_limit_next``
-is above zero, answers 429 with a ``Retry-After`` of ``retry_after`` seconds. Replies are
-scripted as the OpenAI test server scripts them (``rules``: the first whose substring is in the
-last user message), in the provider's reply shape; ``requests`` and ``headers`` record what
-came (each body with its ``path``); ``echo_key_in_errors`` makes its 401 quote the key it got,
-as a careless gateway might. ``cached_tokens`` is how many prompt tokens each reply says the
-provider's prompt cache served (OpenAI's ``prompt_tokens_details``, Anthropic's
-``cache_read_input_tokens``), ``cache_write_tokens`` how many Anthropic's reply says it wrote to
-that cache (``cache_creation_input_tokens``).
+supplied: …", Anthropic's "…: Extra inputs are not permitted"; OpenAI's also one inside a
+message, a content part, a tool call or a tool, such as Anthropic's ``cache_control``), and,
+while ``rate_limit_next`` is above zero, answers 429 with a ``Retry-After`` of ``retry_after``
+seconds. Replies are scripted as the OpenAI test server scripts them (``rules``: the first
+whose substring is in the last user message), in the provider's reply shape; ``requests`` and
+``headers`` record what came (each body with its ``path``); ``echo_key_in_errors`` makes its
+401 quote the key it got, as a careless gateway might. ``cached_tokens`` is how many prompt
+tokens each reply says the provider's prompt cache served (OpenAI's
+``prompt_tokens_details``, Anthropic's ``cache_read_input_tokens``), ``cache_write_tokens`` how
+many Anthropic's reply says it wrote to that cache (``cache_creation_input_tokens``).
+
+Prompt caching, as Anthropic does it: an Anthropic request with ``cache_control`` markers is
+counted block by block in Anthropic's order (tools, system, messages; a block's tokens are its
+words, a text block's those of its text), and its usage says so instead of the scripted counts:
+the longest prefix (ending at any block up to the last marker) that an earlier request marked
+is read from the cache (``cache_read_input_tokens``), the rest of the prompt up to the last
+marker is written to it (``cache_creation_input_tokens``; each marked prefix is remembered),
+and what follows the last marker is ``input_tokens``. Without markers the scripted counts
+apply. Markers are checked as Anthropic checks them: at most four, each ``{"type":
+"ephemeral"}`` with an optional ttl of "5m" or "1h".
 
 Tools: ``tool_rules`` (the first whose substring is in the last message, when the request
 offers tools) answer with those tool calls: OpenAI's ``tool_calls`` (finish_reason
@@ -66,6 +77,8 @@ class ProviderPolicy:
     cache_write_tokens: int = 0
     tool_rules: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # The marked prompt prefixes written to the prompt cache (their JSON, with the model).
+    prompt_cache: set[str] = field(default_factory=set)
     headers: list[dict[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -152,6 +165,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "not_found_error", f"No route POST {self.path}")
             return
         unknown = sorted(set(body) - known)
+        inner = openai_inner_problem(body) if policy.provider == "openai" else None
+        if inner:
+            self._error(400, "invalid_request_error", inner)
+            return
         if unknown:
             if policy.provider == "anthropic":
                 self._error(
@@ -179,6 +196,11 @@ class _Handler(BaseHTTPRequestHandler):
         with policy._lock:
             turn = len(policy.requests) - 1  # this request's index
         if policy.provider == "anthropic":
+            usage = prompt_cache_usage(policy, body) or {
+                "input_tokens": len(last.split()),
+                "cache_creation_input_tokens": policy.cache_write_tokens,
+                "cache_read_input_tokens": policy.cached_tokens,
+            }
             content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
             content += [
                 {"type": "tool_use", "id": f"toolu_{turn:02d}{i}", "name": name, "input": args}
@@ -187,10 +209,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {
                 "id": "msg_test", "type": "message", "role": "assistant", "model": policy.model,
                 "content": content, "stop_reason": "tool_use" if calls else "end_turn",
-                "stop_sequence": None, "usage": {"input_tokens": len(last.split()),
-                                                 "cache_creation_input_tokens": policy.cache_write_tokens,
-                                                 "cache_read_input_tokens": policy.cached_tokens,
-                                                 "output_tokens": len(text.split()) + len(calls)},
+                "stop_sequence": None,
+                "usage": {**usage, "output_tokens": len(text.split()) + len(calls)},
             })  # fmt: skip
             return
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
@@ -217,6 +237,14 @@ def anthropic_request_problem(body: dict[str, Any]) -> str | None:
     """What Anthropic's API says of a Messages request it refuses (its 400's message), or None."""
     if body.get("max_tokens") is None:
         return "max_tokens: Field required"
+    markers = [marker for _, _, marker in _prompt_blocks(body) if marker is not None]
+    if len(markers) > 4:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {len(markers)}."
+    for marker in markers:
+        if not isinstance(marker, dict) or marker.get("type") != "ephemeral":
+            return "cache_control.type: Input should be 'ephemeral'"
+        if marker.get("ttl", "5m") not in ("5m", "1h"):
+            return "cache_control.ttl: Input should be '5m' or '1h'"
     tools = body.get("tools")
     for i, tool in enumerate(tools if isinstance(tools, list) else []):
         where = f"tools.{i}.custom"
@@ -288,6 +316,97 @@ def _messages_problem(messages: Any) -> str | None:
                 "corresponding `tool_result` block in the next message."
             )
         asked = [b["id"] for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+    return None
+
+
+def prompt_cache_usage(policy: ProviderPolicy, body: dict[str, Any]) -> dict[str, int] | None:
+    """An Anthropic request's input usage as its prompt cache makes it (see the module's doc);
+    None for a request without markers."""
+    blocks = _prompt_blocks(body)
+    marks = [i for i, (_, _, marker) in enumerate(blocks) if marker is not None]
+    if not marks:
+        return None
+    tokens = [count for _, count, _ in blocks]
+    # Anthropic looks for a cached prefix at each block boundary before a marker, not only at
+    # this request's markers: the last turn's marked end is found in this turn's longer prompt.
+    prefixes = [
+        json.dumps([body.get("model"), [shown for shown, _, _ in blocks[: i + 1]]])
+        for i in range(marks[-1] + 1)
+    ]
+    with policy._lock:
+        hits = [i for i, prefix in enumerate(prefixes) if prefix in policy.prompt_cache]
+        policy.prompt_cache.update(prefixes[i] for i in marks)
+    read = sum(tokens[: hits[-1] + 1]) if hits else 0
+    written = sum(tokens[: marks[-1] + 1]) - read
+    return {
+        "input_tokens": sum(tokens) - read - written,
+        "cache_creation_input_tokens": written,
+        "cache_read_input_tokens": read,
+    }
+
+
+def _prompt_blocks(body: dict[str, Any]) -> list[tuple[Any, int, Any]]:
+    """The prompt in the order Anthropic caches it (tools, system, messages), a block at a
+    time: (the block as it counts for the cache, without its marker; its tokens; its marker)."""
+    found: list[tuple[Any, int, Any]] = []
+
+    def add(role: str, block: Any) -> None:
+        if not isinstance(block, dict):
+            block = {"type": "text", "text": str(block)}
+        shown = {k: v for k, v in block.items() if k != "cache_control"}
+        text = block.get("text") if isinstance(block.get("text"), str) else json.dumps(shown)
+        found.append(([role, shown], len(text.split()), block.get("cache_control")))
+
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else []:
+        add("tool", tool)
+    for block in _listed(body.get("system")):
+        add("system", block)
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        if isinstance(message, dict):
+            for block in _listed(message.get("content")):
+                add(str(message.get("role")), block)
+    return found
+
+
+def _listed(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [content]
+    return content if isinstance(content, list) else []
+
+
+# What OpenAI's chat API takes inside a request's messages, content parts, tool calls and tools.
+_OPENAI_MESSAGE = frozenset(
+    {"role", "content", "name", "tool_calls", "tool_call_id", "refusal", "audio", "function_call"}
+)
+_OPENAI_PART = frozenset({"type", "text", "image_url", "input_audio", "file", "refusal"})
+_OPENAI_CALL = frozenset({"id", "type", "function"})
+_OPENAI_TOOL = frozenset({"type", "function"})
+
+
+def openai_inner_problem(body: dict[str, Any]) -> str | None:
+    """What OpenAI's API says of a key it does not know inside a chat request, or None."""
+    holders: list[tuple[Any, frozenset[str], str]] = []
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        holders.append((tool, _OPENAI_TOOL, f"tools.{i}"))
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(message, dict):
+            continue
+        holders.append((message, _OPENAI_MESSAGE, f"messages.{i}"))
+        content = message.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            holders.append((part, _OPENAI_PART, f"messages.{i}.content.{j}"))
+        for j, call in enumerate(message.get("tool_calls") or []):
+            holders.append((call, _OPENAI_CALL, f"messages.{i}.tool_calls.{j}"))
+    for holder, known, where in holders:
+        extra = sorted(set(holder) - known) if isinstance(holder, dict) else []
+        if extra:
+            return (
+                f"Additional properties are not allowed ({extra[0]!r} was unexpected) - {where!r}"
+            )
     return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import secrets
 import socket
 import textwrap
@@ -251,6 +252,181 @@ def test_it_refuses_what_it_cannot_translate(change, param, message):
     assert message in str(raised.value)
 
 
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def test_it_keeps_each_cache_control_marker_on_the_chat_piece_its_block_became():
+    """Claude Code marks its system prompt, its tools and its last turn for Anthropic's prompt
+    cache: each marker rides where OpenAI-compatible gateways carry one (workers/
+    chat_extensions.py), for an anthropic endpoint to put back."""
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    chat, dropped = anthropic_messages.chat_request(
+        {
+            "max_tokens": 64,
+            "system": [
+                {"type": "text", "text": "You are Claude Code.", "cache_control": hour},
+                {"type": "text", "text": "cwd: /app"},
+            ],
+            "tools": [{**ADD_TOOL, "cache_control": EPHEMERAL}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "add 2 and 3"}]},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "adding", "cache_control": EPHEMERAL},
+                        {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 2}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "5"}],
+                            "cache_control": EPHEMERAL,
+                        },
+                        {"type": "text", "text": "and now?"},
+                    ],
+                },
+            ],
+        }
+    )
+    assert chat["messages"] == [
+        {
+            "role": "system",
+            "content": [
+                {"type": "text", "text": "You are Claude Code.", "cache_control": hour},
+                {"type": "text", "text": "cwd: /app"},
+            ],
+        },
+        {"role": "user", "content": "add 2 and 3"},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "adding", "cache_control": EPHEMERAL}],
+            "tool_calls": [
+                {
+                    "id": "t1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 2}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "5", "cache_control": EPHEMERAL},
+        {"role": "user", "content": "and now?"},
+    ]
+    assert chat["tools"][0]["cache_control"] == EPHEMERAL
+    assert dropped == []
+
+
+def test_a_lone_marked_text_block_stays_a_part_and_a_lifted_system_message_keeps_its_marker():
+    chat, _ = anthropic_messages.chat_request(
+        {
+            "max_tokens": 8,
+            "system": "You are Claude Code.",
+            "messages": [
+                {"role": "system", "content": [{"type": "text", "text": "cwd: /app", "cache_control": EPHEMERAL}]},
+                {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": EPHEMERAL}]},
+            ],
+        }
+    )  # fmt: skip
+    assert chat["messages"] == [
+        {
+            "role": "system",
+            "content": [
+                {"type": "text", "text": "You are Claude Code."},
+                {"type": "text", "text": "cwd: /app", "cache_control": EPHEMERAL},
+            ],
+        },
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": EPHEMERAL}]},
+    ]
+
+
+def test_a_tool_results_error_flag_rides_on_its_tool_message():
+    chat, _ = anthropic_messages.chat_request(
+        {
+            "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": "add"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "no a", "is_error": True},
+                ]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t2", "name": "add", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "5", "is_error": False},
+                ]},
+            ],
+        }
+    )  # fmt: skip
+    tool_messages = [m for m in chat["messages"] if m["role"] == "tool"]
+    assert tool_messages == [
+        {"role": "tool", "tool_call_id": "t1", "content": "no a", "is_error": True},
+        {"role": "tool", "tool_call_id": "t2", "content": "5"},
+    ]
+
+
+def marked_turns(count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": role,
+            "content": [{"type": "text", "text": f"turn {i}", "cache_control": EPHEMERAL}],
+        }
+        for i, role in zip(range(count), ["user", "assistant"] * count, strict=False)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ({"type": "persistent"}, "messages[0].content[0].cache_control must be"),
+        ({"type": "ephemeral", "ttl": "2h"}, "optional 'ttl' of '5m' or '1h'"),
+        ({"type": "ephemeral", "scope": "org"}, "cache_control must be"),
+        ("ephemeral", "cache_control must be"),
+    ],
+)
+def test_it_refuses_a_marker_anthropic_would_refuse(marker, message):
+    turn = {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": marker}]}
+    with pytest.raises(BadRequest, match=re.escape(message)):
+        anthropic_messages.chat_request({"max_tokens": 8, "messages": [turn]})
+
+
+def test_it_refuses_a_fifth_cache_breakpoint_in_anthropics_words():
+    """Anthropic refuses more than four breakpoints; so does the boundary, before any model
+    is asked, whatever serves the policy: the harness is told what Anthropic would tell it."""
+    system = [{"type": "text", "text": "sys", "cache_control": EPHEMERAL}]
+    anthropic_messages.chat_request(
+        {"max_tokens": 8, "system": system, "messages": marked_turns(3)}
+    )
+
+    with pytest.raises(BadRequest) as raised:
+        anthropic_messages.chat_request(
+            {"max_tokens": 8, "system": system, "messages": marked_turns(4)}
+        )
+    assert str(raised.value) == "A maximum of 4 blocks with cache_control may be provided. Found 5."
+    assert raised.value.param == "cache_control"
+
+
+@pytest.mark.parametrize("flag", ["yes", 1])
+def test_it_refuses_an_error_flag_that_is_not_a_boolean(flag):
+    body = {
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "add"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "add"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": flag}]},
+        ],
+    }  # fmt: skip
+    with pytest.raises(BadRequest, match=r"messages\[2\]\.content\[0\]\.is_error must be true"):
+        anthropic_messages.chat_request(body)
+
+
+def test_count_tokens_does_not_count_a_tools_marker():
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [ADD_TOOL]}
+    marked = {**body, "tools": [{**ADD_TOOL, "cache_control": EPHEMERAL}]}
+    assert anthropic_messages.count_tokens(marked) == anthropic_messages.count_tokens(body)
+
+
 # --- replies: chat → Message ------------------------------------------------------------------
 
 
@@ -266,6 +442,35 @@ def test_it_turns_a_text_reply_into_a_message():
         "stop_sequence": None,
         "usage": {"input_tokens": 12, "output_tokens": 3},
     }
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        # An anthropic endpoint's reply, its cache counts kept (coevo/policies/anthropic_api.py).
+        (
+            {
+                "prompt_tokens": 100,
+                "cache_read_input_tokens": 60,
+                "cache_creation_input_tokens": 30,
+            },
+            {"input_tokens": 10, "cache_creation_input_tokens": 30, "cache_read_input_tokens": 60},
+        ),
+        # OpenAI's (or vLLM's) cached tokens.
+        (
+            {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 64}},
+            {"input_tokens": 36, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 64},
+        ),
+    ],
+)
+def test_what_the_prompt_cache_served_is_reported_as_anthropic_reports_it(usage, expected):
+    reply = chat_reply({"role": "assistant", "content": "yes"})
+    reply["usage"] = {**usage, "completion_tokens": 3}
+    assert anthropic_messages.message(reply)["usage"] == {**expected, "output_tokens": 3}
+    start = next(anthropic_messages.stream_events(anthropic_messages.message(reply)))
+    assert (
+        b'"cache_read_input_tokens": ' + str(expected["cache_read_input_tokens"]).encode() in start
+    )
 
 
 def test_it_turns_tool_calls_into_tool_use_blocks():
@@ -521,6 +726,14 @@ def test_a_streamed_request_gets_anthropics_event_stream():
             400,
             "invalid_request_error",
             "max_tokens is required",
+        ),
+        (
+            FakeRunner(),
+            {**HELLO, "messages": marked_turns(5)},
+            None,
+            400,
+            "invalid_request_error",
+            "A maximum of 4 blocks with cache_control may be provided. Found 5.",
         ),
     ],
 )

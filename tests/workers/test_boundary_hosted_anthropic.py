@@ -8,10 +8,12 @@ Real sandbox, real boundary, the real policy client; each call priced at the end
 
 from __future__ import annotations
 
+import json
 import textwrap
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import httpx
 import pytest
 
 from coevo.policies.client import PolicyClient
@@ -43,7 +45,7 @@ def provider():
         yield server
 
 
-def hosted_rollout(harness, provider: ProviderServer):
+def hosted_rollout(harness, provider: ProviderServer, *, kind: str = "anthropic"):
     inputs = RolloutInputs(
         harness_dir=harness,
         task_key="q1",
@@ -57,7 +59,7 @@ def hosted_rollout(harness, provider: ProviderServer):
         provider.url,
         model="claude-test",
         retries=0,
-        kind="anthropic",
+        kind=kind,
         api_key=KEY,
         prices=PriceSchedule((PRICE,)),
     )
@@ -212,3 +214,110 @@ def test_an_openai_sdk_program_calls_tools_of_a_hosted_anthropic_model(tmp_path,
     assert [c["finish_reason"] for c in calls] == ["tool_calls", "stop"]
     assert (calls[1]["parent"], calls[1]["relation"]) == (0, "continues")
     assert result.cost_usd is not None and result.cost_usd > 0
+
+
+# A system prompt as long as a coding agent's: Anthropic caches a prefix of at least 1024 tokens.
+LONG_SYSTEM = " ".join(f"Rule {i}: keep the change small." for i in range(300))
+
+
+def test_a_marked_system_prompt_is_written_to_anthropics_cache_then_read_and_priced_so(
+    tmp_path, provider
+):
+    """The anthropic SDK marks its long system prompt for Anthropic's prompt cache and asks
+    twice: the marker reaches the provider, which writes the prefix to its cache the first time
+    and reads it the second; the program sees Anthropic's cache usage, and each call is priced
+    at the cache-write, then the cached-input price."""
+    harness = sdk_program(
+        tmp_path,
+        f"""
+        system = [{{"type": "text", "text": {LONG_SYSTEM!r},
+                    "cache_control": {{"type": "ephemeral"}}}}]
+        usages = []
+        for question in ("what is 2 + 3?", "what is 4 + 5?"):
+            reply = client.messages.create(model="claude-x", max_tokens=16, system=system,
+                                           messages=[{{"role": "user", "content": question}}])
+            u = reply.usage
+            usages.append([u.input_tokens, u.cache_creation_input_tokens,
+                           u.cache_read_input_tokens])
+        answer(usages)
+        """,
+    )
+
+    result = hosted_rollout(harness, provider)
+
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
+    cached = len(LONG_SYSTEM.split())  # the provider counts a text block's words
+    first, second = provider.policy.requests
+    for request in (first, second):
+        assert request["system"] == [
+            {"type": "text", "text": LONG_SYSTEM, "cache_control": {"type": "ephemeral"}}
+        ]
+    (rest, written, read), (rest_again, written_again, read_again) = result.answer
+    assert (written, read) == (cached, 0)
+    assert (written_again, read_again) == (0, cached)
+    assert rest == rest_again > 0
+
+    calls = sorted(steps(result, "model_call"), key=lambda c: c["call"])
+    assert [(c["cost"]["cache_write_tokens"], c["cost"]["cached_tokens"]) for c in calls] == [
+        (cached, 0),
+        (0, cached),
+    ]
+    completion = [s.completion_tokens for s in result.steps if s.kind == "model_call"]
+    assert [s.prompt_tokens for s in result.steps if s.kind == "model_call"] == [rest + cached] * 2
+    write_cost = (
+        rest * PRICE.input_per_m + cached * Decimal("3.75") + completion[0] * 15
+    ) / MILLION
+    read_cost = (rest * PRICE.input_per_m + cached * Decimal("0.3") + completion[1] * 15) / MILLION
+    assert [Decimal(c["cost"]["usd"]) for c in calls] == [write_cost, read_cost]
+    assert result.cost_usd == write_cost + read_cost
+
+
+def test_an_openai_endpoint_gets_a_marked_messages_request_without_anthropics_keys(tmp_path):
+    """OpenAI's API refuses a key it does not know inside a message (the local provider does
+    too): the markers and the error flag an Anthropic harness sets are left out for an endpoint
+    of kind openai, and the model-call step names them as dropped."""
+    policy = ProviderPolicy(api_key=KEY, rules=[("no b", "sorry")])
+    policy.tool_rules = [("add 2", [("add", {"a": 2})])]
+    marker = {"type": "ephemeral"}
+    with ProviderServer(policy) as openai_provider:
+        refused = httpx.post(
+            f"{openai_provider.url}/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": "gpt-test", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": marker}]}]},
+        )  # fmt: skip
+        assert refused.status_code == 400 and "'cache_control' was unexpected" in refused.text
+        harness = sdk_program(
+            tmp_path,
+            f"""
+            system = [{{"type": "text", "text": "Add.", "cache_control": {marker!r}}}]
+            tools = [dict({ADD_TOOL!r}, cache_control={marker!r})]
+            messages = [{{"role": "user", "content": [
+                {{"type": "text", "text": "add 2 and 3", "cache_control": {marker!r}}}]}}]
+            first = client.messages.create(model="gpt-x", max_tokens=16, system=system,
+                                           tools=tools, messages=messages)
+            (use,) = [b for b in first.content if b.type == "tool_use"]
+            messages += [
+                {{"role": "assistant", "content": first.content}},
+                {{"role": "user", "content": [{{"type": "tool_result", "tool_use_id": use.id,
+                                              "content": "no b", "is_error": True,
+                                              "cache_control": {marker!r}}}]}},
+            ]
+            second = client.messages.create(model="gpt-x", max_tokens=16, system=system,
+                                            tools=tools, messages=messages)
+            answer([first.stop_reason, second.content[0].text])
+            """,
+        )
+
+        result = hosted_rollout(harness, openai_provider, kind="openai")
+
+    assert result.outcome == RolloutOutcome.PASSED, result.detail
+    assert result.answer == ["tool_use", "sorry"]
+    _, first, second = policy.requests  # after the refused one
+    sent = json.dumps([first, second])
+    assert "cache_control" not in sent and "is_error" not in sent
+    assert first["messages"][0] == {"role": "system", "content": "Add."}
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1_0", "content": "no b"}
+    for call in steps(result, "model_call"):
+        assert {"cache_control", "is_error"} & set(call["dropped"]) == (
+            {"cache_control", "is_error"} if call["call"] else {"cache_control"}
+        )
