@@ -58,8 +58,9 @@ def register(commands: Any) -> None:
         action="store_true",
         help="co-evolve harness and policy: the campaign takes a harness step, a policy step "
         "(a LoRA adapter trained on the CPU on the best candidate's search games, served by "
-        "llama.cpp) and a harness step under the new policy, then shows the harness x policy "
-        "matrix (needs the train extra: scripts/demo --coevolve installs it)",
+        "the policy server: llama.cpp, or vLLM with --policy vllm) and a harness step under the "
+        "new policy, then shows the harness x policy matrix (needs the train extra: "
+        "scripts/demo --coevolve installs it)",
     )
     campaign.add_argument(
         "--no-promotion",

@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +94,11 @@ def start_policy(
     policy_port: int,
     env: dict[str, str],
     policy: str = "llamacpp",
+    progress: Callable[[str], None] | None = None,
 ) -> str:
     """The demo's policy server: the coevo llama.cpp host, or (``policy`` "vllm") a local vLLM
-    (``start_vllm``); its URL. A server at COEVO_POLICY_URL is used as it is."""
+    (``start_vllm``, which says how its start goes to ``progress``); its URL. A server at
+    COEVO_POLICY_URL is used as it is."""
     from coevo.policies.embedded import (
         DEFAULT_MODEL_ALIAS,
         base_model_gguf,
@@ -110,7 +112,13 @@ def start_policy(
         wait_until_serving(url, model=settings.COEVO_POLICY_MODEL, timeout_s=30)
         return url
     if policy == "vllm":
-        return start_vllm(services=services, settings=settings, policy_port=policy_port, env=env)
+        return start_vllm(
+            services=services,
+            settings=settings,
+            policy_port=policy_port,
+            env=env,
+            progress=progress,
+        )
     url = f"http://127.0.0.1:{policy_port}/v1"
     settings.COEVO_POLICY_MODEL = DEFAULT_MODEL_ALIAS
     env["COEVO_POLICY_MODEL"] = DEFAULT_MODEL_ALIAS
@@ -134,10 +142,18 @@ def start_policy(
     return url
 
 
-def start_vllm(*, services: Services, settings: Any, policy_port: int, env: dict[str, str]) -> str:
+def start_vllm(
+    *,
+    services: Services,
+    settings: Any,
+    policy_port: int,
+    env: dict[str, str],
+    progress: Callable[[str], None] | None = None,
+) -> str:
     """vLLM's CPU build (scripts/demo --policy vllm installs it: COEVO_VLLM_PYTHON) serving
     Gemma 3 270M from the CPU trainer's copy of the shipped GGUF (made now when missing), with
-    the runtime LoRA updates a policy step's adapters need; its URL."""
+    the runtime LoRA updates a policy step's adapters need; its URL. ``progress`` (default: a
+    line of its own) gets the elapsed time and vLLM's last log line while it starts."""
     from coevo.policies.embedded import DEFAULT_MODEL_ALIAS, base_model_gguf
     from coevo.policies.vllm_local import VLLMServer, vllm_python, vllm_wait_until_serving
     from coevo.training.cpu_lora.base_cache import base_cache_ready
@@ -165,7 +181,10 @@ def start_vllm(*, services: Services, settings: Any, policy_port: int, env: dict
     process = services.start("policy", server.command(), server.environment(env))
     say(f"waiting for vLLM at {server.url} (about 2 minutes on 2 cores)")
     took = vllm_wait_until_serving(
-        server, process=process, log_path=services.logs_dir / "policy.log", progress=say
+        server,
+        process=process,
+        log_path=services.logs_dir / "policy.log",
+        progress=progress or say,
     )
     say(f"vLLM serving after {took:.0f} s")
     return server.url
@@ -180,12 +199,18 @@ def start_policy_and_worker(
     worker_name: str,
     queues: tuple[str, ...] | None = None,
     policy: str = "llamacpp",
+    progress: Callable[[str], None] | None = None,
 ) -> str:
     """The policy server (``start_policy``) and a Celery worker that uses it, on ``queues``
     (default: rollouts, default and ops: the demo's one worker is all its workers); the
     policy's URL."""
     policy_url = start_policy(
-        services=services, settings=settings, policy_port=policy_port, env=env, policy=policy
+        services=services,
+        settings=settings,
+        policy_port=policy_port,
+        env=env,
+        policy=policy,
+        progress=progress,
     )
     env["COEVO_POLICY_URL"] = policy_url
     settings.COEVO_POLICY_URL = policy_url

@@ -100,7 +100,7 @@ def run_demo(options: DemoOptions) -> int:
         with progress_step(
             "starting the policy server and the worker",
             waiting_on="waiting for the policy server to list its model",
-        ):
+        ) as step:
             start_policy_and_worker(
                 services=services,
                 settings=settings,
@@ -108,6 +108,8 @@ def run_demo(options: DemoOptions) -> int:
                 env=child_env,
                 worker_name="demo",
                 policy=options.policy,
+                # vLLM's start (minutes) in the step's own lines, with its last log line.
+                progress=step.update,
                 # A policy step's training run goes to the training queue.
                 queues=("rollouts", "default", "ops", "training") if options.coevolve else None,
             )
@@ -156,10 +158,13 @@ def run_demo(options: DemoOptions) -> int:
                 )
         if options.campaign:
             campaign_url = f"{base}/p/{project.slug}/campaigns/{campaign.id}/"
+            server = {"vllm": "vLLM", "llamacpp": "llama.cpp"}.get(
+                settings.COEVO_POLICY_KIND, "the policy server"
+            )
             what = (
                 f"co-evolution on TextWorld from {campaign.seed_candidate.short_sha}: a harness "
-                "step (a config proposal), a policy step (a LoRA trained on the CPU, served by "
-                "llama.cpp), a harness step under the new policy"
+                f"step (a config proposal), a policy step (a LoRA trained on the CPU, served by "
+                f"{server}), a harness step under the new policy"
                 if options.coevolve
                 else f"config campaign on TextWorld from {campaign.seed_candidate.short_sha}: "
                 f"up to {options.campaign_proposals} proposals"

@@ -58,6 +58,25 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MAX_LORA_RANK = 16
 # Stop strings a request may carry (vLLM's default is OpenAI's 4).
 MAX_STOP_STRINGS = 32
+# What coevo relies on from every vLLM it sends requests to, whatever the hardware: verified on
+# the CPU build by the contract suite (tests/vllm), started with them here, and carried by
+# docker-compose.yml's GPU policy service too (tests/test_compose_policy.py). The flags (None:
+# a switch); besides them, ``--chat-template`` (CHAT_TEMPLATE, the tools the pythonic parser
+# reads back) and ``--max-lora-rank`` of at least MAX_LORA_RANK.
+CONTRACT_FLAGS: dict[str, str | None] = {
+    "--enable-auto-tool-choice": None,
+    "--tool-call-parser": "pythonic",
+    "--enable-lora": None,
+    "--generation-config": "vllm",
+    "--structured-outputs-config": STRUCTURED_OUTPUTS,
+}
+# And its environment.
+CONTRACT_ENV = {
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    # vLLM refuses (400) a request with more than 4 stop strings unless told otherwise; coevo's
+    # requests carry what the harness asks (the shipped HumanEval harness: 7).
+    "VLLM_MAX_STOP_STRINGS": str(MAX_STOP_STRINGS),
+}
 # vLLM's start (its Python imports, the model's weights, a warm-up pass) took 35 to 90 s on a
 # loaded 2-core machine (benchmarks/README.md); the limit leaves room for a slower one.
 START_TIMEOUT_S = 600.0
@@ -93,27 +112,26 @@ class VLLMServer:
             "--dtype", "float32",
             "--max-model-len", str(self.max_model_len),
             "--chat-template", str(self.chat_template),
-            "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-            "--enable-lora",
             "--max-loras", str(self.max_loras),
             "--max-lora-rank", str(self.max_lora_rank),
-            "--generation-config", "vllm",
-            "--structured-outputs-config", STRUCTURED_OUTPUTS,
+            *contract_argv(),
         ]  # fmt: skip
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         return {
             **base,
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            **CONTRACT_ENV,
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
-            # vLLM refuses (400) a request with more than 4 stop strings unless told otherwise;
-            # coevo's requests carry what the harness asks (the shipped HumanEval harness: 7).
-            "VLLM_MAX_STOP_STRINGS": str(MAX_STOP_STRINGS),
             # Nothing is fetched at run time: the model is a local directory.
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_DO_NOT_TRACK": "1",
         }
+
+
+def contract_argv() -> list[str]:
+    """CONTRACT_FLAGS as command-line arguments."""
+    return [part for name, value in CONTRACT_FLAGS.items() for part in (name, value) if part]
 
 
 def vllm_python(environ: Mapping[str, str] | None = None) -> Path:
