@@ -3,7 +3,7 @@ machine: start-up time, memory, and single-request latencies through coevo's own
 
 vLLM runs as the tests start it (coevo/policies/vllm_local.py; the environment from
 scripts/lib.sh's ensure_vllm, named by COEVO_VLLM_PYTHON), serving the CPU trainer's copy of
-the shipped GGUF (``python -m coevo.training.cpu_lora.base_cache``, made first if missing); the
+the shipped GGUF (``python -m coevo.training.cpu_lora.base_prepare``, made first if missing); the
 llama.cpp host serves the GGUF file itself. One server at a time. Per server: the seconds until
 ``/v1/models`` lists the model, the resident memory of its process tree (every process the
 server started: vLLM's API server, engine and worker; the host and its llama_cpp.server child)
@@ -90,7 +90,7 @@ def measure(client: PolicyClient, runs: int) -> dict[str, float]:
 
 def run_vllm(work: Path, runs: int) -> dict[str, object]:
     made = subprocess.run(
-        [sys.executable, "-m", "coevo.training.cpu_lora.base_cache"],
+        [sys.executable, "-m", "coevo.training.cpu_lora.base_prepare"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     server = VLLMServer(

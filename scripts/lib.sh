@@ -251,7 +251,7 @@ ensure_vllm() {
 }
 
 # The model directory the local vLLM serves: the CPU trainer's dequantized copy of the shipped
-# Gemma 3 270M GGUF, kept beside it in COEVO_GGUF_DIR (coevo/training/cpu_lora/base_cache.py),
+# Gemma 3 270M GGUF, kept beside it in COEVO_GGUF_DIR (coevo/training/cpu_lora/base_prepare.py),
 # made once (about 2 minutes on 2 cores; the train and embedded extras). Sets VLLM_MODEL_DIR
 # and exports COEVO_VLLM_MODEL_DIR.
 ensure_vllm_model() {
@@ -260,7 +260,7 @@ ensure_vllm_model() {
     local started=$SECONDS
     # With no COEVO_GGUF_DIR, the module takes coevo's default (COEVO_HOME/models).
     if ! run_with_progress "converting the GGUF file" "$log" \
-        "$VENV/bin/python" -m coevo.training.cpu_lora.base_cache; then
+        "$VENV/bin/python" -m coevo.training.cpu_lora.base_prepare; then
         tail -n 30 "$log" >&2
         echo "Converting the Gemma GGUF file for vLLM failed; full log: $log" >&2
         return 1

@@ -148,11 +148,8 @@ def _evaluation_of(
 
 
 def proposal_follow(campaign: Campaign, proposal: Proposal) -> bool:
-    """The open proposal's next step, once its current evaluation is final."""
-    if proposal.kind == ProposerKind.POLICY and proposal.search_evaluation_id is None:
-        from coevo.campaigns.policy_steps import policy_step_follow
-
-        return policy_step_follow(campaign, proposal)
+    """The open proposal's next step, once its current evaluation is final (a policy step's
+    stages before its evaluation are ``policy_steps.policy_step_follow``'s)."""
     if proposal.search_evaluation_id is None:
         # Recorded, but its evaluation was never created (a crash between the two): start it.
         return search_start(campaign, proposal)

@@ -45,6 +45,7 @@ from coevo.campaigns.models import (
     ProposalState,
     ProposerKind,
 )
+from coevo.campaigns.policy_steps import next_phase, policy_step_follow, policy_step_start
 from coevo.campaigns.proposers import Draft, ProposalOutcome, proposer_for
 from coevo.campaigns.proposers.base import stage
 from coevo.campaigns.proposers.merge import NO_PAIR_REASON
@@ -249,7 +250,10 @@ def _step(campaign_id: Any) -> bool | _DraftTicket:
         if open_ and open_[0].batch is not None:
             return round_follow(campaign, open_)
         if open_:
-            return proposal_follow(campaign, open_[0])
+            proposal = open_[0]
+            if proposal.kind == ProposerKind.POLICY and proposal.search_evaluation_id is None:
+                return policy_step_follow(campaign, proposal)  # exporting, then training
+            return proposal_follow(campaign, proposal)
         if _drafting(campaign):
             return False  # its drafter records the proposal, or it goes stale
         queued = _next_queued(campaign)
@@ -279,11 +283,9 @@ def _propose(campaign: Campaign) -> bool | _DraftTicket:
             state=ProposalState.EVALUATING,
         )
         return search_start(campaign, proposal)
-    if campaign.alternates and campaign.best_candidate_id is not None:
-        from coevo.campaigns.policy_steps import next_phase, policy_step_start
-
-        if next_phase(campaign).name == "policy":
-            return policy_step_start(campaign, sequence)
+    alternating = campaign.alternates and campaign.best_candidate_id is not None
+    if alternating and next_phase(campaign).name == "policy":
+        return policy_step_start(campaign, sequence)
     if campaign.batch_size > 1:
         return _propose_round(campaign, sequence)
     proposer = proposer_for(campaign=campaign, sequence=sequence)

@@ -72,7 +72,7 @@ def register(commands: Any) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from coevo.demo import DemoOptions, run_demo
+    from coevo.demo.run import DemoOptions, run_demo
     from coevo.errors import CoevoError
 
     if args.tasks < 1:

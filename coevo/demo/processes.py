@@ -164,7 +164,7 @@ def start_vllm(
         say("converting Gemma 3 270M for vLLM (once; about 2 minutes on 2 cores)")
     # Quick once made; it also writes the tokens that end a turn beside a copy the trainer made.
     made = subprocess.run(
-        [sys.executable, "-m", "coevo.training.cpu_lora.base_cache",
+        [sys.executable, "-m", "coevo.training.cpu_lora.base_prepare",
          "--gguf-dir", str(gguf.parent)],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip

