@@ -399,7 +399,8 @@ def print_phases(rollouts: list, *, kind: str) -> None:
     the boundary's hop), between (harness code between calls), finish (last reply → finished:
     answer, exit, scoring, the rollout's rows)."""
     from coevo.evaluations.models import TraceStep
-    from workers.trace import StepKind
+    from coevo.evaluations.traces import trace_step_typed
+    from workers.trace import Log, ProgramOutput, StepKind
 
     stamps: dict[object, dict] = {}
     latencies: dict[object, list[int]] = {}
@@ -409,10 +410,12 @@ def print_phases(rollouts: list, *, kind: str) -> None:
     for step in steps:
         if step.kind == StepKind.MODEL_CALL:
             latencies.setdefault(step.rollout_id, []).append(step.latency_ms)
-        elif step.kind == StepKind.LOG and step.payload.get("message") == "phases":
-            stamps[step.rollout_id] = step.payload["fields"]
-        elif step.kind == StepKind.PROGRAM_OUTPUT:
-            last = (step.payload.get("stdout") or "").strip().splitlines()[-1:]
+            continue
+        typed = trace_step_typed(step)
+        if isinstance(typed, Log) and typed.message == "phases":
+            stamps[step.rollout_id] = typed.fields
+        elif isinstance(typed, ProgramOutput):
+            last = (typed.stdout or "").strip().splitlines()[-1:]
             if last:
                 stamps[step.rollout_id] = json.loads(last[0])["phases"]
     parts: dict[str, list[float]] = {

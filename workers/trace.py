@@ -95,6 +95,15 @@ class TypedStep:
         return payload
 
     @classmethod
+    def key(cls, name: str) -> str:
+        """``name``, a key this class declares: for a reader that reads the key where no
+        payload is parsed (a JSON lookup in the database), so that it too reads a declared
+        key."""
+        if name == "extra" or name not in {f.name for f in dataclasses.fields(cls)}:
+            raise KeyError(f"{cls.kind} steps declare no key {name!r}")
+        return name
+
+    @classmethod
     def from_payload(cls, payload: Any) -> Self:
         data = dict(payload) if isinstance(payload, Mapping) else {}
         data.pop(VERSION_KEY, None)

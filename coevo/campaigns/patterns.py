@@ -36,9 +36,9 @@ from coevo.evaluations.models import (
     RolloutState,
     TraceStep,
 )
-from coevo.evaluations.traces import trace_step_payload
+from coevo.evaluations.traces import trace_step_typed
 from workers.outcomes import RolloutOutcome
-from workers.trace import StepKind
+from workers.trace import EnvReset, EnvStep, StepKind
 
 logger = logging.getLogger(__name__)
 
@@ -325,13 +325,14 @@ def _last_observation(rollout: Rollout) -> tuple[str, str]:
     )
     if step is None:
         return "", ""
-    payload = trace_step_payload(step)
-    if not isinstance(payload, dict):
+    moved = trace_step_typed(step)
+    if not isinstance(moved, EnvStep | EnvReset):
         return "", ""
-    observation = payload.get("observation")
+    observation = moved.observation
     if isinstance(observation, dict):
         observation = observation.get("observation", "")
-    return str(observation or ""), str(payload.get("action") or "")
+    action = moved.action if isinstance(moved, EnvStep) else None
+    return str(observation or ""), str(action or "")
 
 
 def _excerpt(rollout: Rollout, observation: str, action: str) -> str:

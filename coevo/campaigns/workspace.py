@@ -33,7 +33,21 @@ from harness_store.manifest import MANIFEST_NAME, Manifest
 from harness_store.models import Candidate
 from harness_store.selectors import candidate_files, candidate_read_file
 from workers.outcomes import RolloutOutcome
-from workers.trace import StepKind
+from workers.trace import (
+    Answer,
+    EnvReset,
+    EnvStep,
+    Error,
+    HarnessException,
+    HelperCall,
+    Log,
+    ModelCall,
+    ProgramOutput,
+    TypedStep,
+    UnknownStep,
+    Verdict,
+    parse_step,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -431,7 +445,7 @@ def _render_trace(rollout: Rollout) -> str:
     )
     lines = []
     for step in page.steps:
-        line = _render_step(step.kind, step.payload if isinstance(step.payload, dict) else {})
+        line = _render_step(parse_step(step.kind, step.payload))
         if line:
             lines.append(line)
     if page.next_cursor is not None:
@@ -441,54 +455,56 @@ def _render_trace(rollout: Rollout) -> str:
     return "\n".join(lines)
 
 
-def _render_step(kind: str, payload: dict[str, Any]) -> str:
-    def text(key: str, limit: int = STEP_TEXT_CHARS) -> str:
-        value = payload.get(key)
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            value = json.dumps(value, ensure_ascii=False)
-        return _tail(value, limit)
-
-    if kind == StepKind.MODEL_CALL:
-        request = text("prompt") or text("messages")
-        line = f"[model call] prompt (tail): {request}\n[model said] {text('completion')}"
-        calls = [c for c in payload.get("tool_calls") or [] if isinstance(c, dict)]
+def _render_step(step: TypedStep | UnknownStep) -> str:
+    if isinstance(step, ModelCall):
+        request = _text(step.prompt) or _text(step.messages)
+        line = f"[model call] prompt (tail): {request}\n[model said] {_text(step.completion)}"
+        calls = [c for c in step.tool_calls or [] if isinstance(c, dict)]
         if calls:
             line += "\n[model called tools] " + "; ".join(
                 f"{str(c.get('name'))[:80]}({_cut(str(c.get('arguments') or ''), 200)})"
                 for c in calls[:8]
             )
-        if payload.get("rejected"):
-            line += f"\n[the policy server refused the call] {text('rejected', 400)}"
+        if step.rejected:
+            line += f"\n[the policy server refused the call] {_text(step.rejected, 400)}"
         return line
-    if kind == StepKind.PROGRAM_OUTPUT:
+    if isinstance(step, ProgramOutput):
         return (
-            f"[program exited with {payload.get('exit_code')}] stdout (tail): "
-            f"{text('stdout', STEP_TEXT_CHARS)}"
+            f"[program exited with {step.exit_code}] stdout (tail): "
+            f"{_text(step.stdout, STEP_TEXT_CHARS)}"
         )
-    if kind == StepKind.ENV_RESET:
-        return f"[env reset] {text('observation')}"
-    if kind == StepKind.ENV_STEP:
+    if isinstance(step, EnvReset):
+        return f"[env reset] {_text(step.observation)}"
+    if isinstance(step, EnvStep):
         return (
-            f"[env step {payload.get('index')}] action: {text('action', 200)} → reward "
-            f"{payload.get('reward')}, done {payload.get('done')}: {text('observation')}"
+            f"[env step {step.index}] action: {_text(step.action, 200)} → reward "
+            f"{step.reward}, done {step.done}: {_text(step.observation)}"
         )
-    if kind == StepKind.LOG:
-        return f"[log] {text('message', 400)}"
-    if kind == StepKind.HELPER_CALL:
-        return f"[helper {payload.get('name')}] {text('result', 400)}"
-    if kind == StepKind.ANSWER:
-        return f"[answer] {text('answer')}"
-    if kind == StepKind.VERDICT:
+    if isinstance(step, Log):
+        return f"[log] {_text(step.message, 400)}"
+    if isinstance(step, HelperCall):
+        return f"[helper {step.name}] {_text(step.result, 400)}"
+    if isinstance(step, Answer):
+        return f"[answer] {_text(step.answer)}"
+    if isinstance(step, Verdict):
+        return f"[verdict] score {step.score}: {_text(step.detail, 400)} {_text(step.output, 400)}"
+    if isinstance(step, HarnessException):
+        return f"[harness exception] {_text(step.error, 400)}\n{_text(step.traceback, 1200)}"
+    if isinstance(step, Error):
         return (
-            f"[verdict] score {payload.get('score')}: {text('detail', 400)} {text('output', 400)}"
+            f"[error] {_text(step.outcome, 40)}: {_text(step.message, 400)} "
+            f"{_text(step.stderr, 600)}"
         )
-    if kind == StepKind.HARNESS_EXCEPTION:
-        return f"[harness exception] {text('error', 400)}\n{text('traceback', 1200)}"
-    if kind == StepKind.ERROR:
-        return f"[error] {text('outcome', 40)}: {text('message', 400)} {text('stderr', 600)}"
     return ""
+
+
+def _text(value: Any, limit: int = STEP_TEXT_CHARS) -> str:
+    """A payload's value as text (JSON when it is not a string), its tail."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False)
+    return _tail(value, limit)
 
 
 def _tail(text: str, limit: int) -> str:

@@ -35,7 +35,7 @@ from coevo.projects.models import Project
 from coevo.suites.models import Split
 from harness_store.models import Candidate
 from workers.outcomes import RolloutOutcome
-from workers.trace import StepKind
+from workers.trace import ModelCall, StepKind
 
 
 @dataclass(frozen=True)
@@ -294,10 +294,10 @@ def rollout_call_tree(*, rollout: Rollout, limit: int = CALL_TREE_MAX_CALLS) -> 
         TraceStep.objects.filter(id__in=prefix)
         .order_by("attempt", "index")
         .annotate(
-            tree_call=KT("payload__call"),
-            tree_session=KT("payload__session"),
-            tree_parent=KT("payload__parent"),
-            tree_relation=KT("payload__relation"),
+            tree_call=KT(f"payload__{ModelCall.key('call')}"),
+            tree_session=KT(f"payload__{ModelCall.key('session')}"),
+            tree_parent=KT(f"payload__{ModelCall.key('parent')}"),
+            tree_relation=KT(f"payload__{ModelCall.key('relation')}"),
         )
         .values_list(
             "attempt", "index", "tree_call", "tree_session", "tree_parent", "tree_relation"

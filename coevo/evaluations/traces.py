@@ -33,7 +33,7 @@ from django.utils import timezone
 from coevo.evaluations.dbwait import database_connection_drop, database_down
 from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.storable import MAX_DEPTH, Unstorable, storable_json
-from workers.trace import StepKind
+from workers.trace import StepKind, TypedStep, UnknownStep, parse_step
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,11 @@ def payload_unpack(payload: dict[str, Any], payload_zlib: bytes | memoryview | N
 
 def trace_step_payload(step: TraceStep) -> Any:
     return payload_unpack(step.payload, step.payload_zlib)
+
+
+def trace_step_typed(step: TraceStep) -> TypedStep | UnknownStep:
+    """A stored step as its kind's type (workers/trace.py), its payload unpacked."""
+    return parse_step(step.kind, trace_step_payload(step))
 
 
 def _excerpt(value: Any, depth_left: int = _PAYLOAD_MAX_DEPTH) -> Any:

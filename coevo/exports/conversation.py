@@ -27,6 +27,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.trace import ModelCall
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -44,27 +46,32 @@ class Reply:
         return message
 
 
-def call_exportable(call: dict[str, Any]) -> bool:
+def call_exportable(call: ModelCall) -> bool:
     """A call the policy answered: one the policy server refused (recorded with ``rejected``,
     e.g. a prompt past the context window) has no reply to learn."""
-    return "rejected" not in call
+    return call.rejected is None
 
 
-def call_tools(call: dict[str, Any]) -> list[Any] | None:
+def call_tools(call: ModelCall) -> list[Any] | None:
     """The tools the call offered the model (OpenAI's function schemas, which are TRL's), or
     None when it offered none."""
-    tools = call.get("tools")
+    tools = call.tools
     return list(tools) if isinstance(tools, list) and tools else None
 
 
-def call_prompt_messages(call: dict[str, Any]) -> list[dict[str, Any]]:
+def call_prompt(call: ModelCall) -> str:
+    """A completions call's prompt as text ("" for a call recorded without one)."""
+    return "" if call.prompt is None else str(call.prompt)
+
+
+def call_prompt_messages(call: ModelCall) -> list[dict[str, Any]]:
     """The conversation the model was given: the call's messages, or a completions call's
     prompt as one user message."""
-    if "messages" not in call:
-        return [{"role": "user", "content": str(call.get("prompt", ""))}]
+    if call.messages is None:
+        return [{"role": "user", "content": call_prompt(call)}]
     names: dict[Any, str] = {}
     messages = []
-    for raw in call["messages"]:
+    for raw in call.messages:
         raw = raw if isinstance(raw, dict) else {}
         message: dict[str, Any] = {
             "role": str(raw.get("role", "")),
@@ -90,21 +97,21 @@ def call_prompt_messages(call: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def call_replies(call: dict[str, Any]) -> list[Reply]:
+def call_replies(call: ModelCall) -> list[Reply]:
     """The policy's replies to the call, in choice order.
 
     A boundary call is recorded once with every choice it asked for (``choices``, the server's
     reply, and ``tool_calls`` flattened with each one's ``choice``); an ``agent:run`` call is
     recorded once per sample, with its text in ``completion``.
     """
-    recorded = _by_choice(call.get("tool_calls"))
-    choices = call.get("choices")
+    recorded = _by_choice(call.tool_calls)
+    choices = call.choices
     if not isinstance(choices, list):
         return [
             Reply(
-                content=str(call.get("completion") or ""),
+                content=str(call.completion or ""),
                 tool_calls=recorded.get(0, []),
-                finish_reason=call.get("finish_reason"),
+                finish_reason=call.finish_reason,
             )
         ]
     replies = []

@@ -43,6 +43,7 @@ from coevo.evaluations.traces import trace_step_payload
 from coevo.exports.conversation import (
     Reply,
     call_exportable,
+    call_prompt,
     call_prompt_messages,
     call_replies,
     call_tools,
@@ -50,7 +51,7 @@ from coevo.exports.conversation import (
 from coevo.exports.models import ExportFormat
 from coevo.suites.models import Split
 from workers.outcomes import RolloutOutcome
-from workers.trace import StepKind
+from workers.trace import VIA_BOUNDARY, ModelCall, StepKind
 
 EXPORTABLE_OUTCOMES = (
     RolloutOutcome.PASSED,
@@ -93,7 +94,7 @@ def rollouts_selected(selection: Selection) -> QuerySet[Rollout]:
     ).order_by("evaluation__created_at", "evaluation_id", "task__position", "epoch")
 
 
-def _model_calls(rollout: Rollout) -> list[dict[str, Any]]:
+def _model_calls(rollout: Rollout) -> list[ModelCall]:
     """The model calls of the attempt that produced the rollout's result, in order. A rollout
     reused from the cache has no trace of its own: its source's trace is the one that ran."""
     source_id = rollout.reused_from_id or rollout.id
@@ -102,7 +103,7 @@ def _model_calls(rollout: Rollout) -> list[dict[str, Any]]:
     if last is None:
         return []
     return [
-        trace_step_payload(step)
+        ModelCall.from_payload(trace_step_payload(step))
         for step in steps.filter(attempt=last, kind=StepKind.MODEL_CALL)
         .order_by("index")
         .iterator()
@@ -110,13 +111,13 @@ def _model_calls(rollout: Rollout) -> list[dict[str, Any]]:
 
 
 def _provenance(
-    rollout: Rollout, call: dict[str, Any], reply: Reply, turn: int, turns: int
+    rollout: Rollout, call: ModelCall, reply: Reply, turn: int, turns: int
 ) -> dict[str, Any]:
     evaluation = rollout.evaluation
     provenance = {
         "harness_sha": evaluation.candidate.sha,
         "policy_version": evaluation.policy_version.name,
-        "model": call.get("model") or "",
+        "model": call.model or "",
         "suite": {"name": evaluation.suite.name, "version": evaluation.suite.version},
         "split": evaluation.split,
         "task": rollout.task.key,
@@ -129,16 +130,16 @@ def _provenance(
         "turn": turn,
         "turns": turns,
     }
-    if call.get("via") == "boundary":
+    if call.via == VIA_BOUNDARY:
         # Where the row sits in the rollout's call tree (workers/program.py): a trainer can
         # rebuild the sessions, or keep only their leaves, from these alone.
         provenance.update(
             {
-                "via": "boundary",
-                "call": call.get("call"),
-                "session": call.get("session"),
-                "parent": call.get("parent"),
-                "relation": call.get("relation"),
+                "via": VIA_BOUNDARY,
+                "call": call.call,
+                "session": call.session,
+                "parent": call.parent,
+                "relation": call.relation,
                 "choice": reply.choice,
                 "finish_reason": reply.finish_reason,
             }
@@ -146,9 +147,7 @@ def _provenance(
     return provenance
 
 
-def _line(
-    fmt: str, call: dict[str, Any], reply: Reply, weight: int, provenance: dict
-) -> dict[str, Any]:
+def _line(fmt: str, call: ModelCall, reply: Reply, weight: int, provenance: dict) -> dict[str, Any]:
     prompt_messages = call_prompt_messages(call)
     tools = call_tools(call)
     if fmt == ExportFormat.CHAT:
@@ -157,7 +156,7 @@ def _line(
             "weight": weight,
             "provenance": provenance,
         }
-    elif "messages" in call:
+    elif call.messages is not None:
         # TRL's conversational prompt/completion: the prompt is the conversation so far.
         line = {
             "prompt": prompt_messages,
@@ -167,7 +166,7 @@ def _line(
         }
     else:
         line = {
-            "prompt": str(call.get("prompt", "")),
+            "prompt": call_prompt(call),
             "completion": reply.content,
             "weight": weight,
             "provenance": provenance,

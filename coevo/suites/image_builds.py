@@ -34,7 +34,7 @@ from coevo.suites.models import (
     TaskImageBuild,
 )
 from workers.environments.workspace import task_image
-from workers.trace import StepKind
+from workers.trace import Environment, parse_step
 
 logger = logging.getLogger(__name__)
 
@@ -92,20 +92,20 @@ def _number(value: Any) -> float | None:
     return max(0.0, float(value))
 
 
-def image_build_from_step(payload: Mapping[str, Any]) -> ImageBuild | None:
+def image_build_from_step(step: Environment) -> ImageBuild | None:
     """The build an "environment" step records (workers/rollout.py), or None when the step
-    records none (the image was cached, or the task runs in bubblewrap). The payload comes
+    records none (the image was cached, or the task runs in bubblewrap). The step comes
     from the worker's trace: each value is checked for its type, not trusted."""
-    built = payload.get("build")
+    built = step.build
     if isinstance(built, Mapping):
         return ImageBuild(
             outcome=ImageBuildOutcome.BUILT,
             content_hash=_text(built.get("content_hash"), 64),
-            image=_text(payload.get("image"), 255),
+            image=_text(step.image, 255),
             seconds=_number(built.get("seconds")),
             log=bounded_log(_text(built.get("log"), 10 * 1024**2)),
         )
-    failed = payload.get("build_failed")
+    failed = step.build_failed
     if isinstance(failed, Mapping):
         line = failed.get("line")
         return ImageBuild(
@@ -162,9 +162,8 @@ def task_image_builds_record_steps(
     builds = [
         (task_id, build)
         for step in steps
-        if step.kind == StepKind.ENVIRONMENT
-        and isinstance(step.payload, Mapping)
-        and (build := image_build_from_step(step.payload)) is not None
+        if isinstance(environment := parse_step(step.kind, step.payload), Environment)
+        and (build := image_build_from_step(environment)) is not None
     ]
     if not builds:
         return []

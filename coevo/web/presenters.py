@@ -52,7 +52,7 @@ from coevo.web.trace_calls import model_call_views
 from coevo.web.trace_tree import OVERVIEW_MAX_CALLS, CallTree, call_tree
 from coevo.web.trace_workspace import WorkspaceView, rollout_workspace, workspace_step_views
 from workers.outcomes import ErrorKind
-from workers.trace import StepKind
+from workers.trace import ModelCall, StepKind
 
 OPEN_MODEL_CALLS_UP_TO = 4
 # The most candidates a campaign's lineage draws (campaign_lineage summarizes beyond it).
@@ -185,7 +185,9 @@ def _may_have_boundary_calls(summary: TraceSummary, page: TracePage) -> bool:
     if StepKind.MODEL_CALL not in summary.kinds:
         return False
     shown = [s.payload for s in page.steps if s.kind == StepKind.MODEL_CALL]
-    return not shown or any(isinstance(p, dict) and "call" in p for p in shown)
+    return not shown or any(
+        isinstance(p, dict) and ModelCall.from_payload(p).call is not None for p in shown
+    )
 
 
 def task_prompt(*, rollout: Rollout) -> str:

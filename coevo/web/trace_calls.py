@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coevo.web.trace_tree import CallPlace, CallTree
-from workers.trace import StepKind
+from workers.trace import ModelCall, StepKind
 
 LOGPROB_PREVIEW = 20
 
@@ -82,30 +82,31 @@ class ModelCallView:
 
 def model_call_views(steps: Iterable[Any], *, tree: CallTree | None) -> None:
     """Set ``step.call`` (a ``ModelCallView``) on each model-call step of a page."""
-    steps = [s for s in steps if s.kind == StepKind.MODEL_CALL and isinstance(s.payload, dict)]
-    shown = {  # (attempt, call) → the payload, for the calls on this page
-        (s.attempt, s.payload["call"]): s.payload
+    calls = [
+        (s, ModelCall.from_payload(s.payload))
         for s in steps
-        if isinstance(s.payload.get("call"), int)
+        if s.kind == StepKind.MODEL_CALL and isinstance(s.payload, dict)
+    ]
+    shown = {  # (attempt, call) → the call, for the calls on this page
+        (s.attempt, call.call): call for s, call in calls if isinstance(call.call, int)
     }
-    for step in steps:
-        place = tree.place(step.attempt, step.payload) if tree is not None else None
+    for step, call in calls:
+        place = tree.place(step.attempt, call) if tree is not None else None
         parent = None
         if place is not None and place.parent is not None:
             parent = shown.get((step.attempt, place.parent))
-        step.call = model_call_view(step.payload, place=place, parent=parent)
+        step.call = model_call_view(call, place=place, parent=parent)
 
 
 def model_call_view(
-    payload: dict[str, Any],
+    call: ModelCall,
     *,
     place: CallPlace | None = None,
-    parent: dict[str, Any] | None = None,
+    parent: ModelCall | None = None,
 ) -> ModelCallView:
-    """One call; ``parent``: its parent's payload, when its step is on the page too."""
-    raw = payload.get("messages")
-    raw = raw if isinstance(raw, list) else []
-    sent = parent.get("messages") if parent is not None else None
+    """One call; ``parent``: its parent's, when its step is on the page too."""
+    raw = call.messages if isinstance(call.messages, list) else []
+    sent = parent.messages if parent is not None else None
     earlier, omitted = 0, False
     if place is not None and place.relation == "continues":
         # The tree says messages[:k + 1] are the parent's k messages and its reply
@@ -118,8 +119,7 @@ def model_call_view(
             ]
             earlier = replies[-1] if replies else 0
     views = _messages(raw, start=earlier if omitted else 0)
-    tools = payload.get("tools")
-    dropped = payload.get("dropped")
+    tools, dropped = call.tools, call.dropped
     return ModelCallView(
         place=place,
         earlier_messages=[] if omitted else views[:earlier],
@@ -127,10 +127,10 @@ def model_call_view(
         earlier=earlier,
         earlier_omitted=omitted,
         tools=[_tool(t) for t in tools if isinstance(t, dict)] if isinstance(tools, list) else [],
-        same_tools_as_parent=bool(tools) and parent is not None and parent.get("tools") == tools,
-        choices=_choices(payload),
+        same_tools_as_parent=bool(tools) and parent is not None and parent.tools == tools,
+        choices=_choices(call),
         dropped=[str(key) for key in dropped] if isinstance(dropped, list) else [],
-        rejected=str(payload.get("rejected") or ""),
+        rejected=str(call.rejected or ""),
     )
 
 
@@ -229,26 +229,27 @@ def _tool(tool: dict[str, Any]) -> ToolView:
     )
 
 
-def _choices(payload: dict[str, Any]) -> list[ChoiceView]:
+def _choices(call: ModelCall) -> list[ChoiceView]:
     """The reply's choices as the server sent them; a call recorded without them (an
-    ``agent:run`` harness's, or an older trace) has its one completion and tool calls."""
-    raw = payload.get("choices")
+    ``agent:run`` harness's, or an older trace) has its one completion and tool calls; a
+    call the policy server refused has none."""
+    raw = call.choices
     if isinstance(raw, list) and raw and all(isinstance(c, dict) for c in raw):
         return [_choice(position, choice) for position, choice in enumerate(raw)]
-    if "completion" not in payload and not payload.get("tool_calls"):
+    if call.completion is None and not call.tool_calls:
         return []
     calls = [
         _tool_call(c.get("id"), c.get("name"), c.get("arguments"))
-        for c in payload.get("tool_calls") or []
+        for c in call.tool_calls or []
         if isinstance(c, dict)
     ]
-    completion = payload.get("completion")
+    completion = call.completion
     return [
         ChoiceView(
             index=0,
             content=completion if isinstance(completion, str) else _text(completion),
             tool_calls=calls,
-            finish_reason=str(payload.get("finish_reason") or ""),
+            finish_reason=str(call.finish_reason or ""),
             logprobs=None,
             logprob_preview=[],
             token_ids=None,

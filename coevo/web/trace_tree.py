@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from coevo.evaluations.selectors import CallRow
+from workers.trace import ModelCall
 
 # The overview lists this many calls (the first, in step order; the steps page on past it).
 OVERVIEW_MAX_CALLS = 500
@@ -118,20 +118,20 @@ class CallTree:
     def link(self, row: CallRow) -> StepLink:
         return StepLink(row.attempt, row.index, (row.attempt, row.index) in self.on_page)
 
-    def place(self, attempt: int, payload: dict[str, Any]) -> CallPlace | None:
+    def place(self, attempt: int, step: ModelCall) -> CallPlace | None:
         """A shown call's place (built for the page's calls only: a long trace has
         thousands of rows and a page a hundred). A call past the rows read keeps what its
-        payload says, without the session's number or a link to its parent."""
-        call = payload.get("call")
+        step says, without the session's number or a link to its parent."""
+        call = step.call
         if not isinstance(call, int):
             return None
         row = self.rows.get((attempt, call))
         if row is None:
-            parent = payload.get("parent")
+            parent = step.parent
             return CallPlace(
                 call=call,
                 session=None,
-                relation=str(payload.get("relation") or ""),
+                relation=str(step.relation or ""),
                 parent=parent if isinstance(parent, int) else None,
                 parent_link=None,
             )

@@ -17,12 +17,11 @@ from coevo.evaluations.models import Rollout, TraceStep
 from coevo.evaluations.traces import TraceSummary, trace_step_payload
 from coevo.web.highlight import FileDiff, diff_files
 from harness_store.diffs import FilePatch
-from workers.trace import StepKind
+from workers.trace import Environment, HelperCall, StepKind, Verdict, WorkspaceDiff
 
 # Longer outputs start collapsed: a build log would push the next command off the screen.
 COLLAPSE_OVER_LINES = 20
 EXEC_HELPER = "exec"
-DIFF_STATUSES = ("added", "modified", "deleted")
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ class WorkspaceView:
     attempt: int
     index: int  # the diff step's, for its link in the trace
     diff: WorkspaceDiffView
-    verdict: dict[str, Any] | None
+    verdict: Verdict | None
     # Where it ran, when in a task's container (the trace's ``environment`` step).
     container: ContainerView | None = None
 
@@ -119,17 +118,17 @@ class ContainerView:
     harness_inside: bool = False
 
 
-def container_view(payload: Any) -> ContainerView | None:
-    if not isinstance(payload, dict) or payload.get("backend") != "container":
+def container_view(step: Environment) -> ContainerView | None:
+    if step.backend != "container":
         return None
-    cpus, memory = payload.get("cpus"), payload.get("memory_bytes")
+    cpus, memory = step.cpus, step.memory_bytes
     return ContainerView(
-        image=str(payload.get("image") or "")[:200],
-        network="internet" if payload.get("network") == "internet" else "none",
+        image=str(step.image or "")[:200],
+        network="internet" if step.network == "internet" else "none",
         cpus=float(cpus) if isinstance(cpus, int | float) else None,
         memory_mib=int(memory) // 1024**2 if isinstance(memory, int) else None,
-        cached=payload.get("image_cached") is True,
-        harness_inside=payload.get("harness") == "container",
+        cached=step.image_cached is True,
+        harness_inside=step.harness == "container",
     )
 
 
@@ -138,14 +137,15 @@ def workspace_step_views(steps: Iterable[Any], *, shown: WorkspaceView | None = 
     ``step.workspace`` (a ``WorkspaceDiffView``) on each workspace diff; the diff ``shown``
     in the page's Workspace section is not highlighted a second time."""
     for step in steps:
-        payload = step.payload if isinstance(step.payload, dict) else {}
-        if step.kind == StepKind.HELPER_CALL and payload.get("name") == EXEC_HELPER:
-            step.shell = exec_view(payload)
+        if step.kind == StepKind.HELPER_CALL:
+            helper = HelperCall.from_payload(step.payload)
+            if helper.name == EXEC_HELPER:
+                step.shell = exec_view(helper)
         elif step.kind == StepKind.WORKSPACE_DIFF:
             if shown is not None and (step.attempt, step.index) == (shown.attempt, shown.index):
                 step.workspace = shown.diff
             else:
-                step.workspace = workspace_diff_view(payload)
+                step.workspace = workspace_diff_view(WorkspaceDiff.from_payload(step.payload))
 
 
 def rollout_workspace(*, rollout: Rollout, summary: TraceSummary) -> WorkspaceView | None:
@@ -171,7 +171,6 @@ def rollout_workspace(*, rollout: Rollout, summary: TraceSummary) -> WorkspaceVi
         ),
         None,
     )
-    verdict_payload = trace_step_payload(verdict) if verdict is not None else None
     container = None
     if StepKind.ENVIRONMENT in summary.kinds:
         step = (
@@ -181,19 +180,29 @@ def rollout_workspace(*, rollout: Rollout, summary: TraceSummary) -> WorkspaceVi
             .order_by("-index")
             .first()
         )
-        container = container_view(trace_step_payload(step)) if step is not None else None
+        if step is not None:
+            container = container_view(Environment.from_payload(trace_step_payload(step)))
     return WorkspaceView(
         attempt=diff.attempt,
         index=diff.index,
-        diff=workspace_diff_view(trace_step_payload(diff)),
-        verdict=verdict_payload if isinstance(verdict_payload, dict) else None,
+        diff=workspace_diff_view(WorkspaceDiff.from_payload(trace_step_payload(diff))),
+        verdict=_verdict(verdict),
         container=container,
     )
 
 
-def exec_view(payload: dict[str, Any]) -> ExecView:
-    params = payload.get("params") if isinstance(payload.get("params"), dict) else {}
-    result = payload.get("result") if isinstance(payload.get("result"), dict) else {}
+def _verdict(row: TraceStep | None) -> Verdict | None:
+    """The verdict row's step; None without one, or when its payload is not an object (as
+    stored: the worker's trace is not trusted to have written one)."""
+    if row is None:
+        return None
+    payload = trace_step_payload(row)
+    return Verdict.from_payload(payload) if isinstance(payload, dict) else None
+
+
+def exec_view(step: HelperCall) -> ExecView:
+    params = step.params if isinstance(step.params, dict) else {}
+    result = step.result if isinstance(step.result, dict) else {}
     command = params.get("command")
     if isinstance(command, list):
         command = shlex.join(str(arg) for arg in command)
@@ -221,26 +230,25 @@ class OutsideView:
         return self.added + self.changed + self.deleted
 
 
-def outside_view(payload: Any) -> OutsideView | None:
-    if not isinstance(payload, dict):
+def outside_view(outside: Any) -> OutsideView | None:
+    """A workspace diff's ``outside_app`` (the task container's changes outside /app)."""
+    if not isinstance(outside, dict):
         return None
-    paths = [str(p)[:500] for p in payload.get("paths") or [] if isinstance(p, str)]
-    tampered = [str(p)[:500] for p in payload.get("tampered") or [] if isinstance(p, str)]
+    paths = [str(p)[:500] for p in outside.get("paths") or [] if isinstance(p, str)]
+    tampered = [str(p)[:500] for p in outside.get("tampered") or [] if isinstance(p, str)]
     return OutsideView(
-        added=_int(payload.get("added")) or 0,
-        changed=_int(payload.get("changed")) or 0,
-        deleted=_int(payload.get("deleted")) or 0,
+        added=_int(outside.get("added")) or 0,
+        changed=_int(outside.get("changed")) or 0,
+        deleted=_int(outside.get("deleted")) or 0,
         paths=paths[:200],
         tampered=tampered[:50],
     )
 
 
-def workspace_diff_view(payload: Any) -> WorkspaceDiffView:
-    if not isinstance(payload, dict):
-        payload = {}
-    if payload.get("error"):
-        return WorkspaceDiffView([], 0, 0, 0, False, error=str(payload["error"]))
-    rows = [f for f in payload.get("files") or [] if isinstance(f, dict)]
+def workspace_diff_view(step: WorkspaceDiff) -> WorkspaceDiffView:
+    if step.error:
+        return WorkspaceDiffView([], 0, 0, 0, False, error=str(step.error))
+    rows = [f for f in step.files or [] if isinstance(f, dict)]
     texts = [f.get("diff") if isinstance(f.get("diff"), str) else "" for f in rows]
     paths = [str(f.get("path", "")) for f in rows]
     # One highlighting pass for the files that have a diff, in the payload's order.
@@ -254,13 +262,14 @@ def workspace_diff_view(payload: Any) -> WorkspaceDiffView:
         )
         for f, path, text in zip(rows, paths, texts, strict=True)
     ]
-    counts = [_int(payload.get(status)) or 0 for status in DIFF_STATUSES]
     return WorkspaceDiffView(
         files,
-        *counts,
-        truncated=payload.get("truncated") is True,
+        added=_int(step.added) or 0,
+        modified=_int(step.modified) or 0,
+        deleted=_int(step.deleted) or 0,
+        truncated=step.truncated is True,
         error="",
-        outside=outside_view(payload.get("outside_app")),
+        outside=outside_view(step.outside_app),
     )
 
 

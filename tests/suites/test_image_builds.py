@@ -31,7 +31,7 @@ from coevo.suites.models import (
 from coevo.suites.selectors import suite_image_rows
 from coevo.suites.splits import split_for
 from tests.support.harbor import write_harbor_task
-from workers.trace import Step
+from workers.trace import Environment, Step
 
 pytestmark = pytest.mark.django_db
 
@@ -159,7 +159,7 @@ def test_it_takes_a_steps_values_only_of_their_types(container_suite):
     payload = {
         "build_failed": {"step": ["RUN x"], "line": "2", "timed_out": "yes", "log": 7},
     }
-    build = image_build_from_step(payload)
+    build = image_build_from_step(Environment.from_payload(payload))
     assert build is not None and build.outcome == ImageBuildOutcome.FAILED
     assert (build.failed_step, build.failed_line, build.timed_out, build.log) == (
         "",
@@ -167,7 +167,8 @@ def test_it_takes_a_steps_values_only_of_their_types(container_suite):
         False,
         "",
     )
-    assert image_build_from_step({"backend": "container", "image_cached": True}) is None
+    cached = Environment.from_payload({"backend": "container", "image_cached": True})
+    assert image_build_from_step(cached) is None
 
 
 def test_it_keeps_a_long_logs_head_and_tail_and_no_nul():

@@ -28,6 +28,7 @@ from coevo.web.trace_tree import call_tree
 from tests.support.factories import Step, make_evaluation, make_rollout
 from tests.web.test_pages import text
 from workers.outcomes import RolloutOutcome
+from workers.trace import ModelCall
 
 pytestmark = pytest.mark.django_db
 
@@ -589,12 +590,13 @@ def test_the_tree_numbers_sessions_per_attempt_in_the_order_they_started():
         (1, 2, 1, 1),
         (2, 1, 0, 1),
     ]
-    assert tree.place(1, {"call": 1}).session == 2 and tree.place(2, {"call": 0}).session == 1
-    assert tree.place(1, {"call": 2}).parent_link.href == "?from=1.1#step-1-1"
+    assert tree.place(1, ModelCall(call=1)).session == 2
+    assert tree.place(2, ModelCall(call=0)).session == 1
+    assert tree.place(1, ModelCall(call=2)).parent_link.href == "?from=1.1#step-1-1"
     # A call past the rows read keeps its payload's place, without a number or a link.
-    beyond = tree.place(1, {"call": 9, "session": 0, "parent": 2, "relation": "continues"})
+    beyond = tree.place(1, ModelCall(call=9, session=0, parent=2, relation="continues"))
     assert (beyond.call, beyond.session, beyond.parent, beyond.parent_link) == (9, None, 2, None)
-    assert tree.place(1, {"completion": "no call index"}) is None
+    assert tree.place(1, ModelCall(completion="no call index")) is None
     assert [n.link.href for line in tree.sessions[1].lines for n in line.calls] == ["#step-1-2"]
 
 
@@ -607,9 +609,9 @@ def test_the_tree_draws_a_deep_branch_without_recursing():
 
 
 def test_it_reads_arguments_given_as_an_object():
-    view = trace_calls.model_call_view(
-        {"messages": [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": "x", "function": {"name": "f", "arguments": {"q": [1, 2]}}}]}]},
-    )  # fmt: skip
+    view = trace_calls.model_call_view(ModelCall(
+        messages=[{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "x", "function": {"name": "f", "arguments": {"q": [1, 2]}}}]}],
+    ))  # fmt: skip
     (call,) = view.recent_messages[0].tool_calls
     assert call.valid_json and json.loads(call.arguments) == {"q": [1, 2]}

@@ -341,6 +341,13 @@ def test_it_keeps_keys_it_does_not_declare_and_tolerates_missing_ones():
     assert parse_step("env_step", "not a dict") == EnvStep()
 
 
+def test_it_names_a_declared_key_for_a_reader_in_the_database_and_refuses_others():
+    assert ModelCall.key("session") == "session"
+    for undeclared in ("sessions", "extra"):
+        with pytest.raises(KeyError):
+            ModelCall.key(undeclared)
+
+
 def test_it_reads_a_kind_it_does_not_name_as_stored():
     assert parse_step("telemetry", {"x": 1}) == UnknownStep("telemetry", {"x": 1})
 
@@ -479,6 +486,35 @@ def test_no_step_kind_is_spelled_where_steps_are_read_or_written():
         if SPELLED.search(line)
     ]
     assert spelled == []
+
+
+# The modules that read stored steps' payloads (pages, exports, proposers' workspaces, image
+# builds): each parses a step through its type and reads its fields.
+STEP_READERS = [
+    "coevo/exports/records.py",
+    "coevo/exports/conversation.py",
+    "coevo/campaigns/workspace.py",
+    "coevo/campaigns/proposers/agentic.py",
+    "coevo/campaigns/patterns.py",
+    "coevo/web/presenters.py",
+    "coevo/web/trace_calls.py",
+    "coevo/web/trace_tree.py",
+    "coevo/web/trace_workspace.py",
+    "coevo/evaluations/selectors.py",
+    "coevo/suites/image_builds.py",
+    "benchmarks/throughput.py",
+]
+KEY_READ = re.compile(r"""\bpayload(\.get\(|\[)|["']\w+["']\s+(not\s+)?in\s+payload\b""")
+
+
+def test_readers_read_a_steps_keys_through_its_type():
+    read = [
+        f"{path}:{number}: {line.strip()}"
+        for path in STEP_READERS
+        for number, line in enumerate((REPO / path).read_text().splitlines(), 1)
+        if KEY_READ.search(line)
+    ]
+    assert read == []
 
 
 def test_templates_compare_kinds_the_module_names():

@@ -58,7 +58,7 @@ from workers.environments.workspace_files import (
 from workers.harness_env import harness_env_prepare
 from workers.outcomes import DependencyBuildFailed, RolloutOutcome
 from workers.rollout import RolloutInputs, TaskEnvironment, execute_rollout
-from workers.trace import StepKind
+from workers.trace import Error, HelperCall, Log, ModelCall, ProgramOutput, Step
 
 logger = logging.getLogger(__name__)
 
@@ -387,28 +387,23 @@ def parse_components(start: dict[str, Any]) -> tuple[str, ...]:
     return tuple(manifest.components)
 
 
-def _transcript(steps: list[Any]) -> str:
+def _transcript(steps: list[Step]) -> str:
     """The agent's run for the proposal page: its model calls (the last message it sent and
     what came back), logs and errors, cut to a size."""
     lines: list[str] = []
     for step in steps:
-        payload = step.payload if isinstance(step.payload, dict) else {}
-        if step.kind == StepKind.MODEL_CALL:
-            messages = payload.get("messages") or []
+        typed = step.typed()
+        if isinstance(typed, ModelCall):
+            messages = typed.messages or []
             last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
-            asked = str(last.get("content") or payload.get("prompt") or "")[-600:]
-            calls = payload.get("tool_calls") or []
-            said = str(payload.get("completion") or "")[:800]
+            asked = str(last.get("content") or typed.prompt or "")[-600:]
+            calls = typed.tool_calls or []
+            said = str(typed.completion or "")[:800]
             lines.append(
                 f"[asked] {asked}\n[model] {said}" + (f"\n[tools] {calls}" if calls else "")
             )
-        elif step.kind in (
-            StepKind.LOG,
-            StepKind.HELPER_CALL,
-            StepKind.ERROR,
-            StepKind.PROGRAM_OUTPUT,
-        ):
-            lines.append(f"[{step.kind}] {json.dumps(payload, default=str)[:600]}")
+        elif isinstance(typed, Log | HelperCall | Error | ProgramOutput):
+            lines.append(f"[{typed.kind}] {json.dumps(typed.to_payload(), default=str)[:600]}")
     text = "\n".join(lines)
     return text if len(text) <= MAX_RESPONSE_CHARS else text[-MAX_RESPONSE_CHARS:]
 
