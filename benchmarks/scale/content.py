@@ -14,7 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevo.evaluations.traces import payload_pack
-from workers.trace import StepKind
+from workers.outcomes import RolloutOutcome
+from workers.trace import (
+    Answer,
+    EnvReset,
+    EnvStep,
+    Error,
+    HarnessException,
+    Log,
+    ModelCall,
+    TypedStep,
+    Verdict,
+)
 
 SEED_HARNESS = Path(__file__).resolve().parents[3] / "examples" / "humaneval-basic"
 
@@ -144,10 +155,11 @@ class PooledStep:
     latency_ms: int
 
 
-def _pooled(kind: str, payload: dict, tokens: tuple[int, int] = (0, 0), ms: int = 0) -> PooledStep:
-    stored, payload_zlib = payload_pack(payload)
+def _pooled(step: TypedStep, tokens: tuple[int, int] = (0, 0), ms: int = 0) -> PooledStep:
+    """A step as the worker writes it (the trace's types, workers/trace.py), packed."""
+    stored, payload_zlib = payload_pack(step.to_payload())
     text = json.dumps(stored, ensure_ascii=False, separators=(",", ":"))
-    return PooledStep(kind, text, payload_zlib, tokens[0], tokens[1], ms)
+    return PooledStep(step.kind, text, payload_zlib, tokens[0], tokens[1], ms)
 
 
 @dataclass(frozen=True)
@@ -169,75 +181,73 @@ def step_pool(rng: random.Random, *, policy_name: str, size: int = 400) -> StepP
         chars = int(rng.lognormvariate(7.2, 0.6)) if rng.random() > 0.01 else 20_000
         prompt = (f"[move {i}] " + sentence(rng, chars // 6 + 1))[:chars]
         completion = sentence(rng, rng.randint(3, 60))
-        payload = {
-            "api": "completions",
-            "model": "gemma-3-270m",
-            "policy_version": policy_name,
-            "endpoint": "policy-main",
-            "prompt": prompt,
-            "sampling": {"max_tokens": 192, "temperature": 0.0, "stop": ["\n"], "seed": i},
-            "sample": 0,
-            "n": 1,
-            "completion": completion,
-            "finish_reason": rng.choice(("stop", "stop", "stop", "length")),
-        }
+        call = ModelCall(
+            api="completions",
+            model="gemma-3-270m",
+            policy_version=policy_name,
+            endpoint="policy-main",
+            prompt=prompt,
+            sampling={"max_tokens": 192, "temperature": 0.0, "stop": ["\n"], "seed": i},
+            sample=0,
+            n=1,
+            completion=completion,
+            finish_reason=rng.choice(("stop", "stop", "stop", "length")),
+        )
         return _pooled(
-            StepKind.MODEL_CALL,
-            payload,
+            call,
             (len(prompt) // 4, len(completion) // 4 + 1),
             rng.randint(80, 900),
         )
 
     def env_step(i: int) -> PooledStep:
-        payload = {
-            "index": i,
-            "action": f"{rng.choice(WORDS)} {rng.choice(WORDS)}",
-            "observation": sentence(rng, rng.randint(30, 120)),
-            "reward": rng.choice((0.0, 0.0, 0.0, 1.0)),
-            "done": False,
-            "truncated": False,
-        }
-        return _pooled(StepKind.ENV_STEP, payload, ms=rng.randint(1, 20))
+        step = EnvStep(
+            index=i,
+            action=f"{rng.choice(WORDS)} {rng.choice(WORDS)}",
+            observation=sentence(rng, rng.randint(30, 120)),
+            reward=rng.choice((0.0, 0.0, 0.0, 1.0)),
+            done=False,
+            truncated=False,
+        )
+        return _pooled(step, ms=rng.randint(1, 20))
 
     def verdict(passed: bool) -> PooledStep:
         output = "" if passed else f"expected {rng.randint(4, 1998)}, got {rng.randint(0, 999)}"
         detail = "exact match" if passed else "answer differs from the expected one"
-        payload = {"passed": passed, "score": float(passed), "detail": detail, "output": output}
-        return _pooled(StepKind.VERDICT, payload)
+        return _pooled(Verdict(passed=passed, score=float(passed), detail=detail, output=output))
 
     def exception() -> PooledStep:
         line = rng.randint(10, 120)
-        payload = {
-            "message": f"KeyError: '{rng.choice(WORDS)}'",
-            "traceback": f'Traceback (most recent call last):\n  File "agent.py", line {line}, '
+        raised = HarnessException(
+            error=f"KeyError: '{rng.choice(WORDS)}'",
+            traceback=f'Traceback (most recent call last):\n  File "agent.py", line {line}, '
             f"in run\n    return HINTS[key]\nKeyError: '{rng.choice(WORDS)}'\n",
-            "frames": [{"file": "agent.py", "line": line, "function": "run"}],
-        }
-        return _pooled(StepKind.HARNESS_EXCEPTION, payload)
+            frames=[{"file": "agent.py", "line": line, "function": "run"}],
+        )
+        return _pooled(raised)
 
     return StepPool(
         model_calls=[model_call(i) for i in range(size)],
         env_steps=[env_step(i) for i in range(size)],
         env_resets=[
-            _pooled(StepKind.ENV_RESET, {"observation": sentence(rng, rng.randint(40, 150))})
+            _pooled(EnvReset(observation=sentence(rng, rng.randint(40, 150))))
             for _ in range(size // 8)
         ],
         logs=[
-            _pooled(StepKind.LOG, {"message": f"plan: {sentence(rng, rng.randint(4, 20))}"})
+            _pooled(Log(message=f"plan: {sentence(rng, rng.randint(4, 20))}"))
             for _ in range(size // 4)
         ],
-        answers=[
-            _pooled(StepKind.ANSWER, {"answer": str(rng.randint(4, 1998))})
-            for _ in range(size // 4)
-        ],
+        answers=[_pooled(Answer(answer=str(rng.randint(4, 1998)))) for _ in range(size // 4)],
         verdicts_passed=[verdict(True) for _ in range(8)],
         verdicts_failed=[verdict(False) for _ in range(size // 4)],
         exceptions=[exception() for _ in range(16)],
         errors=[
             _pooled(
-                StepKind.ERROR, {"kind": "limit", "message": "the harness ran past wall_time_s"}
+                Error(
+                    outcome=RolloutOutcome.HARNESS_ERROR,
+                    message="the harness ran past wall_time_s",
+                )
             ),
-            _pooled(StepKind.ERROR, {"kind": "exception", "message": "the harness raised"}),
+            _pooled(Error(outcome=RolloutOutcome.HARNESS_ERROR, message="the harness raised")),
         ],
     )
 
