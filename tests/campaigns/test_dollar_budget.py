@@ -34,18 +34,23 @@ ANSWER = "I think the prompt could be better."
 def hosted_proposer(db, settings):
     settings.COEVO_SECRETS_KEY = Fernet.generate_key().decode()
     with ProviderServer(ProviderPolicy(api_key=KEY, default=ANSWER, model="frontier")) as server:
-        endpoint = PolicyEndpoint.objects.create(
-            name="frontier", base_url=server.url, kind=EndpointKind.OPENAI
-        )
-        policy_endpoint_api_key_set(endpoint=endpoint, api_key=KEY, actor=None)
-        model_price_create(
-            endpoint=endpoint,
+        hosted_endpoint(
+            server,
+            name="frontier",
+            kind=EndpointKind.OPENAI,
             model="frontier",
             input_per_m=Decimal(1000),
             cached_input_per_m=Decimal(500),
             output_per_m=Decimal(2000),
         )
         yield server
+
+
+def hosted_endpoint(server: ProviderServer, *, name: str, kind: str, model: str, **prices) -> None:
+    """An endpoint of ``kind`` at the provider server, with its key and ``model``'s price."""
+    endpoint = PolicyEndpoint.objects.create(name=name, base_url=server.url, kind=kind)
+    policy_endpoint_api_key_set(endpoint=endpoint, api_key=KEY, actor=None)
+    model_price_create(endpoint=endpoint, model=model, **prices)
 
 
 def test_a_hosted_proposers_dollars_are_in_the_ledger_and_the_campaign_stops_on_them(
@@ -167,12 +172,10 @@ def hosted_claude(db, settings):
     )
     policy.cached_tokens, policy.cache_write_tokens = 50, 20
     with ProviderServer(policy) as server:
-        endpoint = PolicyEndpoint.objects.create(
-            name="frontier-claude", base_url=server.url, kind=EndpointKind.ANTHROPIC
-        )
-        policy_endpoint_api_key_set(endpoint=endpoint, api_key=KEY, actor=None)
-        model_price_create(
-            endpoint=endpoint,
+        hosted_endpoint(
+            server,
+            name="frontier-claude",
+            kind=EndpointKind.ANTHROPIC,
             model="claude-test",
             input_per_m=Decimal(1000),
             cached_input_per_m=Decimal(100),
