@@ -44,6 +44,13 @@ def claude_env(settings, env_dir):
         yield env
 
 
+def text_of(content) -> str:
+    """A chat message's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content if part.get("type") == "text")
+
+
 def test_the_example_pins_claude_code_and_runs_no_install_script():
     manifest = load_manifest(EXAMPLE)
     assert manifest.is_program and manifest.node_lock == "package-lock.json"
@@ -104,8 +111,13 @@ def test_claude_code_fixes_the_workspace_task_with_its_edit_tool(claude_env):
     # management keys have no chat counterpart and are listed as dropped.
     assert first["sampling"]["max_tokens"] == 4096
     assert {"thinking", "context_management"} <= set(first["dropped"])
-    said = [m["content"] for m in first["messages"] if m["role"] == "user"]
+    said = [text_of(m["content"]) for m in first["messages"] if m["role"] == "user"]
     assert said == [INPUTS["instruction"]]  # the instruction as the prompt, nothing added
+    # Claude Code marks its prompt for Anthropic's prompt cache: the marker rides with the
+    # message (for an anthropic endpoint), and this endpoint's kind was sent it without.
+    (user,) = [m for m in first["messages"] if m["role"] == "user"]
+    assert [part.get("cache_control") for part in user["content"]] == [{"type": "ephemeral"}]
+    assert "cache_control" in first["dropped"]
     (call,) = second["messages"][-2]["tool_calls"]
     assert call["function"]["name"] == "Edit"
     assert steps(result, "answer") == [{"answer": "Fixed the typo in greet.py."}]
