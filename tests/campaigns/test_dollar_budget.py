@@ -6,7 +6,6 @@ the campaign stops on its proposer dollar budget, saying so."""
 
 from __future__ import annotations
 
-import time
 from decimal import Decimal
 
 import pytest
@@ -22,6 +21,7 @@ from coevo.policies.models import EndpointKind, PolicyEndpoint
 from coevo.policies.prices import model_price_create
 from coevo.policies.services import policy_endpoint_api_key_set
 from tests.campaigns.test_agentic_proposer import proposer_program
+from tests.campaigns.test_alternating import wait_final
 from tests.support.provider_server import ProviderPolicy, ProviderServer
 
 KEY = "sk-test-proposer-0123456789abcdefghijklmn"
@@ -90,12 +90,7 @@ def test_a_hosted_proposers_dollars_are_in_the_ledger_and_the_campaign_stops_on_
         budget_limits=BudgetLimits(proposer_usd=Decimal("0.03")),
     )
     campaign_start(campaign=campaign)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        campaign.refresh_from_db()
-        if campaign.is_final:
-            break
-        time.sleep(0.5)
+    wait_final(campaign, timeout_s=120)
     assert campaign.state == CampaignState.FINISHED, campaign.stop_reason
     assert campaign.stop_reason == "proposer dollar budget spent: $0.0340 of $0.0300"
 
@@ -221,12 +216,7 @@ def test_an_agentic_proposer_on_a_hosted_model_has_its_dollars_in_the_ledger(
         budget_limits=BudgetLimits(proposer_usd=Decimal("0.01")),
     )
     campaign_start(campaign=campaign)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        campaign.refresh_from_db()
-        if campaign.is_final:
-            break
-        time.sleep(0.5)
+    wait_final(campaign, timeout_s=240)
     assert campaign.state == CampaignState.FINISHED, campaign.stop_reason
 
     (draft,) = campaign.proposals.filter(kind=ProposerKind.AGENTIC)
